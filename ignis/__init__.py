@@ -1,0 +1,32 @@
+"""IgnisMQ core library: durable, sharded, at-least-once message queues.
+
+    from ignis import Ignis, QueueSpec, Consumer
+"""
+
+from ignis.client import Ignis
+from ignis.consumer import Consumer, Handler
+from ignis.errors import (
+    AlreadySettled,
+    HoleBudgetExceeded,
+    IgnisError,
+    InvalidInputError,
+    InvalidSpecError,
+    PayloadTooLarge,
+    QueueInactive,
+    QueueNotFound,
+    StaleEpoch,
+    StoreError,
+    StoreFull,
+    StoreUnavailable,
+)
+from ignis.queue import Message, MessageRef, Queue, QueueStats, Transfer
+from ignis.settings import IgnisSettings
+from ignis.spec import BatchingSpec, DeletionPolicy, QueueSpec, ShovelSpec
+from ignis.storage import SlotRef, Storage, open_store
+
+__all__ = [
+    "AlreadySettled", "BatchingSpec", "Consumer", "DeletionPolicy", "Handler", "HoleBudgetExceeded", "Ignis",
+    "IgnisError", "IgnisSettings", "InvalidInputError", "InvalidSpecError", "Message", "MessageRef",
+    "PayloadTooLarge", "Queue", "QueueInactive", "QueueNotFound", "QueueSpec", "QueueStats", "ShovelSpec",
+    "SlotRef", "StaleEpoch", "StoreError", "StoreFull", "StoreUnavailable", "Storage", "Transfer", "open_store",
+]

@@ -1,0 +1,126 @@
+"""`Ignis`: the entry point of the library — open a store, declare queues, get queue handles."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ignis import names
+from ignis.errors import QueueInactive, QueueNotFound
+from ignis.queue import Queue, QueueStats
+from ignis.settings import IgnisSettings
+from ignis.spec import QueueSpec
+from ignis.storage import Storage, open_store
+from ignis.storage.base import QueueRecord
+
+
+class Ignis:
+    """A connection to one store, scoped to one clientId.
+
+    >>> with Ignis() as ignis:                                     # lmdb in ./.ignis-data
+    ...     ignis.apply(QueueSpec.build(name="orders", handlerType="orders"))
+    ...     ignis.queue("orders").publish({"order": 1})
+    """
+
+    def __init__(self, store: Storage | str | None = None, *, client_id: str | None = None,
+                 farm_id: str | None = None, settings: IgnisSettings | None = None,
+                 purge_interval: float = 60.0) -> None:
+        self.settings = settings or IgnisSettings()
+        if store is None or isinstance(store, str):
+            self.store: Storage = open_store(
+                store or self.settings.store, farm_id=farm_id or self.settings.farm_id,
+                client_id=client_id or self.settings.client_id, purge_interval=purge_interval)
+            self._owns_store = True
+        else:
+            self.store = store if client_id in (None, store.client_id) else store.with_client(client_id)
+            self._owns_store = False
+        self._queues: dict[str, Queue] = {}
+        self._lock = threading.Lock()
+        self.store.ensure_index()
+
+    @property
+    def client_id(self) -> str:
+        return self.store.client_id
+
+    def __enter__(self) -> Ignis:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._owns_store:
+            self.store.close()
+
+    def _store_for(self, client_id: str | None) -> Storage:
+        if client_id is None or client_id == self.store.client_id:
+            return self.store
+        return self.store.with_client(client_id)
+
+    # ---- registry ----------------------------------------------------------------------------------
+    def apply(self, spec: QueueSpec) -> bool:
+        """Create or update a queue's metadata record (runtime bins kept). True when created."""
+        store = self._store_for(spec.client_id)
+        created = store.apply_queue(spec.name, spec.config_bins(), spec.record_ttl_seconds)
+        with self._lock:
+            self._queues.pop(spec.name, None)
+        return created
+
+    def spec(self, name: str) -> QueueSpec:
+        record = self.record(name)
+        return QueueSpec.from_bins(name, record.bins, self.client_id)
+
+    def record(self, name: str) -> QueueRecord:
+        record = self.store.get_queue(name)
+        if record is None:
+            raise QueueNotFound(name, self.client_id)
+        return record
+
+    def list_queues(self, active: bool | None = True) -> list[QueueRecord]:
+        return self.store.list_queues(active)
+
+    def deactivate(self, name: str) -> None:
+        if not self.store.set_queue_active(name, False):
+            raise QueueNotFound(name, self.client_id)
+        with self._lock:
+            self._queues.pop(name, None)
+
+    def delete_queue(self, name: str) -> int:
+        """Remove a queue: its messages, sideline, dead letters, shard pointers and record.
+        Returns the number of message records removed."""
+        self.record(name)
+        removed = 0
+        for magazine in (name, names.sideline_of(name), names.dead_of(name)):
+            removed += self.store.purge_magazine(magazine)
+        self.store.delete_queue(name)
+        with self._lock:
+            self._queues.pop(name, None)
+        return removed
+
+    # ---- queues ------------------------------------------------------------------------------------
+    def queue(self, name: str, *, allow_inactive: bool = False) -> Queue:
+        """A handle on a declared queue (cached). Raises QueueNotFound / QueueInactive."""
+        with self._lock:
+            cached = self._queues.get(name)
+        if cached is not None:
+            return cached
+        record = self.record(name)
+        if not record.active and not allow_inactive:
+            raise QueueInactive(name)
+        queue = self._make_queue(QueueSpec.from_bins(name, record.bins, self.client_id))
+        with self._lock:
+            return self._queues.setdefault(name, queue)
+
+    def _make_queue(self, spec: QueueSpec) -> Queue:
+        s = self.settings
+        return Queue(self.store, spec, max_payload_bytes=s.max_payload_bytes, hole_budget=s.hole_budget,
+                     refresh_seconds=s.active_shard_refresh_seconds)
+
+    def refresh(self, name: str) -> Queue:
+        """Re-read a queue's record and return a fresh handle (config changes take effect)."""
+        with self._lock:
+            self._queues.pop(name, None)
+        return self.queue(name)
+
+    def stats(self, name: str) -> QueueStats:
+        return self.queue(name, allow_inactive=True).stats()

@@ -1,0 +1,399 @@
+"""Push consumers: handlers registered by handlerType, `concurrency` workers per queue per process.
+
+The handler's outcome is the ack/nack, as in IgnisMQ: returning anything but `False` acks; `False`
+sidelines (reason `rejected`); raising sidelines (reason `exception`) unless the exception is declared
+ignorable, in which case the message is deleted. A handler call is bounded by the queue's handler
+timeout, itself capped at sweepDuration / 2 so that no handler still runs when the sweeper may re-home
+its message; a timed-out call sidelines (`timeout`), and when every handler thread is stuck for 1 s the
+batch is sidelined unrun (`saturated`).
+
+Batching follows IgnisMQ exactly: one run fires until a batch of maxBatchSize is full and hands it
+over at once; when the queue runs dry it lingers until maxWaitTime after the start of the run, then
+flushes the partial batch; a run yields after max(maxWaitTime, 30 s), checked only after a full batch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ignis.client import Ignis
+from ignis.errors import HoleBudgetExceeded, IgnisError
+from ignis.metrics import BATCH_SIZE, HANDLER_DURATION
+from ignis.queue import EXCEPTION, REJECTED, SATURATED, TIMEOUT, UNREADABLE, Message, Queue
+from ignis.spec import QueueSpec
+
+log = logging.getLogger(__name__)
+
+RUN_BUDGET_SECONDS = 30.0
+LINGER_POLL_SECONDS = 0.2
+SATURATION_GRACE_SECONDS = 1.0
+
+SingleHandler = Callable[[Message], Any]
+BatchHandler = Callable[[list[Message]], Any]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class HandlerTimeout(IgnisError):
+    pass
+
+
+class HandlerSaturated(IgnisError):
+    pass
+
+
+@dataclass
+class Handler:
+    handler_type: str
+    single: SingleHandler | None = None
+    batch: BatchHandler | None = None
+    ignorable: tuple[type[BaseException], ...] = ()
+
+    def is_ignorable(self, exc: BaseException) -> bool:
+        return isinstance(exc, self.ignorable) if self.ignorable else False
+
+
+class HandlerPool:
+    """Runs handler calls on their own threads so a call can be abandoned at its timeout."""
+
+    def __init__(self, max_threads: int) -> None:
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_threads, thread_name_prefix="ignis-handler")
+        self._slots = threading.BoundedSemaphore(max_threads)
+
+    def call(self, fn: Callable[[Any], Any], arg: Any, timeout: float) -> Any:
+        if not self._slots.acquire(timeout=SATURATION_GRACE_SECONDS):
+            raise HandlerSaturated("no handler thread became free within 1 s")
+        future = self._executor.submit(self._run, fn, arg)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise HandlerTimeout(f"handler did not finish within {timeout:g} s") from None
+
+    def _run(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        try:
+            return fn(arg)
+        finally:
+            self._slots.release()
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _QueueRuntime:
+    """The workers of one queue in this process."""
+
+    def __init__(self, queue: Queue, handler: Handler) -> None:
+        self.queue = queue
+        self.handler = handler
+        self.workers: list[tuple[threading.Thread, threading.Event]] = []
+
+
+class Consumer:
+    """Consumes every active queue whose handlerType has a registered handler.
+
+    >>> consumer = Consumer(ignis)
+    >>> @consumer.handler("orders", ignorable=(KeyError,))
+    ... def handle(message): ...
+    >>> consumer.run()          # until SIGINT/SIGTERM; or start() ... stop()
+    """
+
+    def __init__(self, ignis: Ignis, *, queues: Iterable[str] | None = None, max_handler_threads: int = 256,
+                 poll_interval: float | None = None, refresh_interval: float | None = None) -> None:
+        self.ignis = ignis
+        self._only = set(queues) if queues is not None else None
+        self._handlers: dict[str, Handler] = {}
+        self._pool = HandlerPool(max_handler_threads)
+        self._poll = poll_interval or ignis.settings.poll_interval_seconds
+        self._refresh_every = refresh_interval or ignis.settings.queue_refresh_seconds
+        self._running: dict[str, _QueueRuntime] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self._busy = 0
+        self._warned: set[str] = set()
+        self.outcomes: Counter[str] = Counter()  # acked / sidelined / ignored / dead-lettered, this process
+
+    # ---- registration ------------------------------------------------------------------------------
+    def register(self, handler_type: str, fn: SingleHandler | None = None, *, batch: BatchHandler | None = None,
+                 ignorable: Sequence[type[BaseException]] = ()) -> None:
+        if fn is None and batch is None:
+            raise ValueError(f"handler {handler_type!r}: give a handler function, a batch function, or both")
+        current = self._handlers.get(handler_type) or Handler(handler_type)
+        self._handlers[handler_type] = Handler(handler_type, fn or current.single, batch or current.batch,
+                                               tuple(ignorable) or current.ignorable)
+
+    def handler(self, handler_type: str, *, ignorable: Sequence[type[BaseException]] = ()) -> Callable[[F], F]:
+        def decorate(fn: F) -> F:
+            self.register(handler_type, fn, ignorable=ignorable)
+            return fn
+        return decorate
+
+    def batch_handler(self, handler_type: str, *, ignorable: Sequence[type[BaseException]] = ()
+                      ) -> Callable[[F], F]:
+        def decorate(fn: F) -> F:
+            self.register(handler_type, batch=fn, ignorable=ignorable)
+            return fn
+        return decorate
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._supervisor is not None:
+            return
+        self._stop.clear()
+        self.refresh()
+        self._supervisor = threading.Thread(target=self._supervise, name="ignis-consumer-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop claiming; let every worker finish the messages it holds. True if all exited in time."""
+        self._stop.set()
+        with self._lock:
+            runtimes = list(self._running.values())
+            self._running.clear()
+        threads = []
+        for rt in runtimes:
+            for thread, event in rt.workers:
+                event.set()
+                threads.append(thread)
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if self._supervisor is not None:
+            self._supervisor.join(max(0.0, deadline - time.monotonic()))
+            self._supervisor = None
+        self._pool.shutdown()
+        return not any(t.is_alive() for t in threads)
+
+    def run(self) -> None:
+        """Consume until SIGINT or SIGTERM, then stop gracefully."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: self._stop.set())
+        self.start()
+        try:
+            while not self._stop.wait(0.5):
+                pass
+        finally:
+            self.stop()
+
+    def drain(self, timeout: float = 60.0, settle: float = 0.3) -> bool:
+        """Run until every consumed queue is empty and nothing is in hand (for scripts and tests).
+        True if drained within `timeout`."""
+        self.start()
+        deadline = time.monotonic() + timeout
+        quiet_since: float | None = None
+        try:
+            while time.monotonic() < deadline:
+                with self._lock:
+                    runtimes = list(self._running.values())
+                    busy = self._busy
+                idle = busy == 0 and all(rt.queue.main.pending() == 0 for rt in runtimes)
+                if idle:
+                    quiet_since = quiet_since or time.monotonic()
+                    if time.monotonic() - quiet_since >= settle:
+                        return True
+                else:
+                    quiet_since = None
+                time.sleep(0.05)
+            return False
+        finally:
+            self.stop()
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(self._refresh_every):
+            try:
+                self.refresh()
+            except Exception:
+                log.exception("consumer refresh failed; keeping current workers")
+
+    def refresh(self) -> None:
+        """Adopt new active queues, retire inactive ones, follow concurrency and config changes."""
+        wanted: dict[str, tuple[QueueSpec, Handler]] = {}
+        for record in self.ignis.list_queues(active=True):
+            if self._only is not None and record.name not in self._only:
+                continue
+            handler_type = record.bins.get("handlerType", "")
+            handler = self._handlers.get(handler_type)
+            if handler is None:
+                if record.name not in self._warned:
+                    self._warned.add(record.name)
+                    log.warning("queue %s has handlerType %r with no handler registered here; not consuming it",
+                                record.name, handler_type)
+                continue
+            try:
+                wanted[record.name] = (QueueSpec.from_bins(record.name, record.bins, self.ignis.client_id), handler)
+            except IgnisError as exc:
+                log.error("queue %s has an invalid stored config, not consuming it: %s", record.name, exc)
+        with self._lock:
+            if self._stop.is_set():
+                return
+            for name in list(self._running):
+                if name not in wanted:
+                    for _, event in self._running.pop(name).workers:
+                        event.set()
+            for name, (spec, handler) in wanted.items():
+                rt = self._running.get(name)
+                if rt is None:
+                    rt = self._running[name] = _QueueRuntime(self.ignis._make_queue(spec), handler)
+                elif rt.queue.spec != spec or rt.handler is not handler:
+                    rt.queue = self.ignis._make_queue(spec)
+                    rt.handler = handler
+                self._scale(rt, spec.concurrency)
+
+    def _scale(self, rt: _QueueRuntime, target: int) -> None:
+        rt.workers = [(t, e) for t, e in rt.workers if t.is_alive() and not e.is_set()]
+        while len(rt.workers) > target:
+            rt.workers.pop()[1].set()
+        while len(rt.workers) < target:
+            event = threading.Event()
+            thread = threading.Thread(target=self._work, args=(rt, event), daemon=True,
+                                      name=f"ignis-consumer-{rt.queue.name}-{len(rt.workers)}")
+            rt.workers.append((thread, event))
+            thread.start()
+
+    # ---- one worker ----------------------------------------------------------------------------------
+    def _work(self, rt: _QueueRuntime, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                worked = self.run_once(rt.queue, rt.handler, stop)
+            except Exception:
+                log.exception("consumer run on %s failed", rt.queue.name)
+                worked = False
+            if not worked:
+                stop.wait(self._poll)
+
+    def run_once(self, queue: Queue, handler: Handler, stop: threading.Event | None = None) -> bool:
+        """One consumer run (IgnisMQ §1.6). Returns True if any message was handled."""
+        stop = stop or self._stop
+        batching = queue.spec.batching
+        start = time.monotonic()
+        if batching is None:
+            worked = False
+            while not stop.is_set():
+                messages = self._fire(queue, 1)
+                if messages is None:
+                    worked = True
+                    continue
+                if not messages:
+                    return worked
+                self.consume(queue, handler, messages)
+                worked = True
+                if time.monotonic() - start > RUN_BUDGET_SECONDS:
+                    break
+            return worked
+
+        max_size, wait = batching.max_batch_size, batching.max_wait_seconds
+        linger_deadline = start + wait
+        run_deadline = start + max(wait, RUN_BUDGET_SECONDS)
+        batch: list[Message] = []
+        worked = False
+        while True:
+            messages = self._fire(queue, max_size - len(batch))
+            if messages:
+                batch.extend(messages)
+                if len(batch) >= max_size:
+                    self.consume(queue, handler, batch)
+                    worked, batch = True, []
+                    if time.monotonic() > run_deadline or stop.is_set():
+                        break
+                continue
+            if messages is None:
+                continue
+            now = time.monotonic()
+            if not batch or now >= linger_deadline or stop.is_set():
+                break
+            stop.wait(min(LINGER_POLL_SECONDS, linger_deadline - now))
+        if batch:
+            self.consume(queue, handler, batch)
+            worked = True
+        return worked
+
+    def _fire(self, queue: Queue, n: int) -> list[Message] | None:
+        """Messages, [] when empty, None when the hole budget ran out (fire again at once)."""
+        try:
+            messages = queue.fire_many(n)
+        except HoleBudgetExceeded:
+            return None
+        if messages:
+            with self._lock:
+                self._busy += len(messages)
+        return messages
+
+    def consume(self, queue: Queue, handler: Handler, messages: list[Message]) -> None:
+        """Decode, call the handler, settle every message of the call."""
+        try:
+            readable = []
+            for message in messages:
+                try:
+                    message.payload  # noqa: B018 - decode before the handler sees it
+                except Exception as exc:
+                    self._settle_failure(queue, handler, [message], UNREADABLE, exc)
+                else:
+                    readable.append(message)
+            if not readable:
+                return
+            if queue.spec.batching is not None:
+                BATCH_SIZE.labels(queue.name).observe(len(readable))
+                if handler.batch is not None:
+                    self._call(queue, handler, handler.batch, readable, readable)
+                    return
+            single = handler.single or (lambda m: handler.batch([m]))  # type: ignore[misc]
+            for message in readable:
+                self._call(queue, handler, single, message, [message])
+        finally:
+            with self._lock:
+                self._busy -= len(messages)
+
+    def _call(self, queue: Queue, handler: Handler, fn: Callable[[Any], Any], arg: Any,
+              messages: list[Message]) -> None:
+        started = time.perf_counter()
+        outcome = "success"
+        try:
+            result = self._pool.call(fn, arg, queue.spec.effective_handler_timeout_seconds)
+        except HandlerTimeout as exc:
+            outcome = "timeout"
+            self._settle_failure(queue, handler, messages, TIMEOUT, exc)
+        except HandlerSaturated as exc:
+            outcome = "saturated"
+            self._settle_failure(queue, handler, messages, SATURATED, exc)
+        except Exception as exc:
+            outcome = "failure"
+            self._settle_failure(queue, handler, messages, EXCEPTION, exc)
+        else:
+            if result is False:
+                outcome = "rejected"
+                self._settle(queue, messages, REJECTED)
+            else:
+                queue.ack(messages)
+                self._count("acked", len(messages))
+        finally:
+            HANDLER_DURATION.labels(queue.name, outcome).observe(time.perf_counter() - started)
+
+    def _settle_failure(self, queue: Queue, handler: Handler, messages: list[Message], reason: str,
+                        exc: BaseException) -> None:
+        # Timeouts and saturation are never ignorable: the handler may still be running or never ran.
+        if reason not in (TIMEOUT, SATURATED) and handler.is_ignorable(exc):
+            queue.drop(messages)
+            self._count("ignored", len(messages))
+            return
+        if reason == EXCEPTION:
+            log.warning("handler for %s raised %s: %s", queue.name, type(exc).__name__, exc)
+        self._settle(queue, messages, reason)
+
+    def _settle(self, queue: Queue, messages: list[Message], reason: str) -> None:
+        moved = queue.nack(messages, reason)
+        self._count("sidelined", moved.sidelined)
+        self._count("dead-lettered", moved.dead_lettered)
+        self._count("sideline-refused", moved.refused)
+
+    def _count(self, outcome: str, n: int) -> None:
+        if n:
+            with self._lock:
+                self.outcomes[outcome] += n

@@ -1,0 +1,146 @@
+"""The message envelope: what a data record holds besides the payload (DESIGN §3).
+
+Bin names are the ones every backend stores (Aerospike bins, lmdb msgpack map keys); all are at most
+15 characters, the Aerospike limit.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from typing import Any
+
+# Bin names of a data record.
+PAYLOAD = "payload"
+MSG_ID = "msgId"
+LOADED_AT = "loadedAt"
+FIRE_TS = "fireTS"
+ATTEMPTS = "attempts"
+HEADERS = "headers"
+REASON = "reason"
+CODEC = "codec"
+PARTITION_KEY = "pkey"
+HISTORY = "history"
+
+# Payload codecs: how `payload` bytes turn back into the value that was published.
+CODEC_BYTES = "bytes"
+CODEC_STR = "str"
+CODEC_JSON = "json"
+CODECS = (CODEC_BYTES, CODEC_STR, CODEC_JSON)
+
+HISTORY_LIMIT = 20  # a dead letter keeps its last 20 failures; enough to diagnose, bounded in size
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_message_id() -> str:
+    """Time-ordered 128-bit id: 48 bits of epoch ms then 80 random bits, as 32 hex digits."""
+    return f"{now_ms():012x}{random.getrandbits(80):020x}"
+
+
+def encode_payload(value: Any) -> tuple[bytes, str]:
+    """bytes stay bytes; str is UTF-8; anything else is JSON."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value), CODEC_BYTES
+    if isinstance(value, str):
+        return value.encode("utf-8"), CODEC_STR
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"), CODEC_JSON
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"payload of type {type(value).__name__} is not bytes, str or JSON-serialisable: {exc}"
+        ) from None
+
+
+def decode_payload(data: bytes, codec: str) -> Any:
+    if codec == CODEC_BYTES:
+        return data
+    if codec == CODEC_STR:
+        return data.decode("utf-8")
+    if codec == CODEC_JSON:
+        return json.loads(data)
+    raise ValueError(f"unknown payload codec {codec!r}")
+
+
+class Envelope:
+    """One message as stored. Mutable on purpose: fire stamps it, sideline annotates it."""
+
+    __slots__ = ("attempts", "codec", "fire_ts", "headers", "history", "key", "loaded_at", "msg_id",
+                 "payload", "reason")
+
+    def __init__(
+        self,
+        payload: bytes,
+        msg_id: str,
+        loaded_at: int,
+        *,
+        codec: str = CODEC_BYTES,
+        headers: dict[str, str] | None = None,
+        key: str | None = None,
+        fire_ts: int | None = None,
+        attempts: int = 0,
+        reason: str | None = None,
+        history: list[list[Any]] | None = None,
+    ) -> None:
+        self.payload = payload
+        self.msg_id = msg_id
+        self.loaded_at = loaded_at
+        self.codec = codec
+        self.headers = headers
+        self.key = key
+        self.fire_ts = fire_ts
+        self.attempts = attempts
+        self.reason = reason
+        self.history = history
+
+    def to_bins(self) -> dict[str, Any]:
+        bins: dict[str, Any] = {PAYLOAD: self.payload, MSG_ID: self.msg_id, LOADED_AT: self.loaded_at,
+                                ATTEMPTS: self.attempts, CODEC: self.codec}
+        if self.fire_ts is not None:
+            bins[FIRE_TS] = self.fire_ts
+        if self.headers:
+            bins[HEADERS] = self.headers
+        if self.key is not None:
+            bins[PARTITION_KEY] = self.key
+        if self.reason is not None:
+            bins[REASON] = self.reason
+        if self.history:
+            bins[HISTORY] = self.history
+        return bins
+
+    @classmethod
+    def from_bins(cls, bins: dict[str, Any]) -> Envelope:
+        return cls(
+            bins.get(PAYLOAD) or b"",
+            bins.get(MSG_ID, ""),
+            bins.get(LOADED_AT, 0),
+            codec=bins.get(CODEC, CODEC_BYTES),
+            headers=bins.get(HEADERS),
+            key=bins.get(PARTITION_KEY),
+            fire_ts=bins.get(FIRE_TS),
+            attempts=bins.get(ATTEMPTS, 0),
+            reason=bins.get(REASON),
+            history=bins.get(HISTORY),
+        )
+
+    def for_transfer(self, reason: str | None, at_ms: int) -> Envelope:
+        """A copy to load into another magazine: unfired, with the reason and the failure recorded."""
+        history = list(self.history or [])
+        if reason is not None:
+            history.append([at_ms, reason, self.attempts])
+            history = history[-HISTORY_LIMIT:]
+        return Envelope(self.payload, self.msg_id, self.loaded_at, codec=self.codec, headers=self.headers,
+                        key=self.key, attempts=self.attempts, reason=reason, history=history or None)
+
+    def decoded(self) -> Any:
+        return decode_payload(self.payload, self.codec)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Envelope) and self.to_bins() == other.to_bins()
+
+    def __repr__(self) -> str:
+        return (f"Envelope(id={self.msg_id}, {len(self.payload)}B {self.codec}, attempts={self.attempts}, "
+                f"fireTS={self.fire_ts}, reason={self.reason})")

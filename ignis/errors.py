@@ -1,0 +1,77 @@
+"""The project's own error types. Every error names the thing that is wrong in one line."""
+
+from __future__ import annotations
+
+
+class IgnisError(Exception):
+    """Base of every IgnisMQ error."""
+
+
+class InvalidSpecError(IgnisError, ValueError):
+    """A queue spec or manifest breaks a rule. `problems` lists one line per violation."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(where + "; ".join(problems))
+
+
+class InvalidInputError(IgnisError, ValueError):
+    """Bad input to an API or CLI call (not a queue spec)."""
+
+
+class QueueNotFound(IgnisError, LookupError):
+    def __init__(self, name: str, client_id: str) -> None:
+        self.name = name
+        self.client_id = client_id
+        super().__init__(f"queue {name!r} not found (clientId {client_id!r}); apply its manifest first")
+
+
+class QueueInactive(IgnisError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"queue {name!r} is deactivated (active=false); re-apply its manifest to reactivate")
+
+
+class PayloadTooLarge(IgnisError, ValueError):
+    def __init__(self, size: int, limit: int, queue: str) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"payload of {size} bytes exceeds the maximum of {limit} bytes for queue {queue!r} "
+            f"(set IGNIS_MAX_PAYLOAD_BYTES to change the limit)"
+        )
+
+
+class StoreError(IgnisError):
+    """The store failed in a way that is not the caller's fault."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or opened."""
+
+
+class StoreFull(StoreError):
+    """The store has no room left (lmdb map size, Aerospike device)."""
+
+
+class StaleEpoch(StoreError):
+    """A fenced write carried an epoch older than the one the store holds: another leader took over."""
+
+    def __init__(self, queue: str, epoch: int, current: int) -> None:
+        self.epoch = epoch
+        self.current = current
+        super().__init__(f"stale sweeper epoch {epoch} for queue {queue!r}: the store holds epoch {current}")
+
+
+class HoleBudgetExceeded(IgnisError):
+    """A fire call skipped more holes than its budget allows; data may remain, fire again."""
+
+    def __init__(self, magazine: str, skipped: int) -> None:
+        self.skipped = skipped
+        super().__init__(f"fire on {magazine!r} skipped {skipped} holes in one call (budget reached)")
+
+
+class AlreadySettled(IgnisError):
+    """ack/nack called twice on the same delivered message."""

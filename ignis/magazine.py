@@ -1,0 +1,139 @@
+"""Magazine layer (DESIGN §4): load with random or key-based shard choice, fire with guarded claims,
+hole skipping with a budget, and active-shard tracking so that an idle magazine costs almost no reads.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import zlib
+from collections.abc import Sequence
+
+from ignis.envelope import Envelope, now_ms
+from ignis.errors import HoleBudgetExceeded
+from ignis.metrics import FIRE_CLAIMS, HOLES_SKIPPED
+from ignis.storage.base import Claimed, ShardPointers, SlotRef, Storage
+
+
+def shard_for_key(key: str, shards: int) -> int:
+    """Stable across processes and restarts (unlike hash()): the same key always lands on one shard."""
+    return zlib.crc32(key.encode("utf-8")) % shards
+
+
+class Magazine:
+    """One magazine of a queue: `main`, `sideline` or `dead`. Thread-safe."""
+
+    def __init__(
+        self,
+        store: Storage,
+        name: str,
+        *,
+        queue: str,
+        kind: str,
+        shards: int,
+        ttl_seconds: int,
+        hole_budget: int = 512,
+        refresh_seconds: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.kind = kind
+        self.shards = shards
+        self.ttl_seconds = ttl_seconds
+        self.hole_budget = hole_budget
+        self.refresh_seconds = refresh_seconds
+        self._active: list[int] = []
+        self._refreshed_at = float("-inf")
+        self._lock = threading.Lock()
+        self._holes = HOLES_SKIPPED.labels(queue, kind)
+        self._won = FIRE_CLAIMS.labels(queue, "won")
+        self._drained = FIRE_CLAIMS.labels(queue, "drained")
+        self._queue = queue
+
+    # ---- load ------------------------------------------------------------------------------------
+    def shard_for(self, key: str | None) -> int:
+        return random.randrange(self.shards) if key is None else shard_for_key(key, self.shards)
+
+    def load(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:
+        """Append envelopes (one group commit); each goes to its key's shard or a random one."""
+        items = [(self.shard_for(env.key), env) for env in envelopes]
+        refs = self.store.load(self.name, items, self.ttl_seconds)
+        with self._lock:  # work this process just loaded is visible to its consumers at once
+            for shard in {shard for shard, _ in items}:
+                if shard not in self._active:
+                    self._active.append(shard)
+        return refs
+
+    # ---- fire ------------------------------------------------------------------------------------
+    def fire(self, max_messages: int = 1) -> list[Claimed]:
+        """Claim up to `max_messages` present records (stamped with fireTS and attempts + 1).
+
+        Returns [] when no shard has work. Skipped holes are counted; after `hole_budget` holes
+        without a message it raises HoleBudgetExceeded (data may remain: fire again)."""
+        got: list[Claimed] = []
+        holes = 0
+        try:
+            while len(got) < max_messages:
+                shard = self._pick_shard()
+                if shard is None:
+                    break
+                claimed = self.store.claim(self.name, shard, max_messages - len(got), now_ms())
+                if not claimed:
+                    self._drained.inc()
+                    self._suppress(shard)
+                    continue
+                self._won.inc()
+                for item in claimed:
+                    if item.envelope is None:
+                        holes += 1
+                    else:
+                        got.append(item)
+                if holes >= self.hole_budget:
+                    if got:
+                        break
+                    raise HoleBudgetExceeded(self.name, holes)
+        finally:
+            if holes:
+                self._holes.inc(holes)
+        return got
+
+    def _pick_shard(self) -> int | None:
+        with self._lock:
+            if time.monotonic() - self._refreshed_at >= self.refresh_seconds:
+                self._refresh_locked()
+            return random.choice(self._active) if self._active else None
+
+    def _refresh_locked(self) -> None:
+        pointers = self.store.pointers(self.name, self.shards)
+        self._active = [shard for shard, p in pointers.items() if p.load > p.fire]
+        self._refreshed_at = time.monotonic()
+
+    def _suppress(self, shard: int) -> None:
+        with self._lock:
+            if shard in self._active:
+                self._active.remove(shard)
+
+    def invalidate(self) -> None:
+        """Forget the cached active shards: the next fire re-reads the pointers."""
+        with self._lock:
+            self._refreshed_at = float("-inf")
+
+    # ---- inspection --------------------------------------------------------------------------------
+    def pointers(self) -> dict[int, ShardPointers]:
+        return self.store.pointers(self.name, self.shards)
+
+    def pending(self) -> int:
+        """Unclaimed slots (includes holes): Σ (load - fire)."""
+        return sum(p.pending for p in self.pointers().values())
+
+    def browse(self, limit: int = 100) -> list[tuple[SlotRef, Envelope]]:
+        """Unclaimed present records, oldest slots first per shard, at most `limit`."""
+        found: list[tuple[SlotRef, Envelope]] = []
+        for shard, p in sorted(self.pointers().items()):
+            first = p.fire + 1
+            while first <= p.load and len(found) < limit:
+                last = min(p.load, first + 999)
+                found.extend(self.store.peek(self.name, shard, first, last)[: limit - len(found)])
+                first = last + 1
+        return found

@@ -1,0 +1,70 @@
+"""Set names, record keys and magazine names of DESIGN §3 — the one place they are spelled."""
+
+from __future__ import annotations
+
+import re
+
+from ignis.errors import InvalidInputError
+
+SIDELINE_SUFFIX = "_SIDELINE"
+DEAD_SUFFIX = "_DEAD"
+MAX_SET_NAME = 63  # Aerospike set-name limit; lmdb keeps the same names so layouts compare 1:1
+ID_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?$")
+
+
+def check_id(kind: str, value: str) -> str:
+    if not value or not ID_PATTERN.match(value):
+        raise InvalidInputError(f"{kind}={value!r}: must be letters, digits and '-', starting and ending "
+                                "alphanumeric")
+    return value
+
+
+def queue_set(farm_id: str, client_id: str) -> str:
+    return _set_name(f"{farm_id}_{client_id}_ignis_queues")
+
+
+def active_index(farm_id: str, client_id: str) -> str:
+    return f"{queue_set(farm_id, client_id)}_active"
+
+
+def data_set(client_id: str) -> str:
+    return _set_name(f"{client_id}_data_set")
+
+
+def meta_set(client_id: str) -> str:
+    return _set_name(f"{client_id}_meta_set")
+
+
+def sideline_of(queue: str) -> str:
+    return queue + SIDELINE_SUFFIX
+
+
+def dead_of(queue: str) -> str:
+    return queue + DEAD_SUFFIX
+
+
+def data_key(magazine: str, shard: int, slot: int) -> str:
+    return f"{magazine}_SHARD_{shard}_{slot}"
+
+
+def meta_key(magazine: str, shard: int) -> str:
+    return f"{magazine}_SHARD_{shard}_METADATA"
+
+
+def magazine_prefix(magazine: str) -> str:
+    """Prefix shared by every data and meta key of one magazine (queue names contain no '_')."""
+    return f"{magazine}_SHARD_"
+
+
+def shard_label(shard: int) -> str:
+    """Shard id as stored in sweep-pointer maps: SHARD_0, SHARD_1, ..."""
+    return f"SHARD_{shard}"
+
+
+def _set_name(name: str) -> str:
+    if len(name) > MAX_SET_NAME:
+        raise InvalidInputError(
+            f"set name {name!r} is {len(name)} characters; Aerospike allows {MAX_SET_NAME}: "
+            "shorten farmId or clientId"
+        )
+    return name

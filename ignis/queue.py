@@ -1,0 +1,276 @@
+"""A queue handle: publish, pull (fire / ack / nack), and the sideline and dead-letter moves.
+
+Failed messages are copied to the sideline (or, past maxDeliveries, to the dead-letter magazine)
+and only then deleted from main; if the copy fails the original stays where it is (the sweeper
+re-homes it later), so a failure duplicates but never loses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ignis import names
+from ignis.envelope import Envelope, encode_payload, new_message_id, now_ms
+from ignis.errors import AlreadySettled, InvalidInputError, PayloadTooLarge
+from ignis.magazine import Magazine
+from ignis.metrics import ACKED, DEAD_LETTERED, DELIVERED, IGNORED, PUBLISHED, SIDELINE_REFUSED, SIDELINED
+from ignis.spec import QueueSpec
+from ignis.storage.base import SlotRef, Storage
+
+log = logging.getLogger(__name__)
+
+MAX_ID_LENGTH = 128
+MAX_KEY_LENGTH = 256
+PUBLISH_CHUNK = 1000  # messages per group commit in publish_many
+
+# Why a message left the main magazine (the `reason` label and envelope field).
+REJECTED = "rejected"
+EXCEPTION = "exception"
+TIMEOUT = "timeout"
+SATURATED = "saturated"
+UNREADABLE = "unreadable"
+NACKED = "nacked"
+
+_UNDECODED = object()
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRef:
+    """What publish returns: the message id and where it was stored."""
+
+    id: str
+    ref: SlotRef
+
+    def __str__(self) -> str:
+        return f"{self.ref}#{self.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Outcome of moving failed messages out of main."""
+
+    sidelined: int
+    dead_lettered: int
+    refused: int  # copy failed: the original stays in main for the sweeper
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    name: str
+    shards: int
+    published: int  # slots ever allocated in main (includes holes)
+    consumed: int  # slots ever claimed in main
+    depth: int  # unclaimed slots in main
+    sidelined: int  # unclaimed slots in the sideline
+    dead: int  # unclaimed slots in the dead-letter magazine
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+class Message:
+    """A delivered message. Settle it exactly once with `ack()` or `nack(reason)`."""
+
+    __slots__ = ("_decoded", "_settled", "envelope", "queue", "ref")
+
+    def __init__(self, queue: Queue, ref: SlotRef, envelope: Envelope) -> None:
+        self.queue = queue
+        self.ref = ref
+        self.envelope = envelope
+        self._settled = False
+        self._decoded: Any = _UNDECODED
+
+    @property
+    def id(self) -> str:
+        return self.envelope.msg_id
+
+    @property
+    def data(self) -> bytes:
+        """The payload bytes exactly as published."""
+        return self.envelope.payload
+
+    @property
+    def payload(self) -> Any:
+        """The payload decoded as published: bytes, str or a JSON value (decoded once, then cached)."""
+        if self._decoded is _UNDECODED:
+            self._decoded = self.envelope.decoded()
+        return self._decoded
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return dict(self.envelope.headers or {})
+
+    @property
+    def key(self) -> str | None:
+        return self.envelope.key
+
+    @property
+    def attempts(self) -> int:
+        return self.envelope.attempts
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    def ack(self) -> None:
+        self.queue.ack([self])
+
+    def nack(self, reason: str = NACKED) -> None:
+        self.queue.nack([self], reason)
+
+    def _settle(self) -> None:
+        if self._settled:
+            raise AlreadySettled(f"message {self.id} ({self.ref}) was already acked or nacked")
+        self._settled = True
+
+    def __repr__(self) -> str:
+        return f"Message({self.ref}, id={self.id}, attempts={self.attempts})"
+
+
+class Queue:
+    """Publish to and consume from one queue. Thread-safe; cheap to share."""
+
+    def __init__(self, store: Storage, spec: QueueSpec, *, max_payload_bytes: int = 1 << 20,
+                 hole_budget: int = 512, refresh_seconds: float = 1.0) -> None:
+        self.store = store
+        self.spec = spec
+        self.name = spec.name
+        self.max_payload_bytes = max_payload_bytes
+
+        def magazine(name: str, kind: str, ttl: int) -> Magazine:
+            return Magazine(store, name, queue=spec.name, kind=kind, shards=spec.shards, ttl_seconds=ttl,
+                            hole_budget=hole_budget, refresh_seconds=refresh_seconds)
+
+        self.main = magazine(spec.name, "main", spec.message_expiry_seconds)
+        self.sideline = magazine(names.sideline_of(spec.name), "sideline", spec.message_expiry_seconds)
+        # Dead letters are kept for the queue's lifetime so people have time to look at them.
+        self.dead = magazine(names.dead_of(spec.name), "dead", spec.queue_expiry_seconds)
+        self._published = PUBLISHED.labels(spec.name)
+        self._delivered = DELIVERED.labels(spec.name)
+        self._acked = ACKED.labels(spec.name)
+
+    # ---- publish ---------------------------------------------------------------------------------
+    def envelope(self, payload: Any, *, id: str | None = None, key: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> Envelope:
+        """Validate and wrap one payload (no I/O)."""
+        data, codec = encode_payload(payload)
+        if len(data) > self.max_payload_bytes:
+            raise PayloadTooLarge(len(data), self.max_payload_bytes, self.name)
+        if id is not None and (not isinstance(id, str) or not id or len(id) > MAX_ID_LENGTH):
+            raise InvalidInputError(f"message id {id!r}: must be a non-empty string of at most "
+                                    f"{MAX_ID_LENGTH} characters")
+        if key is not None and (not isinstance(key, str) or len(key) > MAX_KEY_LENGTH):
+            raise InvalidInputError(f"partition key {key!r}: must be a string of at most {MAX_KEY_LENGTH} "
+                                    "characters")
+        if headers is not None:
+            if not isinstance(headers, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+            ):
+                raise InvalidInputError("headers must be a mapping of str to str")
+            headers = dict(headers)
+        return Envelope(data, id or new_message_id(), now_ms(), codec=codec, headers=headers or None, key=key)
+
+    def publish(self, payload: Any, *, id: str | None = None, key: str | None = None,
+                headers: Mapping[str, str] | None = None) -> MessageRef:
+        """Store one message durably (per the store's durability mode) and return its reference.
+        A given `key` always maps to the same shard, which keeps per-key order within the shard."""
+        env = self.envelope(payload, id=id, key=key, headers=headers)
+        ref = self.main.load([env])[0]
+        self._published.inc()
+        return MessageRef(env.msg_id, ref)
+
+    def publish_many(self, payloads: Iterable[Any], *, key: str | None = None,
+                     headers: Mapping[str, str] | None = None) -> list[MessageRef]:
+        """Publish many payloads with group commits of up to 1000. Every payload is validated
+        before anything is written, so a bad one leaves the queue unchanged."""
+        envelopes = [self.envelope(p, key=key, headers=headers) for p in payloads]
+        out: list[MessageRef] = []
+        for start in range(0, len(envelopes), PUBLISH_CHUNK):
+            chunk = envelopes[start:start + PUBLISH_CHUNK]
+            refs = self.main.load(chunk)
+            out.extend(MessageRef(env.msg_id, ref) for env, ref in zip(chunk, refs, strict=True))
+            self._published.inc(len(chunk))
+        return out
+
+    # ---- pull consume ----------------------------------------------------------------------------
+    def fire(self) -> Message | None:
+        """Claim the next message, or None when the queue has nothing to deliver."""
+        got = self.fire_many(1)
+        return got[0] if got else None
+
+    def fire_many(self, max_messages: int) -> list[Message]:
+        """Claim up to `max_messages` messages in as few storage calls as the shards allow."""
+        claimed = self.main.fire(max_messages)
+        if claimed:
+            self._delivered.inc(len(claimed))
+        return [Message(self, c.ref, c.envelope) for c in claimed]  # type: ignore[arg-type]
+
+    def ack(self, messages: Sequence[Message]) -> None:
+        """Acknowledge (delete) messages in one batch."""
+        for m in messages:
+            m._settle()
+        self.store.delete([m.ref for m in messages])
+        self._acked.inc(len(messages))
+
+    def nack(self, messages: Sequence[Message], reason: str = NACKED) -> Transfer:
+        """Move messages to the sideline (or dead letters past maxDeliveries) with a reason."""
+        for m in messages:
+            m._settle()
+        return self.transfer(messages, reason)
+
+    def drop(self, messages: Sequence[Message]) -> None:
+        """Delete without sidelining: the handler raised an exception declared ignorable."""
+        for m in messages:
+            m._settle()
+        self.store.delete([m.ref for m in messages])
+        IGNORED.labels(self.name).inc(len(messages))
+
+    # ---- sideline / dead letter --------------------------------------------------------------------
+    def transfer(self, messages: Sequence[Message], reason: str) -> Transfer:
+        """Copy-then-delete into the sideline, or into `q_DEAD` when a message has used up its
+        maxDeliveries. A failed copy keeps the original in place (counted as refused)."""
+        at = now_ms()
+        limit = self.spec.max_deliveries
+        to_dead = [m for m in messages if limit and m.attempts >= limit]
+        to_sideline = [m for m in messages if not (limit and m.attempts >= limit)]
+        moved: list[Message] = []
+        counts = {"sideline": 0, "dead": 0}
+        for target, group, counter in ((self.sideline, to_sideline, SIDELINED),
+                                       (self.dead, to_dead, DEAD_LETTERED)):
+            if not group:
+                continue
+            try:
+                target.load([m.envelope.for_transfer(reason, at) for m in group])
+            except Exception:
+                log.exception("copy of %d message(s) of %s to %s failed; originals kept for the sweeper",
+                              len(group), self.name, target.name)
+                SIDELINE_REFUSED.labels(self.name).inc(len(group))
+                continue
+            counter.labels(self.name, reason).inc(len(group))
+            counts[target.kind] = len(group)
+            moved.extend(group)
+        if moved:
+            self.store.delete([m.ref for m in moved])  # only after the copy landed
+        return Transfer(counts["sideline"], counts["dead"], len(messages) - len(moved))
+
+    # ---- inspection --------------------------------------------------------------------------------
+    def stats(self) -> QueueStats:
+        main = self.main.pointers().values()
+        return QueueStats(
+            name=self.name,
+            shards=self.spec.shards,
+            published=sum(p.load for p in main),
+            consumed=sum(p.fire for p in main),
+            depth=sum(p.pending for p in main),
+            sidelined=self.sideline.pending(),
+            dead=self.dead.pending(),
+        )
+
+    def magazine(self, kind: str) -> Magazine:
+        try:
+            return {"main": self.main, "sideline": self.sideline, "dead": self.dead}[kind]
+        except KeyError:
+            raise InvalidInputError(f"magazine {kind!r}: must be main, sideline or dead") from None

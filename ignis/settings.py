@@ -1,0 +1,22 @@
+"""Configuration from the environment (prefix IGNIS_), overridable by CLI flags and API arguments."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_STORE = "lmdb://./.ignis-data"
+
+
+class IgnisSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="IGNIS_", extra="ignore")
+
+    store: str = Field(DEFAULT_STORE, description="store URL: lmdb:///path or aerospike://hosts/namespace")
+    farm_id: str = Field("local", description="deployment / datacentre id, prefixed onto queue-set names")
+    client_id: str = Field("default", description="owning application; scopes set names")
+    max_payload_bytes: int = Field(1 << 20, ge=1, description="largest payload publish accepts")
+    hole_budget: int = Field(512, ge=1, description="holes one fire call may skip before giving up")
+    active_shard_refresh_seconds: float = Field(
+        1.0, gt=0, description="how often an idle consumer re-reads shard pointers to find new work")
+    poll_interval_seconds: float = Field(0.2, gt=0, description="consumer sleep when a queue is empty")
+    queue_refresh_seconds: float = Field(5.0, gt=0, description="how often consumers re-read queue config")

@@ -1,0 +1,209 @@
+"""Queue model: `QueueSpec` with every field of an IgnisQueue, its limits and defaults.
+
+The same spec is read from an IgnisQueue manifest (camelCase, as users write it for kubectl),
+built in Python (snake_case), and converted to and from the queue-metadata record bins of DESIGN §3.
+Every violation becomes one line naming the field, the value and the rule.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from ignis.errors import InvalidSpecError
+
+API_VERSION = "ignismq.io/v1alpha1"
+KIND = "IgnisQueue"
+
+ONE_YEAR_SECONDS = 365 * 24 * 3600
+QUEUE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+CLIENT_ID_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+HANDLER_TYPE_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.:/-]*[A-Za-z0-9])?$"
+
+
+class DeletionPolicy(str, Enum):
+    RETAIN = "Retain"
+    DELETE = "Delete"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, use_enum_values=False
+    )
+
+
+class ShovelSpec(_Model):
+    """Moves sidelined messages back to the main magazine for redelivery."""
+
+    enabled: bool = True
+    concurrency: int = Field(4, ge=1, le=50)
+    interval_seconds: int = Field(600, ge=0, le=86400)
+
+
+class BatchingSpec(_Model):
+    """Both fields are required: batching is on with both or off with neither."""
+
+    max_batch_size: int = Field(ge=2, le=200_000)
+    max_wait_seconds: int = Field(ge=1, le=300)
+
+
+class QueueSpec(_Model):
+    name: str = Field(min_length=1, max_length=63, pattern=QUEUE_NAME_PATTERN)
+    handler_type: str = Field(min_length=1, max_length=100, pattern=HANDLER_TYPE_PATTERN)
+    client_id: str | None = Field(None, min_length=1, max_length=40, pattern=CLIENT_ID_PATTERN)
+    shards: int = Field(32, ge=1, le=512)
+    queue_expiry_seconds: int = Field(30 * 24 * 3600, ge=1, le=ONE_YEAR_SECONDS)
+    message_expiry_seconds: int = Field(7 * 24 * 3600, ge=1, le=ONE_YEAR_SECONDS)
+    concurrency: int = Field(1, ge=0, le=100)
+    shovel: ShovelSpec = Field(default_factory=ShovelSpec)
+    sweep_duration_seconds: int = Field(1200, ge=300, le=18000)
+    batching: BatchingSpec | None = None
+    max_deliveries: int = Field(10, ge=0, le=1000)
+    handler_timeout_seconds: int = Field(600, ge=1, le=1800)
+    deletion_policy: DeletionPolicy = DeletionPolicy.RETAIN
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> QueueSpec:
+        if self.queue_expiry_seconds < self.message_expiry_seconds:
+            raise ValueError(
+                f"queueExpirySeconds ({self.queue_expiry_seconds}) must be >= messageExpirySeconds "
+                f"({self.message_expiry_seconds}): a queue may not expire before its messages"
+            )
+        return self
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def effective_handler_timeout_seconds(self) -> float:
+        """A handler must finish before the sweeper may re-home its message: cap at sweepDuration / 2."""
+        return float(min(self.handler_timeout_seconds, self.sweep_duration_seconds / 2))
+
+    @property
+    def record_ttl_seconds(self) -> int:
+        """Queue-metadata record TTL (DESIGN §3): queueExpiry x 2."""
+        return self.queue_expiry_seconds * 2
+
+    # ---- constructors ---------------------------------------------------------------------
+    @classmethod
+    def build(cls, source: str | None = None, /, **fields: Any) -> QueueSpec:
+        """Validate fields (camelCase or snake_case); raise InvalidSpecError listing every problem."""
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            raise InvalidSpecError(_describe(exc), source) from None
+
+    @classmethod
+    def from_manifest(cls, doc: Any, source: str | None = None) -> QueueSpec:
+        """Read one IgnisQueue manifest (the YAML users give kubectl)."""
+        if not isinstance(doc, dict):
+            raise InvalidSpecError([f"manifest must be a mapping, got {type(doc).__name__}"], source)
+        problems = []
+        if doc.get("apiVersion") != API_VERSION:
+            problems.append(f"apiVersion={doc.get('apiVersion')!r}: must be {API_VERSION!r}")
+        if doc.get("kind") != KIND:
+            problems.append(f"kind={doc.get('kind')!r}: must be {KIND!r}")
+        metadata = doc.get("metadata")
+        name = metadata.get("name") if isinstance(metadata, dict) else None
+        if not name:
+            problems.append("metadata.name: required (it is the queue name)")
+        spec = doc.get("spec")
+        if not isinstance(spec, dict):
+            problems.append("spec: required mapping")
+        if problems:
+            raise InvalidSpecError(problems, source)
+        fields = dict(spec)
+        for meta_field in ("name",):
+            if meta_field in fields:
+                raise InvalidSpecError([f"spec.{meta_field}: not allowed; use metadata.name"], source)
+        if "clientId" not in fields and "client_id" not in fields and isinstance(metadata, dict):
+            # Kubernetes default: the owning application is the resource's namespace.
+            namespace = metadata.get("namespace")
+            if namespace:
+                fields["clientId"] = namespace
+        return cls.build(source, name=name, **fields)
+
+    def to_manifest(self) -> dict[str, Any]:
+        spec = self.model_dump(by_alias=True, mode="json", exclude={"name"}, exclude_none=True)
+        return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": self.name}, "spec": spec}
+
+    # ---- record bins (DESIGN §3) ----------------------------------------------------------
+    def config_bins(self) -> dict[str, Any]:
+        """The config bins of the queue-metadata record; runtime bins are never part of this."""
+        shovel_on = self.shovel.enabled
+        return {
+            "handlerType": self.handler_type,
+            "shards": self.shards,
+            "queueExpiry": self.queue_expiry_seconds,
+            "messageExpiry": self.message_expiry_seconds,
+            "concurrency": self.concurrency,
+            "shovelConcur": self.shovel.concurrency if shovel_on else 0,
+            "shovelInterval": self.shovel.interval_seconds if shovel_on else 0,
+            "sweepDuration": self.sweep_duration_seconds * 1000,
+            "maxBatchSize": self.batching.max_batch_size if self.batching else 0,
+            "maxWaitTime": self.batching.max_wait_seconds if self.batching else 0,
+            "maxDeliveries": self.max_deliveries,
+            "handlerTimeout": self.handler_timeout_seconds * 1000,
+            "deletionPolicy": self.deletion_policy.value,
+        }
+
+    @classmethod
+    def from_bins(cls, name: str, bins: dict[str, Any], client_id: str | None = None) -> QueueSpec:
+        """Rebuild a spec from a stored record (e.g. written by the operator or another process)."""
+        shovel_concur = int(bins.get("shovelConcur", 0) or 0)
+        batch_size = int(bins.get("maxBatchSize", 0) or 0)
+        wait = int(bins.get("maxWaitTime", 0) or 0)
+        fields: dict[str, Any] = {
+            "name": name,
+            "handlerType": bins.get("handlerType"),
+            "clientId": client_id,
+            "shards": bins.get("shards", 32),
+            "queueExpirySeconds": bins.get("queueExpiry"),
+            "messageExpirySeconds": bins.get("messageExpiry"),
+            "concurrency": bins.get("concurrency", 1),
+            "shovel": (
+                {"concurrency": shovel_concur, "intervalSeconds": int(bins.get("shovelInterval", 0) or 0)}
+                if shovel_concur > 0
+                else {"enabled": False}
+            ),
+            "sweepDurationSeconds": int(bins.get("sweepDuration", 1_200_000)) // 1000,
+            "batching": (
+                {"maxBatchSize": batch_size, "maxWaitSeconds": wait} if batch_size > 0 and wait > 0 else None
+            ),
+            "maxDeliveries": bins.get("maxDeliveries", 10),
+            "handlerTimeoutSeconds": max(1, int(bins.get("handlerTimeout", 600_000) or 600_000) // 1000),
+            "deletionPolicy": bins.get("deletionPolicy", "Retain"),
+        }
+        return cls.build(f"stored record {name!r}", **{k: v for k, v in fields.items() if v is not None})
+
+
+def _describe(exc: ValidationError) -> list[str]:
+    """One line per violation: `field=value: rule`."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(_camel(str(part)) for part in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            lines.append(f"{loc}: required field is missing")
+        elif err["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown field")
+        elif err["type"] == "string_pattern_mismatch":
+            rule = _PATTERN_RULES.get(loc, f"must match {err['ctx']['pattern']}")
+            lines.append(f"{loc}={err.get('input')!r}: {rule}")
+        elif not loc:  # model-level (cross-field) rule: the message names the fields itself
+            lines.append(msg)
+        else:
+            lines.append(f"{loc}={err.get('input')!r}: {msg}")
+    return lines
+
+
+_PATTERN_RULES = {
+    "name": "must be a lowercase DNS name: a-z, 0-9, '-' and '.', starting and ending alphanumeric",
+    "clientId": "must be a lowercase DNS label: a-z, 0-9 and '-', starting and ending alphanumeric",
+    "handlerType": "must be letters, digits and _ . : / -, starting and ending alphanumeric",
+}
+
+
+def _camel(part: str) -> str:
+    return to_camel(part) if "_" in part else part

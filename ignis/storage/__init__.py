@@ -1,0 +1,62 @@
+"""Storage backends behind one interface (`Storage`); `open_store` picks one from a URL."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl
+
+from ignis.errors import InvalidInputError
+from ignis.storage.base import Claimed, QueueRecord, ShardPointers, SlotRef, Storage
+
+__all__ = ["Claimed", "QueueRecord", "ShardPointers", "SlotRef", "Storage", "open_store"]
+
+_SIZE_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(name: str, text: str) -> int:
+    text = text.strip().lower().removesuffix("b").removesuffix("i")
+    factor = _SIZE_SUFFIXES.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in _SIZE_SUFFIXES else text
+    try:
+        return int(float(digits) * factor)
+    except ValueError:
+        raise InvalidInputError(f"{name}={text!r}: not a size (e.g. 1073741824, 512m, 64g)") from None
+
+
+def open_store(url: str, *, farm_id: str = "local", client_id: str = "default", purge_interval: float = 60.0
+               ) -> Storage:
+    """Open a store from its URL.
+
+    `lmdb:///abs/path` or `lmdb://rel/path` (query: durability=fsync|fast, map_size=64g, max_dbs=256,
+    farm=F, client=C). A URL's farm/client override the arguments.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise InvalidInputError(f"store URL {url!r} has no scheme; use lmdb:///path (or aerospike://...)")
+    location, _, query = rest.partition("?")
+    try:
+        params = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+    except ValueError:
+        raise InvalidInputError(f"store URL {url!r} has a malformed query string") from None
+    farm_id = params.pop("farm", farm_id)
+    client_id = params.pop("client", client_id)
+    if scheme == "lmdb":
+        from ignis.storage.lmdb_store import LmdbStore
+
+        if not location:
+            raise InvalidInputError(f"store URL {url!r} has no path; e.g. lmdb:///var/lib/ignis")
+        kwargs: dict = {}
+        if "durability" in params:
+            kwargs["durability"] = params.pop("durability")
+        if "map_size" in params:
+            kwargs["map_size"] = _size("map_size", params.pop("map_size"))
+        if "max_dbs" in params:
+            kwargs["max_dbs"] = int(_size("max_dbs", params.pop("max_dbs")))
+        if params:
+            raise InvalidInputError(f"store URL {url!r}: unknown lmdb option(s) {', '.join(sorted(params))}")
+        return LmdbStore(location, farm_id=farm_id, client_id=client_id, purge_interval=purge_interval,
+                         **kwargs)
+    if scheme == "aerospike":
+        raise InvalidInputError(
+            "the aerospike backend is not part of this build yet; use lmdb:///path (the embedded default)"
+        )
+    raise InvalidInputError(f"store URL {url!r}: unknown scheme {scheme!r}; use lmdb:// or aerospike://")

@@ -1,0 +1,187 @@
+"""The storage interface: the one contract every backend implements and everything above uses.
+
+A `Storage` is scoped to one (farmId, clientId) pair; `with_client` gives a view on another clientId
+over the same connection. Two groups of operations:
+
+* queue registry — the queue-metadata records of set `{farmId}_{clientId}_ignis_queues`;
+* magazine primitives — data records `{magazine}_SHARD_{n}_{slot}` and per-shard meta records
+  `{magazine}_SHARD_{n}_METADATA` holding the load pointer (slots allocated) and the fire pointer
+  (slots claimed). Slots are 1-based: the first load of a shard gets slot 1.
+
+Nothing above this interface knows which backend it runs on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from ignis.envelope import Envelope
+
+MagazineKind = Literal["main", "sideline"]
+
+# Runtime bins of a queue record: written by the store / sweeper, never by a config sync.
+CREATED_AT = "createdAt"
+ACTIVE = "active"
+SWEEP_POINTERS = "sweepPointers"
+SIDELINE_SWEEP = "sidelineSweep"
+SWEPT_COUNTER = "sweptCounter"
+SIDELINE_SWEPT = "sidelineSwept"
+SWEEP_EPOCH = "sweepEpoch"
+RUNTIME_BINS = frozenset({CREATED_AT, ACTIVE, SWEEP_POINTERS, SIDELINE_SWEEP, SWEPT_COUNTER, SIDELINE_SWEPT,
+                          SWEEP_EPOCH})
+
+# Meta record bins.
+LOAD_POINTER = "LOAD_POINTER"
+FIRE_POINTER = "FIRE_POINTER"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRef:
+    """Where one message lives: magazine, shard, slot."""
+
+    magazine: str
+    shard: int
+    slot: int
+
+    def __str__(self) -> str:
+        return f"{self.magazine}/{self.shard}/{self.slot}"
+
+    @classmethod
+    def parse(cls, text: str) -> SlotRef:
+        try:
+            magazine, shard, slot = text.rsplit("/", 2)
+            return cls(magazine, int(shard), int(slot))
+        except ValueError:
+            raise ValueError(f"message reference {text!r} is not MAGAZINE/SHARD/SLOT") from None
+
+
+@dataclass(slots=True)
+class Claimed:
+    """One claimed slot. `envelope` is None for a hole (slot allocated, record absent or expired)."""
+
+    ref: SlotRef
+    envelope: Envelope | None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPointers:
+    load: int = 0
+    fire: int = 0
+
+    @property
+    def pending(self) -> int:
+        return max(self.load - self.fire, 0)
+
+
+@dataclass(slots=True)
+class QueueRecord:
+    """A queue-metadata record as stored: config bins plus runtime bins."""
+
+    name: str
+    bins: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return self.bins.get(ACTIVE) == "true"
+
+    @property
+    def created_at(self) -> int:
+        return int(self.bins.get(CREATED_AT, 0))
+
+    def sweep_pointers(self, kind: MagazineKind = "main") -> dict[str, int]:
+        return dict(self.bins.get(SWEEP_POINTERS if kind == "main" else SIDELINE_SWEEP) or {})
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """A backend. All methods are thread-safe; errors are `ignis.errors` types."""
+
+    farm_id: str
+    client_id: str
+
+    @property
+    def url(self) -> str:
+        """The store URL with any credentials removed (safe to log)."""
+        ...
+
+    def with_client(self, client_id: str) -> Storage:
+        """A view of the same store scoped to another clientId."""
+        ...
+
+    # ---- queue registry ---------------------------------------------------------------------
+    def ensure_index(self) -> None:
+        """Create the `{set}_active` index if it does not exist ("already exists" is fine)."""
+        ...
+
+    def apply_queue(self, name: str, config: Mapping[str, Any], ttl_seconds: int) -> bool:
+        """Create the record (create-only, with createdAt, active=true and empty runtime bins) or
+        update its config bins, setting active=true and re-asserting the TTL; runtime bins are never
+        touched by an update. Returns True when the record was created."""
+        ...
+
+    def get_queue(self, name: str) -> QueueRecord | None: ...
+
+    def list_queues(self, active: bool | None = True) -> list[QueueRecord]:
+        """Queues by active flag through the index (None = all), sorted by name."""
+        ...
+
+    def set_queue_active(self, name: str, active: bool) -> bool:
+        """Flip the active flag without touching the TTL. False if there is no such queue."""
+        ...
+
+    def delete_queue(self, name: str) -> bool:
+        """Remove the queue record only (purge its magazines first). False if there was none."""
+        ...
+
+    def next_epoch(self) -> int:
+        """A new sweeper fencing epoch, strictly greater than every epoch handed out before."""
+        ...
+
+    def advance_sweep(
+        self, name: str, kind: MagazineKind, epoch: int, pointers: Mapping[int, int], swept: int
+    ) -> None:
+        """Fenced, atomic, forward-only update of sweep pointers (per shard, absolute next slot) and
+        add `swept` to the lifetime counter; TTL untouched. Raises StaleEpoch when the record holds a
+        newer epoch, QueueNotFound when there is no record."""
+        ...
+
+    # ---- magazine primitives ----------------------------------------------------------------
+    def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
+        """Append each (shard, envelope): advance the shard's load pointer, write the data record with
+        TTL. Several items are one group commit where the backend can. Returns the slots in order."""
+        ...
+
+    def claim(self, magazine: str, shard: int, max_slots: int, now_ms: int) -> list[Claimed]:
+        """Guarded claim of up to `max_slots` slots (fire pointer advances only while below the load
+        pointer, so distinct callers get distinct slots), and for each present record stamp fireTS =
+        now_ms and attempts + 1 and return it. Empty list = shard drained."""
+        ...
+
+    def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
+        """Batch read; None for absent or expired records."""
+        ...
+
+    def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
+        """Present records of slots first..last inclusive, in slot order. Never mutates."""
+        ...
+
+    def delete(self, refs: Sequence[SlotRef]) -> int:
+        """Delete records so they stay deleted (one batch). Returns how many were present."""
+        ...
+
+    def stamp_unfired(self, ref: SlotRef, now_ms: int) -> Envelope | None:
+        """Set fireTS = now_ms only if the record exists and has no fireTS; return the record as it
+        is afterwards (None if absent). Used by the sweeper for stranded writes."""
+        ...
+
+    def pointers(self, magazine: str, shards: int) -> dict[int, ShardPointers]:
+        """Load/fire pointers of shards 0..shards-1 in one batch read (absent shard = 0/0)."""
+        ...
+
+    def purge_magazine(self, magazine: str) -> int:
+        """Remove every data and meta record of a magazine. Returns data records removed."""
+        ...
+
+    def close(self) -> None: ...

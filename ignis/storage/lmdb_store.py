@@ -1,0 +1,557 @@
+"""The embedded default backend: one LMDB environment holding the DESIGN §3 layout.
+
+Each Aerospike set is an LMDB named database with the same name, keyed by the same record keys, so a
+layout read with `ignis` tools compares 1:1 with Aerospike. Record value = 8-byte big-endian
+expire-at (epoch ms, 0 = never) + msgpack map of bins. Expired records read as absent everywhere and
+are purged in the background. The `{set}_active` database plays the secondary index.
+
+LMDB gives what the Aerospike backend has to build from single-record operations: every primitive
+here is one transaction, so load never leaves a hole on a crash, and claim/stamp is one atomic step.
+Several processes on one host share the environment safely (LMDB's lock file, robust mutex).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import lmdb
+import msgpack
+
+from ignis import names
+from ignis.envelope import FIRE_TS, Envelope, now_ms
+from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch, StoreError, StoreFull, StoreUnavailable
+from ignis.metrics import STORAGE_CALLS
+from ignis.storage.base import (
+    ACTIVE,
+    CREATED_AT,
+    FIRE_POINTER,
+    LOAD_POINTER,
+    RUNTIME_BINS,
+    SIDELINE_SWEEP,
+    SIDELINE_SWEPT,
+    SWEEP_EPOCH,
+    SWEEP_POINTERS,
+    SWEPT_COUNTER,
+    Claimed,
+    MagazineKind,
+    QueueRecord,
+    ShardPointers,
+    SlotRef,
+)
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">Q")
+_NEVER = _HEADER.pack(0)
+_PACK = msgpack.Packer(use_bin_type=True).pack
+DURABILITY_MODES = ("fsync", "fast")
+EPOCH_KEY = b"sweeperEpoch"
+T = TypeVar("T")
+
+
+def _unpack(raw: bytes) -> dict[str, Any]:
+    return msgpack.unpackb(memoryview(raw)[8:], raw=False)
+
+
+def _expired(raw: bytes, now: int) -> bool:
+    expire_at = _HEADER.unpack_from(raw)[0]
+    return expire_at != 0 and expire_at <= now
+
+
+def _record(bins: Mapping[str, Any], expire_at: int = 0) -> bytes:
+    return _HEADER.pack(expire_at) + _PACK(bins)
+
+
+def _expire_at(ttl_seconds: int, now: int) -> int:
+    return now + ttl_seconds * 1000 if ttl_seconds > 0 else 0
+
+
+class _Environment:
+    """One open LMDB environment per path per process (LMDB forbids opening it twice)."""
+
+    _open: dict[str, _Environment] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self, path: str, durability: str, map_size: int, max_dbs: int) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.durability = durability
+        self.pid = os.getpid()
+        self.env = lmdb.open(
+            path,
+            map_size=map_size,
+            max_dbs=max_dbs,
+            max_readers=1024,
+            sync=durability == "fsync",
+            metasync=durability == "fsync",
+            lock=True,
+        )
+        self.dbs: dict[str, Any] = {}
+        self.lock = threading.Lock()
+        self.users = 0
+        self._purger: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @classmethod
+    def acquire(cls, path: str, durability: str, map_size: int, max_dbs: int) -> _Environment:
+        real = os.path.realpath(path)
+        with cls._registry_lock:
+            env = cls._open.get(real)
+            if env is not None and env.pid != os.getpid():
+                env = None  # inherited across fork: the child must open its own handle
+            if env is None:
+                try:
+                    env = cls(real, durability, map_size, max_dbs)
+                except lmdb.Error as exc:
+                    raise StoreUnavailable(f"cannot open lmdb store at {real}: {exc}") from None
+                except OSError as exc:
+                    raise StoreUnavailable(f"cannot open lmdb store at {real}: {exc.strerror}") from None
+                cls._open[real] = env
+            elif env.durability != durability:
+                raise InvalidInputError(
+                    f"lmdb store at {real} is already open in this process with durability="
+                    f"{env.durability!r}; cannot reopen it with durability={durability!r}"
+                )
+            env.users += 1
+            return env
+
+    def release(self) -> None:
+        with self._registry_lock:
+            self.users -= 1
+            if self.users > 0 or self.pid != os.getpid():
+                return
+            self._open.pop(self.path, None)
+            self._stop.set()
+            if self._purger is not None:
+                self._purger.join(timeout=5)
+            self.env.close()
+
+    def db(self, name: str) -> Any:
+        handle = self.dbs.get(name)
+        if handle is None:
+            with self.lock:
+                handle = self.dbs.get(name)
+                if handle is None:
+                    handle = self.env.open_db(name.encode(), create=True)
+                    self.dbs[name] = handle
+        return handle
+
+    def start_purger(self, interval: float) -> None:
+        with self.lock:
+            if interval <= 0 or self._purger is not None:
+                return
+            self._purger = threading.Thread(target=self._purge_loop, args=(interval,), name="ignis-lmdb-purge",
+                                            daemon=True)
+            self._purger.start()
+
+    def _purge_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.purge_expired()
+            except lmdb.Error:
+                log.exception("background purge of expired records failed in %s", self.path)
+
+    def purge_expired(self, chunk: int = 2000) -> int:
+        """Delete expired records of every open database. Only one process per host does the work at a
+        time (a non-blocking file lock); the others skip the pass."""
+        with open(os.path.join(self.path, "purge.lock"), "a+") as lock_file:
+            try:
+                fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return 0
+            removed = 0
+            for handle in list(self.dbs.values()):
+                cursor_key: bytes | None = b""
+                while cursor_key is not None:
+                    now = now_ms()
+                    with self.env.begin(write=True, db=handle) as txn:
+                        cursor = txn.cursor()
+                        cursor_key, n = _purge_chunk(cursor, cursor_key, now, chunk)
+                    removed += n
+            return removed
+
+
+def _purge_chunk(cursor: Any, start: bytes, now: int, chunk: int) -> tuple[bytes | None, int]:
+    removed = 0
+    if not cursor.set_range(start):
+        return None, 0
+    for _ in range(chunk):
+        value = cursor.value()
+        if len(value) >= 8 and _expired(value, now):
+            cursor.delete()  # moves to the next record
+            removed += 1
+            if not cursor.key():
+                return None, removed
+        elif not cursor.next():
+            return None, removed
+    return bytes(cursor.key()), removed
+
+
+class LmdbStore:
+    """`Storage` on LMDB. Thread-safe; safe with several processes on one host."""
+
+    def __init__(
+        self,
+        path: str = ".ignis-data",
+        *,
+        farm_id: str = "local",
+        client_id: str = "default",
+        durability: str = "fsync",
+        map_size: int = 1 << 36,
+        max_dbs: int = 256,
+        purge_interval: float = 60.0,
+        _env: _Environment | None = None,
+    ) -> None:
+        if durability not in DURABILITY_MODES:
+            raise InvalidInputError(f"durability={durability!r}: must be one of {', '.join(DURABILITY_MODES)}")
+        self.farm_id = names.check_id("farmId", farm_id)
+        self.client_id = names.check_id("clientId", client_id)
+        self._path = path
+        self._durability = durability
+        self._map_size = map_size
+        self._max_dbs = max_dbs
+        self._purge_interval = purge_interval
+        self._queue_set = names.queue_set(farm_id, client_id)
+        self._index_set = names.active_index(farm_id, client_id)
+        self._data_set = names.data_set(client_id)
+        self._meta_set = names.meta_set(client_id)
+        self._system_set = f"{farm_id}_ignis_system"
+        self._owns_env = _env is None
+        self._env = _env or _Environment.acquire(path, durability, map_size, max_dbs)
+        self._closed = False
+        try:
+            self._queues = self._env.db(self._queue_set)
+            self._index = self._env.db(self._index_set)
+            self._data = self._env.db(self._data_set)
+            self._meta = self._env.db(self._meta_set)
+            self._system = self._env.db(self._system_set)
+        except lmdb.Error as exc:
+            raise self._map_error(exc) from None
+        self._env.start_purger(purge_interval)
+
+    # ---- plumbing ------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"lmdb://{self._env.path}?durability={self._durability}"
+
+    @property
+    def path(self) -> str:
+        return self._env.path
+
+    def with_client(self, client_id: str) -> LmdbStore:
+        return LmdbStore(self._path, farm_id=self.farm_id, client_id=client_id, durability=self._durability,
+                         map_size=self._map_size, max_dbs=self._max_dbs, purge_interval=self._purge_interval,
+                         _env=self._env)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._owns_env:
+                self._env.release()
+
+    def purge_expired(self) -> int:
+        """Run one purge pass now (the background thread does this every purge_interval seconds)."""
+        return self._env.purge_expired()
+
+    def _map_error(self, exc: lmdb.Error) -> StoreError:
+        if isinstance(exc, lmdb.MapFullError):
+            return StoreFull(f"lmdb store at {self._env.path} is full (map_size={self._map_size} bytes); "
+                             "reopen it with a larger ?map_size=")
+        if isinstance(exc, lmdb.DbsFullError):
+            return StoreFull(f"lmdb store at {self._env.path} has no room for more sets (max_dbs="
+                             f"{self._max_dbs}); reopen it with a larger ?max_dbs=")
+        return StoreError(f"lmdb store at {self._env.path}: {exc}")
+
+    @contextmanager
+    def _write(self, operation: str) -> Iterator[Any]:
+        if self._closed:
+            raise StoreUnavailable(f"lmdb store at {self._env.path} is closed")
+        STORAGE_CALLS.labels(operation).inc()
+        try:
+            with self._env.env.begin(write=True) as txn:
+                yield txn
+        except lmdb.Error as exc:
+            raise self._map_error(exc) from None
+
+    def _read(self, operation: str, fn: Callable[[Any], T]) -> T:
+        if self._closed:
+            raise StoreUnavailable(f"lmdb store at {self._env.path} is closed")
+        STORAGE_CALLS.labels(operation).inc()
+        try:
+            with self._env.env.begin(buffers=True) as txn:
+                return fn(txn)
+        except lmdb.Error as exc:
+            raise self._map_error(exc) from None
+
+    # ---- queue registry ---------------------------------------------------------------------
+    def ensure_index(self) -> None:
+        """The index database is opened with the store; nothing else to create."""
+
+    def _get_bins(self, txn: Any, db: Any, key: bytes, now: int) -> tuple[dict[str, Any], int] | None:
+        raw = txn.get(key, db=db)
+        if raw is None or _expired(raw, now):
+            return None
+        return _unpack(raw), _HEADER.unpack_from(raw)[0]
+
+    def _index_key(self, active: bool, name: str) -> bytes:
+        return (b"true\x00" if active else b"false\x00") + name.encode()
+
+    def apply_queue(self, name: str, config: Mapping[str, Any], ttl_seconds: int) -> bool:
+        clobbered = RUNTIME_BINS.intersection(config)
+        if clobbered:
+            raise InvalidInputError(f"queue config may not set runtime bins: {', '.join(sorted(clobbered))}")
+        for bin_name in config:
+            if len(bin_name) > 15:
+                raise InvalidInputError(f"bin name {bin_name!r} is longer than 15 characters")
+        key = name.encode()
+        now = now_ms()
+        with self._write("apply_queue") as txn:
+            current = self._get_bins(txn, self._queues, key, now)
+            created = current is None
+            if current is None:
+                bins: dict[str, Any] = {
+                    **config, CREATED_AT: now, SWEEP_POINTERS: {}, SIDELINE_SWEEP: {}, SWEPT_COUNTER: 0,
+                    SIDELINE_SWEPT: 0, SWEEP_EPOCH: 0,
+                }
+            else:
+                bins = current[0]
+                bins.update(config)
+                txn.delete(self._index_key(bins.get(ACTIVE) == "true", name), db=self._index)
+            bins[ACTIVE] = "true"
+            txn.put(key, _record(bins, _expire_at(ttl_seconds, now)), db=self._queues)
+            txn.put(self._index_key(True, name), b"", db=self._index)
+        return created
+
+    def get_queue(self, name: str) -> QueueRecord | None:
+        found = self._read("get_queue", lambda txn: self._get_bins(txn, self._queues, name.encode(), now_ms()))
+        return QueueRecord(name, found[0]) if found else None
+
+    def list_queues(self, active: bool | None = True) -> list[QueueRecord]:
+        def scan(txn: Any) -> list[QueueRecord]:
+            now = now_ms()
+            flags = [True, False] if active is None else [active]
+            found = []
+            for flag in flags:
+                prefix = self._index_key(flag, "")
+                cursor = txn.cursor(db=self._index)
+                if not cursor.set_range(prefix):
+                    continue
+                for index_key in cursor.iternext(values=False):
+                    index_key = bytes(index_key)
+                    if not index_key.startswith(prefix):
+                        break
+                    name = index_key[len(prefix):].decode()
+                    hit = self._get_bins(txn, self._queues, name.encode(), now)
+                    if hit is not None and (hit[0].get(ACTIVE) == "true") == flag:
+                        found.append(QueueRecord(name, hit[0]))
+            return sorted(found, key=lambda r: r.name)
+
+        return self._read("list_queues", scan)
+
+    def set_queue_active(self, name: str, active: bool) -> bool:
+        key = name.encode()
+        with self._write("set_queue_active") as txn:
+            current = self._get_bins(txn, self._queues, key, now_ms())
+            if current is None:
+                return False
+            bins, expire_at = current
+            txn.delete(self._index_key(bins.get(ACTIVE) == "true", name), db=self._index)
+            bins[ACTIVE] = "true" if active else "false"
+            txn.put(key, _record(bins, expire_at), db=self._queues)
+            txn.put(self._index_key(active, name), b"", db=self._index)
+        return True
+
+    def delete_queue(self, name: str) -> bool:
+        key = name.encode()
+        with self._write("delete_queue") as txn:
+            txn.delete(self._index_key(True, name), db=self._index)
+            txn.delete(self._index_key(False, name), db=self._index)
+            raw = txn.pop(key, db=self._queues)
+        return raw is not None and not _expired(raw, now_ms())
+
+    def next_epoch(self) -> int:
+        with self._write("next_epoch") as txn:
+            raw = txn.get(EPOCH_KEY, db=self._system)
+            epoch = (_unpack(raw)["epoch"] if raw else 0) + 1
+            txn.put(EPOCH_KEY, _record({"epoch": epoch}), db=self._system)
+        return epoch
+
+    def advance_sweep(
+        self, name: str, kind: MagazineKind, epoch: int, pointers: Mapping[int, int], swept: int
+    ) -> None:
+        pointer_bin, counter_bin = (SWEEP_POINTERS, SWEPT_COUNTER) if kind == "main" else (SIDELINE_SWEEP,
+                                                                                             SIDELINE_SWEPT)
+        key = name.encode()
+        with self._write("advance_sweep") as txn:
+            current = self._get_bins(txn, self._queues, key, now_ms())
+            if current is None:
+                raise QueueNotFound(name, self.client_id)
+            bins, expire_at = current
+            held = int(bins.get(SWEEP_EPOCH, 0))
+            if epoch < held:
+                raise StaleEpoch(name, epoch, held)
+            merged = dict(bins.get(pointer_bin) or {})
+            for shard, pointer in pointers.items():
+                label = names.shard_label(shard)
+                merged[label] = max(int(merged.get(label, 0)), int(pointer))  # forward-only
+            bins[pointer_bin] = merged
+            bins[counter_bin] = int(bins.get(counter_bin, 0)) + swept
+            bins[SWEEP_EPOCH] = epoch
+            txn.put(key, _record(bins, expire_at), db=self._queues)  # TTL untouched
+
+    # ---- magazine primitives ----------------------------------------------------------------
+    def _meta_get(self, txn: Any, magazine: str, shard: int) -> tuple[bytes, int, int]:
+        key = names.meta_key(magazine, shard).encode()
+        raw = txn.get(key, db=self._meta)
+        if raw is None:
+            return key, 0, 0
+        bins = _unpack(raw)
+        return key, bins.get(LOAD_POINTER, 0), bins.get(FIRE_POINTER, 0)
+
+    def _meta_put(self, txn: Any, key: bytes, load: int, fire: int) -> None:
+        txn.put(key, _NEVER + _PACK({LOAD_POINTER: load, FIRE_POINTER: fire}), db=self._meta)
+
+    def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
+        now = now_ms()
+        header = _HEADER.pack(_expire_at(ttl_seconds, now))
+        refs: list[SlotRef] = []
+        with self._write("load") as txn:
+            shards: dict[int, list[Any]] = {}
+            for shard, envelope in items:
+                state = shards.get(shard)
+                if state is None:
+                    state = shards[shard] = list(self._meta_get(txn, magazine, shard))
+                state[1] += 1
+                slot = state[1]
+                txn.put(names.data_key(magazine, shard, slot).encode(), header + _PACK(envelope.to_bins()),
+                        db=self._data)
+                refs.append(SlotRef(magazine, shard, slot))
+            for key, load, fire in shards.values():
+                self._meta_put(txn, key, load, fire)
+        return refs
+
+    def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int) -> list[Claimed]:
+        claimed: list[Claimed] = []
+        with self._write("claim") as txn:
+            meta_key, load, fire = self._meta_get(txn, magazine, shard)
+            count = min(max_slots, load - fire)
+            if count <= 0:
+                return claimed
+            for slot in range(fire + 1, fire + count + 1):
+                key = names.data_key(magazine, shard, slot).encode()
+                raw = txn.get(key, db=self._data)
+                envelope = None
+                if raw is not None:
+                    if _expired(raw, now_ms_):
+                        txn.delete(key, db=self._data)
+                    else:
+                        bins = _unpack(raw)
+                        bins[FIRE_TS] = now_ms_
+                        bins["attempts"] = bins.get("attempts", 0) + 1
+                        txn.put(key, raw[:8] + _PACK(bins), db=self._data)
+                        envelope = Envelope.from_bins(bins)
+                claimed.append(Claimed(SlotRef(magazine, shard, slot), envelope))
+            self._meta_put(txn, meta_key, load, fire + count)
+        return claimed
+
+    def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
+        def get_all(txn: Any) -> list[Envelope | None]:
+            now = now_ms()
+            out: list[Envelope | None] = []
+            for ref in refs:
+                raw = txn.get(names.data_key(ref.magazine, ref.shard, ref.slot).encode(), db=self._data)
+                out.append(None if raw is None or _expired(raw, now) else Envelope.from_bins(_unpack(raw)))
+            return out
+
+        return self._read("read", get_all)
+
+    def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
+        def scan(txn: Any) -> list[tuple[SlotRef, Envelope]]:
+            now = now_ms()
+            out = []
+            for slot in range(max(first, 1), last + 1):
+                raw = txn.get(names.data_key(magazine, shard, slot).encode(), db=self._data)
+                if raw is not None and not _expired(raw, now):
+                    out.append((SlotRef(magazine, shard, slot), Envelope.from_bins(_unpack(raw))))
+            return out
+
+        return self._read("peek", scan)
+
+    def delete(self, refs: Sequence[SlotRef]) -> int:
+        now = now_ms()
+        present = 0
+        with self._write("delete") as txn:
+            for ref in refs:
+                raw = txn.pop(names.data_key(ref.magazine, ref.shard, ref.slot).encode(), db=self._data)
+                if raw is not None and not _expired(raw, now):
+                    present += 1
+        return present
+
+    def stamp_unfired(self, ref: SlotRef, now_ms_: int) -> Envelope | None:
+        key = names.data_key(ref.magazine, ref.shard, ref.slot).encode()
+        with self._write("stamp_unfired") as txn:
+            raw = txn.get(key, db=self._data)
+            if raw is None or _expired(raw, now_ms_):
+                return None
+            bins = _unpack(raw)
+            if bins.get(FIRE_TS) is None:
+                bins[FIRE_TS] = now_ms_
+                txn.put(key, raw[:8] + _PACK(bins), db=self._data)
+            return Envelope.from_bins(bins)
+
+    def pointers(self, magazine: str, shards: int) -> dict[int, ShardPointers]:
+        def get_all(txn: Any) -> dict[int, ShardPointers]:
+            out = {}
+            for shard in range(shards):
+                _, load, fire = self._meta_get(txn, magazine, shard)
+                out[shard] = ShardPointers(load, fire)
+            return out
+
+        return self._read("pointers", get_all)
+
+    def purge_magazine(self, magazine: str) -> int:
+        prefix = names.magazine_prefix(magazine).encode()
+        removed = 0
+        more = True
+        while more:  # in chunks, so producers on other queues are not blocked for long
+            with self._write("purge_magazine") as txn:
+                for db in (self._data, self._meta):
+                    n, more_here = _delete_prefix(txn.cursor(db=db), prefix, 5000)
+                    if db is self._data:
+                        removed += n
+                        more = more_here
+                    elif more_here:
+                        more = True
+        return removed
+
+    # ---- introspection for tools and tests ----------------------------------------------------
+    def raw_record(self, set_name: str, key: str) -> tuple[int, dict[str, Any]] | None:
+        """(expire-at ms, bins) of any record, expired or not — what `aql` would show."""
+        db = self._env.db(set_name)
+
+        def get(txn: Any) -> tuple[int, dict[str, Any]] | None:
+            raw = txn.get(key.encode(), db=db)
+            return None if raw is None else (_HEADER.unpack_from(raw)[0], _unpack(bytes(raw)))
+
+        return self._read("raw_record", get)
+
+
+def _delete_prefix(cursor: Any, prefix: bytes, limit: int) -> tuple[int, bool]:
+    removed = 0
+    if not cursor.set_range(prefix):
+        return 0, False
+    while bytes(cursor.key()).startswith(prefix):
+        if removed >= limit:
+            return removed, True
+        removed += 1
+        if not cursor.delete():
+            break
+    return removed, False

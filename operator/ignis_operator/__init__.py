@@ -1,0 +1,1 @@
+"""IgnisQueue operator (kopf): syncs IgnisQueue custom resources into queue-metadata records."""

@@ -1,0 +1,1 @@
+"""PySpark data pipeline: export, replay and backlog analytics over queue data."""

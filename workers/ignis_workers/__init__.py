@@ -1,0 +1,1 @@
+"""Leader-elected sweeper: sweep/shovel loop, leader election with fencing, metrics server."""
