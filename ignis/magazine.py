@@ -78,7 +78,8 @@ class Magazine:
                 shard = self._pick_shard()
                 if shard is None:
                     break
-                claimed = self.store.claim(self.name, shard, max_messages - len(got), now_ms())
+                claimed = self.store.claim(self.name, shard, max_messages - len(got), now_ms(),
+                                           self.kind == "main")
                 if not claimed:
                     self._drained.inc()
                     self._suppress(shard)

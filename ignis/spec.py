@@ -7,7 +7,7 @@ Every violation becomes one line naming the field, the value and the rule.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -24,7 +24,7 @@ CLIENT_ID_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 HANDLER_TYPE_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.:/-]*[A-Za-z0-9])?$"
 
 
-class DeletionPolicy(str, Enum):
+class DeletionPolicy(StrEnum):
     RETAIN = "Retain"
     DELETE = "Delete"
 

@@ -153,10 +153,12 @@ class Storage(Protocol):
         TTL. Several items are one group commit where the backend can. Returns the slots in order."""
         ...
 
-    def claim(self, magazine: str, shard: int, max_slots: int, now_ms: int) -> list[Claimed]:
+    def claim(self, magazine: str, shard: int, max_slots: int, now_ms: int, count_attempt: bool = True
+              ) -> list[Claimed]:
         """Guarded claim of up to `max_slots` slots (fire pointer advances only while below the load
         pointer, so distinct callers get distinct slots), and for each present record stamp fireTS =
-        now_ms and attempts + 1 and return it. Empty list = shard drained."""
+        now_ms (and attempts + 1 when `count_attempt`: a delivery to a handler, not a shovel move) and
+        return it. Empty list = shard drained."""
         ...
 
     def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:

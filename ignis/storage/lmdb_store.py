@@ -17,7 +17,6 @@ import logging
 import os
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -26,7 +25,7 @@ import lmdb
 import msgpack
 
 from ignis import names
-from ignis.envelope import FIRE_TS, Envelope, now_ms
+from ignis.envelope import ATTEMPTS, FIRE_TS, Envelope, now_ms
 from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch, StoreError, StoreFull, StoreUnavailable
 from ignis.metrics import STORAGE_CALLS
 from ignis.storage.base import (
@@ -438,7 +437,8 @@ class LmdbStore:
                 self._meta_put(txn, key, load, fire)
         return refs
 
-    def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int) -> list[Claimed]:
+    def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True
+              ) -> list[Claimed]:
         claimed: list[Claimed] = []
         with self._write("claim") as txn:
             meta_key, load, fire = self._meta_get(txn, magazine, shard)
@@ -455,7 +455,8 @@ class LmdbStore:
                     else:
                         bins = _unpack(raw)
                         bins[FIRE_TS] = now_ms_
-                        bins["attempts"] = bins.get("attempts", 0) + 1
+                        if count_attempt:
+                            bins[ATTEMPTS] = bins.get(ATTEMPTS, 0) + 1
                         txn.put(key, raw[:8] + _PACK(bins), db=self._data)
                         envelope = Envelope.from_bins(bins)
                 claimed.append(Claimed(SlotRef(magazine, shard, slot), envelope))

@@ -1,0 +1,77 @@
+"""Shared fixtures. The contract suite runs once per backend: lmdb always, aerospike when
+IGNIS_TEST_AEROSPIKE=host:port[/namespace] points at a server (skipped otherwise, and said so)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ignis import Ignis, QueueSpec
+from ignis.storage import Storage, open_store
+
+AEROSPIKE_ENV = "IGNIS_TEST_AEROSPIKE"
+AEROSPIKE_SKIP = f"aerospike contract run skipped: set {AEROSPIKE_ENV}=host:port[/namespace] to run it against a server"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How to reach one store, from this process or from a child process."""
+
+    name: str
+    url: str
+
+    def open(self, **kwargs: Any) -> Storage:
+        return open_store(self.url, **kwargs)
+
+    def ignis(self, **kwargs: Any) -> Ignis:
+        return Ignis(self.url, **kwargs)
+
+
+@pytest.fixture(params=["lmdb", "aerospike"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "lmdb":
+        return Backend("lmdb", f"lmdb://{tmp_path}/store?durability=fast")
+    target = os.environ.get(AEROSPIKE_ENV)
+    if not target:
+        pytest.skip(AEROSPIKE_SKIP)
+    hostport, _, namespace = target.partition("/")
+    run = uuid.uuid4().hex[:8]  # a unique set prefix per test, so runs never see each other's records
+    return Backend("aerospike", f"aerospike://{hostport}/{namespace or 'test'}?farm=t{run}&client=c{run}")
+
+
+@pytest.fixture
+def store(backend: Backend) -> Iterator[Storage]:
+    s = backend.open()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def ignis(backend: Backend) -> Iterator[Ignis]:
+    client = backend.ignis()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def make_queue(ignis: Ignis) -> Callable[..., Any]:
+    """Declare a queue (defaults: 4 shards) and return its handle."""
+
+    def make(name: str = "orders", **fields: Any):
+        fields.setdefault("handlerType", name)
+        fields.setdefault("shards", 4)
+        ignis.apply(QueueSpec.build(name=name, **fields))
+        return ignis.queue(name)
+
+    return make
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not os.environ.get(AEROSPIKE_ENV):
+        terminalreporter.write_line(f"NOTE: {AEROSPIKE_SKIP}", yellow=True)

@@ -1,0 +1,308 @@
+"""Contract: magazine primitives and queue semantics (DESIGN §4) on every backend."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+from prometheus_client import REGISTRY
+
+from ignis import Ignis, PayloadTooLarge, QueueSpec
+from ignis.envelope import Envelope, now_ms
+from ignis.errors import AlreadySettled, HoleBudgetExceeded, InvalidInputError
+from ignis.magazine import shard_for_key
+from ignis.storage import SlotRef, Storage
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def env(payload: bytes = b"x", msg_id: str = "m") -> Envelope:
+    return Envelope(payload, msg_id, now_ms())
+
+
+# ---- primitives -------------------------------------------------------------------------------------
+def test_load_allocates_one_based_slots_per_shard(store: Storage) -> None:
+    refs = store.load("q", [(0, env(msg_id="a")), (1, env(msg_id="b")), (0, env(msg_id="c"))], 60)
+    assert refs == [SlotRef("q", 0, 1), SlotRef("q", 1, 1), SlotRef("q", 0, 2)]
+    assert [(s, p.load, p.fire) for s, p in store.pointers("q", 3).items()] == [(0, 2, 0), (1, 1, 0), (2, 0, 0)]
+    assert [e.msg_id for e in store.read(refs)] == ["a", "b", "c"]
+
+
+def test_claim_is_guarded_stamps_and_reports_holes(store: Storage) -> None:
+    refs = store.load("q", [(0, env(msg_id=str(i))) for i in range(4)], 60)
+    store.delete([refs[1]])  # a hole at slot 2
+    at = now_ms()
+    claimed = store.claim("q", 0, 3, at)
+    assert [c.ref.slot for c in claimed] == [1, 2, 3]
+    assert claimed[1].envelope is None
+    first = claimed[0].envelope
+    assert first is not None and first.fire_ts == at and first.attempts == 1
+    assert store.read([refs[0]])[0].fire_ts == at  # the stamp is stored, not just returned
+    assert [c.ref.slot for c in store.claim("q", 0, 10, at)] == [4]  # never past the load pointer
+    assert store.claim("q", 0, 10, at) == []  # drained
+    assert store.pointers("q", 1)[0].fire == 4
+
+
+def test_claim_without_counting_an_attempt(store: Storage) -> None:
+    store.load("q", [(0, env())], 60)
+    claimed = store.claim("q", 0, 1, now_ms(), count_attempt=False)
+    assert claimed[0].envelope.attempts == 0 and claimed[0].envelope.fire_ts is not None
+
+
+def test_peek_is_read_only_and_skips_absent(store: Storage) -> None:
+    refs = store.load("q", [(2, env(msg_id=str(i))) for i in range(5)], 60)
+    store.delete([refs[0], refs[3]])
+    peeked = store.peek("q", 2, 1, 10)
+    assert [(r.slot, e.msg_id) for r, e in peeked] == [(2, "1"), (3, "2"), (5, "4")]
+    assert store.pointers("q", 3)[2].fire == 0
+    assert store.peek("q", 2, 1, 10) == peeked
+
+
+def test_delete_counts_present_records_and_stays_deleted(store: Storage) -> None:
+    refs = store.load("q", [(0, env()), (0, env())], 60)
+    assert store.delete(refs + [SlotRef("q", 0, 99)]) == 2
+    assert store.delete(refs) == 0
+    assert store.read(refs) == [None, None]
+
+
+def test_stamp_unfired_only_stamps_once(store: Storage) -> None:
+    ref = store.load("q", [(0, env())], 60)[0]
+    assert store.stamp_unfired(ref, 1000).fire_ts == 1000
+    assert store.stamp_unfired(ref, 2000).fire_ts == 1000
+    assert store.stamp_unfired(SlotRef("q", 0, 42), 3000) is None
+
+
+def test_purge_magazine_leaves_other_magazines(store: Storage) -> None:
+    store.load("q", [(0, env()), (1, env())], 60)
+    kept = store.load("q_SIDELINE", [(0, env())], 60)
+    other = store.load("q-two", [(0, env())], 60)
+    assert store.purge_magazine("q") == 2
+    assert store.pointers("q", 2)[0].load == 0
+    assert store.read(kept + other) != [None, None]
+    assert None not in store.read(kept + other)
+
+
+def test_expired_records_are_absent_everywhere(store: Storage) -> None:
+    short = store.load("q", [(0, env(msg_id="short"))], 1)
+    long = store.load("q", [(0, env(msg_id="long"))], 3600)
+    time.sleep(1.2)
+    assert store.read(short) == [None]
+    assert [e.msg_id for _, e in store.peek("q", 0, 1, 2)] == ["long"]
+    claimed = store.claim("q", 0, 2, now_ms())
+    assert claimed[0].envelope is None and claimed[1].envelope.msg_id == "long"
+    assert store.read(long)[0] is not None
+
+
+# ---- queue semantics ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "payload",
+    [b"", bytes(range(256)) * 4, "", "héllo ✓ 🚀\n\t\"quoted\" \\ {\"json\": 1}", {"a": [1, 2.5, None, True]},
+     [1, "two"], 42, 3.25, True, None],
+    ids=["empty-bytes", "binary", "empty-str", "unicode", "dict", "list", "int", "float", "bool", "null"],
+)
+def test_payloads_round_trip_exactly(make_queue, payload) -> None:
+    q = make_queue()
+    q.publish(payload, headers={"trace": "abc"}, key="k1")
+    m = q.fire()
+    assert m is not None
+    assert m.payload == payload and type(m.payload) is type(payload)
+    assert m.headers == {"trace": "abc"} and m.key == "k1" and m.attempts == 1
+    m.ack()
+
+
+def test_publish_returns_reference_and_ids(make_queue) -> None:
+    q = make_queue(shards=1)
+    ref = q.publish("a", id="order-1")
+    assert ref.id == "order-1" and ref.ref.magazine == "orders" and ref.ref.slot == 1
+    generated = {q.publish("b").id for _ in range(100)}
+    assert len(generated) == 100
+    m = q.fire()
+    assert m.id == "order-1" and m.ref == ref.ref
+
+
+def test_payload_size_limit(backend) -> None:
+    from ignis.settings import IgnisSettings
+
+    with Ignis(backend.url, settings=IgnisSettings(store=backend.url, max_payload_bytes=1024)) as ignis:
+        ignis.apply(QueueSpec.build(name="orders", handlerType="x", shards=1))
+        q = ignis.queue("orders")
+        q.publish(b"x" * 1024)
+        with pytest.raises(PayloadTooLarge, match="1025 bytes exceeds the maximum of 1024"):
+            q.publish(b"x" * 1025)
+        with pytest.raises(PayloadTooLarge):
+            q.publish_many([b"ok", b"y" * 2000])
+        assert q.stats().published == 1  # the good one of the refused batch was not written either
+
+
+def test_bad_publish_arguments_are_refused(make_queue) -> None:
+    q = make_queue()
+    with pytest.raises(InvalidInputError, match="headers"):
+        q.publish("x", headers={"n": 1})
+    with pytest.raises(InvalidInputError, match="message id"):
+        q.publish("x", id="")
+    with pytest.raises(TypeError, match="JSON"):
+        q.publish(object())
+    assert q.stats().published == 0
+
+
+def test_key_routes_to_one_shard_in_order(make_queue) -> None:
+    q = make_queue(shards=8)
+    refs = [q.publish(i, key="customer-7") for i in range(20)]
+    shard = shard_for_key("customer-7", 8)
+    assert {r.ref.shard for r in refs} == {shard}
+    assert [r.ref.slot for r in refs] == list(range(1, 21))
+    assert [q.fire().payload for _ in range(20)] == list(range(20))
+
+
+def test_publish_many_spreads_over_shards_and_drains_exactly_once(make_queue) -> None:
+    q = make_queue(shards=8)
+    refs = q.publish_many(range(3000))
+    assert len({r.ref.shard for r in refs}) == 8
+    seen: list[int] = []
+    while batch := q.fire_many(100):
+        seen.extend(m.payload for m in batch)
+        q.ack(batch)
+    assert sorted(seen) == list(range(3000))
+    stats = q.stats()
+    assert (stats.published, stats.consumed, stats.depth) == (3000, 3000, 0)
+
+
+def test_ack_is_once(make_queue) -> None:
+    q = make_queue()
+    q.publish("x")
+    m = q.fire()
+    m.ack()
+    with pytest.raises(AlreadySettled):
+        m.ack()
+    with pytest.raises(AlreadySettled):
+        m.nack()
+    assert q.store.read([m.ref]) == [None]
+
+
+def test_holes_are_skipped_and_counted(make_queue) -> None:
+    q = make_queue(name="holey", shards=1)
+    refs = q.publish_many(range(10))
+    q.store.delete([refs[i].ref for i in (2, 4, 6)])  # writes that never landed
+    before = sample("ignis_holes_skipped_total", queue="holey", magazine="main")
+    got = []
+    while (m := q.fire()) is not None:
+        got.append(m.payload)
+        m.ack()
+    assert got == [0, 1, 3, 5, 7, 8, 9]
+    assert sample("ignis_holes_skipped_total", queue="holey", magazine="main") - before == 3
+
+
+def test_hole_budget_is_bounded_then_fire_continues(backend) -> None:
+    from ignis.settings import IgnisSettings
+
+    with Ignis(backend.url, settings=IgnisSettings(store=backend.url, hole_budget=3)) as ignis:
+        ignis.apply(QueueSpec.build(name="holey", handlerType="x", shards=1))
+        q = ignis.queue("holey")
+        refs = q.publish_many(range(8))
+        q.store.delete([r.ref for r in refs[:5]])
+        with pytest.raises(HoleBudgetExceeded):
+            q.fire()
+        assert q.fire().payload == 5  # the 3 skipped slots stay skipped: 2 holes, then the message
+
+
+def test_idle_queue_costs_almost_no_reads(make_queue) -> None:
+    q = make_queue(name="idle", shards=32)
+    q.fire()  # first fire reads the pointers once
+    claims = sample("ignis_storage_calls_total", operation="claim")
+    reads = sample("ignis_storage_calls_total", operation="pointers")
+    for _ in range(500):
+        assert q.fire() is None
+    assert sample("ignis_storage_calls_total", operation="claim") == claims
+    assert sample("ignis_storage_calls_total", operation="pointers") - reads <= 2
+
+
+def test_work_published_by_another_handle_is_found_after_refresh(backend) -> None:
+    with backend.ignis() as a, backend.ignis() as b:
+        a.apply(QueueSpec.build(name="orders", handlerType="x", shards=4))
+        consumer_side = b.queue("orders")
+        assert consumer_side.fire() is None
+        a.queue("orders").publish("hello")
+        deadline = time.monotonic() + 5
+        got = None
+        while got is None and time.monotonic() < deadline:
+            got = consumer_side.fire()
+            time.sleep(0.05)
+        assert got is not None and got.payload == "hello"
+
+
+def test_concurrent_consumer_threads_never_share_a_slot(make_queue) -> None:
+    q = make_queue(shards=8)
+    published = {r.id for r in q.publish_many(range(4000))}
+    claimed: list[tuple[SlotRef, str]] = []
+    lock = threading.Lock()
+
+    def consume(batch: int) -> None:
+        while messages := q.fire_many(batch):
+            with lock:
+                claimed.extend((m.ref, m.id) for m in messages)
+
+    threads = [threading.Thread(target=consume, args=(1 + i % 3 * 7,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    refs = Counter(ref for ref, _ in claimed)
+    assert refs.most_common(1)[0][1] == 1
+    assert {msg_id for _, msg_id in claimed} == published and len(claimed) == 4000
+
+
+def test_nack_copies_to_sideline_with_reason_then_deletes(make_queue) -> None:
+    q = make_queue()
+    q.publish({"n": 1}, headers={"h": "v"})
+    m = q.fire()
+    outcome = q.nack([m], "rejected")
+    assert (outcome.sidelined, outcome.dead_lettered, outcome.refused) == (1, 0, 0)
+    assert q.store.read([m.ref]) == [None]
+    [(ref, sidelined)] = q.sideline.browse()
+    assert ref.magazine == "orders_SIDELINE"
+    assert sidelined.reason == "rejected" and sidelined.msg_id == m.id and sidelined.headers == {"h": "v"}
+    assert sidelined.fire_ts is None and sidelined.attempts == 1
+    assert sidelined.history[0][1:] == ["rejected", 1]
+    assert q.stats().sidelined == 1
+
+
+def test_max_deliveries_routes_to_dead_letters_with_history(make_queue) -> None:
+    q = make_queue(maxDeliveries=2)
+    q.publish("poison")
+    q.fire().nack("exception")  # attempt 1 -> sideline
+    for c in q.sideline.fire(10):  # what the shovel does: back to main, not counted as a delivery
+        q.main.load([c.envelope.for_transfer(None, now_ms())])
+        q.store.delete([c.ref])
+    m = q.fire()
+    assert m.attempts == 2
+    outcome = q.nack([m], "exception")
+    assert (outcome.sidelined, outcome.dead_lettered) == (0, 1)
+    [(_, dead)] = q.dead.browse()
+    assert dead.reason == "exception" and [h[1:] for h in dead.history] == [["exception", 1], ["exception", 2]]
+    stats = q.stats()
+    assert (stats.depth, stats.sidelined, stats.dead) == (0, 0, 1)
+
+
+def test_deactivated_and_unknown_queues_are_refused(ignis: Ignis) -> None:
+    from ignis.errors import QueueInactive, QueueNotFound
+
+    with pytest.raises(QueueNotFound, match="'nope' not found"):
+        ignis.queue("nope")
+    ignis.apply(QueueSpec.build(name="orders", handlerType="x"))
+    ignis.deactivate("orders")
+    with pytest.raises(QueueInactive):
+        ignis.queue("orders")
+
+
+def test_delete_queue_removes_everything(ignis: Ignis, make_queue) -> None:
+    q = make_queue()
+    q.publish_many(range(10))
+    q.fire().nack("rejected")
+    assert ignis.delete_queue("orders") == 10
+    assert ignis.list_queues(None) == []
+    assert q.store.pointers("orders", 4)[0].load == 0
+    assert q.sideline.browse() == []

@@ -1,0 +1,97 @@
+"""Contract: the queue registry (queue-metadata records) behaves the same on every backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from ignis import QueueSpec
+from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch
+from ignis.storage import Storage
+
+CONFIG = QueueSpec.build(name="orders", handlerType="orders.v1", shards=8).config_bins()
+
+
+def test_apply_creates_then_updates_config_without_clobbering_runtime_bins(store: Storage) -> None:
+    assert store.apply_queue("orders", CONFIG, 3600) is True
+    created = store.get_queue("orders")
+    assert created is not None and created.active
+    assert created.bins["handlerType"] == "orders.v1" and created.bins["shards"] == 8
+    assert created.bins["sweepPointers"] == {} and created.bins["sweptCounter"] == 0
+    created_at = created.created_at
+    assert created_at > 0
+
+    store.advance_sweep("orders", "main", store.next_epoch(), {0: 17, 3: 4}, 5)
+    store.advance_sweep("orders", "sideline", store.next_epoch(), {1: 9}, 2)
+    assert store.apply_queue("orders", {**CONFIG, "concurrency": 7, "shards": 16}, 3600) is False
+
+    updated = store.get_queue("orders")
+    assert updated is not None
+    assert updated.bins["concurrency"] == 7 and updated.bins["shards"] == 16
+    assert updated.created_at == created_at
+    assert updated.sweep_pointers("main") == {"SHARD_0": 17, "SHARD_3": 4}
+    assert updated.sweep_pointers("sideline") == {"SHARD_1": 9}
+    assert updated.bins["sweptCounter"] == 5 and updated.bins["sidelineSwept"] == 2
+
+
+def test_config_may_not_carry_runtime_bins(store: Storage) -> None:
+    with pytest.raises(InvalidInputError, match="sweepPointers"):
+        store.apply_queue("orders", {**CONFIG, "sweepPointers": {}}, 3600)
+    assert store.get_queue("orders") is None
+
+
+def test_list_by_active_flag_deactivate_and_reactivate(store: Storage) -> None:
+    for name in ("b-queue", "a-queue", "c-queue"):
+        store.apply_queue(name, CONFIG, 3600)
+    assert [r.name for r in store.list_queues(True)] == ["a-queue", "b-queue", "c-queue"]
+    assert store.list_queues(False) == []
+
+    assert store.set_queue_active("b-queue", False) is True
+    assert [r.name for r in store.list_queues(True)] == ["a-queue", "c-queue"]
+    assert [r.name for r in store.list_queues(False)] == ["b-queue"]
+    assert [r.name for r in store.list_queues(None)] == ["a-queue", "b-queue", "c-queue"]
+    assert store.get_queue("b-queue").bins["handlerType"] == "orders.v1"  # deactivated, still readable
+
+    store.apply_queue("b-queue", CONFIG, 3600)  # re-applying a manifest reactivates
+    assert [r.name for r in store.list_queues(True)] == ["a-queue", "b-queue", "c-queue"]
+    assert store.set_queue_active("missing", False) is False
+
+
+def test_delete_queue(store: Storage) -> None:
+    store.apply_queue("orders", CONFIG, 3600)
+    assert store.delete_queue("orders") is True
+    assert store.get_queue("orders") is None
+    assert store.list_queues(None) == []
+    assert store.delete_queue("orders") is False
+
+
+def test_sweep_updates_are_fenced_and_forward_only(store: Storage) -> None:
+    store.apply_queue("orders", CONFIG, 3600)
+    old, new = store.next_epoch(), store.next_epoch()
+    assert new > old
+
+    store.advance_sweep("orders", "main", new, {0: 10}, 3)
+    with pytest.raises(StaleEpoch):
+        store.advance_sweep("orders", "main", old, {0: 50}, 40)  # a paused ex-leader wakes up
+    record = store.get_queue("orders")
+    assert record.sweep_pointers() == {"SHARD_0": 10} and record.bins["sweptCounter"] == 3
+
+    store.advance_sweep("orders", "main", new, {0: 4}, 0)  # never backwards, even from the leader
+    assert store.get_queue("orders").sweep_pointers() == {"SHARD_0": 10}
+    store.advance_sweep("orders", "main", new, {}, 0)  # a fence-only write changes nothing else
+    assert store.get_queue("orders").bins["sweptCounter"] == 3
+
+    with pytest.raises(QueueNotFound):
+        store.advance_sweep("missing", "main", new, {0: 1}, 1)
+
+
+def test_epochs_are_monotonic_across_clients(store: Storage) -> None:
+    other = store.with_client("other-app")
+    epochs = [store.next_epoch(), other.next_epoch(), store.next_epoch()]
+    assert epochs == sorted(epochs) and len(set(epochs)) == 3
+
+
+def test_clients_are_isolated(store: Storage) -> None:
+    other = store.with_client("other-app")
+    store.apply_queue("orders", CONFIG, 3600)
+    assert other.get_queue("orders") is None
+    assert other.list_queues(None) == []
