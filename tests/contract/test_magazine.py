@@ -64,7 +64,7 @@ def test_peek_is_read_only_and_skips_absent(store: Storage) -> None:
 
 def test_delete_counts_present_records_and_stays_deleted(store: Storage) -> None:
     refs = store.load("q", [(0, env()), (0, env())], 60)
-    assert store.delete(refs + [SlotRef("q", 0, 99)]) == 2
+    assert store.delete([*refs, SlotRef("q", 0, 99)]) == 2
     assert store.delete(refs) == 0
     assert store.read(refs) == [None, None]
 

@@ -1,0 +1,261 @@
+"""Contract: push consumers — handler outcomes, batching (IgnisMQ §1.6), timeouts, graceful stop —
+and the copy-then-delete rule under fault injection."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from ignis import Consumer, Ignis, QueueSpec
+from ignis.consumer import Handler
+from ignis.storage import Storage
+
+
+class FaultyStore:
+    """Wraps a real store: records the order of loads and deletes, and can refuse loads to one magazine."""
+
+    def __init__(self, inner: Storage, refuse_loads_to: str | None = None) -> None:
+        self._inner = inner
+        self.refuse_loads_to = refuse_loads_to
+        self.calls: list[tuple[str, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def load(self, magazine, items, ttl_seconds):
+        if magazine == self.refuse_loads_to:
+            raise OSError(f"injected failure loading into {magazine}")
+        refs = self._inner.load(magazine, items, ttl_seconds)
+        self.calls.append(("load", magazine))
+        return refs
+
+    def delete(self, refs):
+        self.calls.append(("delete", ",".join(sorted({r.magazine for r in refs}))))
+        return self._inner.delete(refs)
+
+
+def declare(ignis: Ignis, **fields: Any):
+    fields.setdefault("name", "jobs")
+    fields.setdefault("handlerType", "jobs")
+    fields.setdefault("shards", 2)
+    ignis.apply(QueueSpec.build(**fields))
+    return ignis.queue(fields["name"])
+
+
+def test_handler_outcomes(ignis: Ignis) -> None:
+    q = declare(ignis, concurrency=3)
+    q.publish_many(range(40))
+    consumer = Consumer(ignis, poll_interval=0.05)
+
+    @consumer.handler("jobs", ignorable=(KeyError,))
+    def handle(message):
+        n = message.payload
+        if n % 4 == 1:
+            return False
+        if n % 4 == 2:
+            raise RuntimeError("boom")
+        if n % 4 == 3:
+            raise KeyError("ignorable")
+        return None  # None acks, like True
+
+    assert consumer.drain(timeout=20)
+    assert consumer.outcomes == {"acked": 10, "sidelined": 20, "ignored": 10}
+    reasons = sorted((e.reason, e.decoded() % 4) for _, e in q.sideline.browse(100))
+    assert reasons == [("exception", 2)] * 10 + [("rejected", 1)] * 10
+    stats = q.stats()
+    assert (stats.depth, stats.sidelined) == (0, 20)
+    assert q.store.peek("jobs", 0, 1, 100) == [] and q.store.peek("jobs", 1, 1, 100) == []
+
+
+def test_failed_handler_sidelines_only_after_the_copy(backend) -> None:
+    store = FaultyStore(backend.open())
+    with Ignis(store) as ignis:
+        q = declare(ignis)
+        q.publish("x")
+        consumer = Consumer(ignis)
+        consumer.register("jobs", lambda m: False)
+        assert consumer.run_once(q, consumer._handlers["jobs"])
+        assert store.calls[-2:] == [("load", "jobs_SIDELINE"), ("delete", "jobs")]
+
+
+def test_refused_sideline_keeps_the_original(backend) -> None:
+    store = FaultyStore(backend.open(), refuse_loads_to="jobs_SIDELINE")
+    with Ignis(store) as ignis:
+        q = declare(ignis, shards=1)
+        ref = q.publish("keep me")
+        consumer = Consumer(ignis)
+        consumer.register("jobs", lambda m: False)
+        consumer.run_once(q, consumer._handlers["jobs"])
+        assert consumer.outcomes == {"sideline-refused": 1}
+        [kept] = store.read([ref.ref])
+        assert kept is not None and kept.payload == b"keep me" and kept.fire_ts is not None
+        assert ("delete", "jobs") not in store.calls
+
+
+def test_one_refused_group_does_not_block_the_other(backend) -> None:
+    store = FaultyStore(backend.open(), refuse_loads_to="jobs_DEAD")
+    with Ignis(store) as ignis:
+        q = declare(ignis, shards=1, maxDeliveries=1)
+        q.publish("dead on first failure")
+        m = q.fire()
+        result = q.nack([m], "rejected")
+        assert (result.sidelined, result.dead_lettered, result.refused) == (0, 0, 1)
+        assert store.read([m.ref])[0] is not None
+
+
+def test_unreadable_payload_is_sidelined_without_calling_the_handler(ignis: Ignis) -> None:
+    q = declare(ignis, shards=1)
+    q.store.load("jobs", [(0, q.envelope({"ok": 1}))], 60)
+    bad = q.envelope("x")
+    bad.codec, bad.payload = "json", b"{not json"
+    q.store.load("jobs", [(0, bad)], 60)
+    q.main.invalidate()
+    seen: list[Any] = []
+    consumer = Consumer(ignis)
+    consumer.register("jobs", seen.append)
+    consumer.run_once(q, consumer._handlers["jobs"])
+    assert seen and [m.payload for m in seen] == [{"ok": 1}]
+    assert [e.reason for _, e in q.sideline.browse()] == ["unreadable"]
+
+
+def test_timeout_sidelines_and_is_never_ignorable(ignis: Ignis) -> None:
+    q = declare(ignis, shards=1, handlerTimeoutSeconds=1)
+    q.publish("slow")
+    release = threading.Event()
+    consumer = Consumer(ignis)
+    consumer.register("jobs", lambda m: release.wait(10), ignorable=(Exception,))
+    started = time.monotonic()
+    consumer.run_once(q, consumer._handlers["jobs"])
+    release.set()
+    assert time.monotonic() - started < 8
+    assert consumer.outcomes == {"sidelined": 1}
+    assert [e.reason for _, e in q.sideline.browse()] == ["timeout"]
+    consumer.stop(5)
+
+
+def test_handler_timeout_is_capped_at_half_the_sweep_duration() -> None:
+    spec = QueueSpec.build(name="q", handlerType="h", handlerTimeoutSeconds=1800, sweepDurationSeconds=600)
+    assert spec.effective_handler_timeout_seconds == 300
+
+
+# ---- batching -------------------------------------------------------------------------------------
+def batch_consumer(ignis: Ignis) -> tuple[Consumer, list[list[Any]], Handler]:
+    consumer = Consumer(ignis)
+    batches: list[list[Any]] = []
+    consumer.register("jobs", batch=lambda ms: batches.append(sorted(m.payload for m in ms)))
+    return consumer, batches, consumer._handlers["jobs"]
+
+
+def test_backlog_of_five_at_size_two_gives_2_2_1(ignis: Ignis) -> None:
+    q = declare(ignis, shards=1, batching={"maxBatchSize": 2, "maxWaitSeconds": 1})
+    q.publish_many(range(5))
+    consumer, batches, handler = batch_consumer(ignis)
+    consumer.run_once(q, handler)
+    assert batches == [[0, 1], [2, 3], [4]]
+    assert q.stats().depth == 0 and q.store.peek("jobs", 0, 1, 5) == []
+
+
+def test_full_batch_is_handed_over_without_waiting(ignis: Ignis) -> None:
+    q = declare(ignis, shards=1, batching={"maxBatchSize": 3, "maxWaitSeconds": 30})
+    q.publish_many(range(3))
+    consumer = Consumer(ignis)
+    handed: list[float] = []
+    started = time.monotonic()
+    consumer.register("jobs", batch=lambda ms: handed.append(time.monotonic() - started))
+    consumer.run_once(q, consumer._handlers["jobs"])
+    assert len(handed) == 1 and handed[0] < 10  # far below the 30 s linger
+
+
+def test_partial_batch_is_flushed_at_max_wait_time(ignis: Ignis) -> None:
+    q = declare(ignis, shards=1, batching={"maxBatchSize": 10, "maxWaitSeconds": 1})
+    q.publish_many(range(4))
+    consumer, batches, handler = batch_consumer(ignis)
+    started = time.monotonic()
+    consumer.run_once(q, handler)
+    elapsed = time.monotonic() - started
+    assert batches == [[0, 1, 2, 3]]
+    assert elapsed >= 0.9  # it lingered for more messages until maxWaitTime
+
+
+def test_idle_batching_consumer_never_lingers(ignis: Ignis) -> None:
+    q = declare(ignis, shards=1, batching={"maxBatchSize": 10, "maxWaitSeconds": 5})
+    consumer, batches, handler = batch_consumer(ignis)
+    started = time.monotonic()
+    assert consumer.run_once(q, handler) is False
+    assert batches == [] and time.monotonic() - started < 4
+
+
+def test_rejected_batch_sidelines_the_whole_batch(ignis: Ignis) -> None:
+    q = declare(ignis, shards=1, batching={"maxBatchSize": 3, "maxWaitSeconds": 1})
+    q.publish_many(range(7))
+    consumer = Consumer(ignis)
+    consumer.register("jobs", batch=lambda ms: 5 not in [m.payload for m in ms])
+    consumer.run_once(q, consumer._handlers["jobs"])
+    assert sorted(e.decoded() for _, e in q.sideline.browse()) == [3, 4, 5]
+    assert consumer.outcomes == {"acked": 4, "sidelined": 3}
+
+
+# ---- lifecycle ------------------------------------------------------------------------------------
+def test_graceful_stop_finishes_messages_in_hand(ignis: Ignis) -> None:
+    q = declare(ignis, shards=1, concurrency=1)
+    q.publish_many(range(3))
+    entered = threading.Event()
+    done: list[int] = []
+    consumer = Consumer(ignis, poll_interval=0.05)
+
+    def slow(message):
+        entered.set()
+        time.sleep(0.5)
+        done.append(message.payload)
+
+    consumer.register("jobs", slow)
+    consumer.start()
+    assert entered.wait(10)
+    assert consumer.stop(timeout=10) is True
+    assert done and done == list(range(len(done)))
+    stats = q.stats()
+    assert stats.consumed == len(done)  # nothing claimed and abandoned by the stop
+    assert stats.depth == 3 - len(done)
+
+
+def test_consumer_follows_registry_changes(ignis: Ignis) -> None:
+    declare(ignis, concurrency=2)
+    consumer = Consumer(ignis, refresh_interval=60)
+    consumer.register("jobs", lambda m: True)
+    consumer.start()
+    try:
+        assert len(consumer._running["jobs"].workers) == 2
+        declare(ignis, concurrency=5)
+        consumer.refresh()
+        assert len(consumer._running["jobs"].workers) == 5
+        ignis.deactivate("jobs")
+        consumer.refresh()
+        assert "jobs" not in consumer._running
+    finally:
+        assert consumer.stop(10)
+
+
+def test_queues_without_a_registered_handler_are_left_alone(ignis: Ignis) -> None:
+    q = declare(ignis, handlerType="someone-else")
+    q.publish("not mine")
+    consumer = Consumer(ignis)
+    consumer.register("jobs", lambda m: True)
+    assert consumer.drain(timeout=5)
+    assert q.stats().depth == 1
+
+
+@pytest.mark.parametrize("concurrency", [0])
+def test_publish_only_queue_runs_no_workers(ignis: Ignis, concurrency: int) -> None:
+    q = declare(ignis, concurrency=concurrency)
+    q.publish("waiting")
+    consumer = Consumer(ignis)
+    consumer.register("jobs", lambda m: True)
+    consumer.start()
+    try:
+        assert consumer._running["jobs"].workers == []
+    finally:
+        consumer.stop(5)
+    assert q.stats().depth == 1

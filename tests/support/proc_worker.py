@@ -1,0 +1,40 @@
+"""A child process for the multi-process and crash tests: publishes or consumes, printing one line per
+completed step (after the store call returned), flushed, so the parent knows what was acknowledged."""
+
+from __future__ import annotations
+
+import sys
+
+from ignis import Ignis
+
+
+def main() -> None:
+    action, url, queue_name, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    out = sys.stdout
+    with Ignis(url) as ignis:
+        queue = ignis.queue(queue_name)
+        if action == "publish":  # one message per call; print only once publish has returned
+            for i in range(count):
+                ref = queue.publish(f"{sys.argv[5]}-{i}")
+                out.write(f"published {ref.id}\n")
+                out.flush()
+        elif action == "claim":  # fire without acking: which slots did this process get?
+            out.write("ready\n")
+            out.flush()
+            while messages := queue.fire_many(count):
+                for m in messages:
+                    out.write(f"claimed {m.ref} {m.id}\n")
+            out.flush()
+        elif action == "consume":  # fire, then ack, printing each step
+            while (m := queue.fire()) is not None:
+                out.write(f"fired {m.id}\n")
+                out.flush()
+                m.ack()
+                out.write(f"acked {m.id}\n")
+                out.flush()
+        else:
+            raise SystemExit(f"unknown action {action}")
+
+
+if __name__ == "__main__":
+    main()
