@@ -95,3 +95,13 @@ def test_clients_are_isolated(store: Storage) -> None:
     store.apply_queue("orders", CONFIG, 3600)
     assert other.get_queue("orders") is None
     assert other.list_queues(None) == []
+
+
+def test_queue_record_expires_with_its_ttl(store: Storage) -> None:
+    import time
+
+    store.apply_queue("short-lived", CONFIG, 1)
+    store.apply_queue("long-lived", CONFIG, 3600)
+    time.sleep(1.2)
+    assert store.get_queue("short-lived") is None
+    assert [r.name for r in store.list_queues(None)] == ["long-lived"]

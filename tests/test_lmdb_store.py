@@ -1,0 +1,125 @@
+"""lmdb-only behaviour: layout on disk, URL options, background purge, clear errors."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from ignis import Ignis, QueueSpec
+from ignis.envelope import Envelope, now_ms
+from ignis.errors import InvalidInputError, StoreFull, StoreUnavailable
+from ignis.storage import open_store
+from ignis.storage.lmdb_store import LmdbStore
+
+
+def test_layout_matches_the_aerospike_design(tmp_path: Path) -> None:
+    with Ignis(f"lmdb://{tmp_path}?farm=dc1&client=shop&durability=fast") as ignis:
+        ignis.apply(QueueSpec.build(name="orders", handlerType="orders.v1", shards=2, messageExpirySeconds=600))
+        ref = ignis.queue("orders").publish("hello", id="m-1").ref
+        store = ignis.store
+        assert isinstance(store, LmdbStore)
+        expire_at, record = store.raw_record("dc1_shop_ignis_queues", "orders")
+        assert record["active"] == "true" and record["shards"] == 2 and record["handlerType"] == "orders.v1"
+        assert expire_at > now_ms() + (2 * 30 * 86400 - 60) * 1000  # TTL = queueExpiry x 2
+        expire_at, data = store.raw_record("shop_data_set", f"orders_SHARD_{ref.shard}_1")
+        assert data["payload"] == b"hello" and data["msgId"] == "m-1" and data["codec"] == "str"
+        assert 0 < expire_at - now_ms() <= 600_000  # TTL = messageExpiry
+        _, meta = store.raw_record("shop_meta_set", f"orders_SHARD_{ref.shard}_METADATA")
+        assert meta == {"LOAD_POINTER": 1, "FIRE_POINTER": 0}
+    env = lmdb.open(str(tmp_path), max_dbs=16, readonly=True, lock=False)
+    with env.begin() as txn:
+        dbs = {bytes(k).decode() for k, _ in txn.cursor()}
+    env.close()
+    assert {"dc1_shop_ignis_queues", "dc1_shop_ignis_queues_active", "shop_data_set", "shop_meta_set"} <= dbs
+
+
+def test_runtime_updates_keep_the_record_ttl(tmp_path: Path) -> None:
+    store = LmdbStore(str(tmp_path), durability="fast")
+    store.apply_queue("orders", {"handlerType": "h"}, 3600)
+    before, _ = store.raw_record("local_default_ignis_queues", "orders")
+    time.sleep(0.01)
+    store.advance_sweep("orders", "main", store.next_epoch(), {0: 3}, 1)
+    store.set_queue_active("orders", False)
+    after, _ = store.raw_record("local_default_ignis_queues", "orders")
+    assert after == before
+    store.close()
+
+
+def test_background_purge_removes_expired_records(tmp_path: Path) -> None:
+    store = LmdbStore(str(tmp_path), durability="fast", purge_interval=0)
+    store.load("q", [(0, Envelope(b"a", "a", now_ms()))], 1)
+    store.load("q", [(0, Envelope(b"b", "b", now_ms()))], 3600)
+    store.apply_queue("gone", {"handlerType": "h"}, 1)
+    time.sleep(1.1)
+    assert store.raw_record("default_data_set", "q_SHARD_0_1") is not None  # expired, not yet purged
+    assert store.purge_expired() == 2
+    assert store.raw_record("default_data_set", "q_SHARD_0_1") is None
+    assert store.raw_record("local_default_ignis_queues", "gone") is None
+    assert store.raw_record("default_data_set", "q_SHARD_0_2") is not None
+    store.close()
+
+
+def test_purge_thread_runs_in_the_background(tmp_path: Path) -> None:
+    store = LmdbStore(str(tmp_path), durability="fast", purge_interval=0.2)
+    store.load("q", [(0, Envelope(b"a", "a", now_ms()))], 1)
+    deadline = time.monotonic() + 10
+    while store.raw_record("default_data_set", "q_SHARD_0_1") is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert store.raw_record("default_data_set", "q_SHARD_0_1") is None
+    store.close()
+
+
+def test_url_options(tmp_path: Path) -> None:
+    store = open_store(f"lmdb://{tmp_path}/s?durability=fast&map_size=256m&farm=f1&client=c1")
+    assert (store.farm_id, store.client_id) == ("f1", "c1")
+    assert "durability=fast" in store.url
+    store.close()
+    for bad, expected in [
+        (f"lmdb://{tmp_path}/s?durability=sometimes", "durability='sometimes'"),
+        (f"lmdb://{tmp_path}/s?colour=blue", "unknown lmdb option"),
+        (f"lmdb://{tmp_path}/s?map_size=lots", "map_size='lots'"),
+        ("redis://localhost", "unknown scheme 'redis'"),
+        (str(tmp_path), "has no scheme"),
+        ("lmdb://", "has no path"),
+        (f"lmdb://{tmp_path}/s?client=bad_client", "clientId='bad_client'"),
+    ]:
+        with pytest.raises(InvalidInputError, match=expected):
+            open_store(bad)
+
+
+def test_unreachable_store_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StoreUnavailable, match="cannot open lmdb store"):
+        open_store(f"lmdb://{blocker}/store")
+
+
+def test_full_store_is_a_clear_error_and_keeps_earlier_data(tmp_path: Path) -> None:
+    with Ignis(f"lmdb://{tmp_path}?durability=fast&map_size=1m") as ignis:
+        ignis.apply(QueueSpec.build(name="orders", handlerType="h", shards=1))
+        q = ignis.queue("orders")
+        q.publish("first")
+        with pytest.raises(StoreFull, match="map_size"):
+            for _ in range(100):
+                q.publish_many([b"x" * 4000] * 50)
+        assert q.fire().payload == "first"
+
+
+def test_two_handles_in_one_process_share_the_environment(tmp_path: Path) -> None:
+    a = open_store(f"lmdb://{tmp_path}?durability=fast")
+    b = open_store(f"lmdb://{tmp_path}?durability=fast")
+    a.apply_queue("orders", {"handlerType": "h"}, 60)
+    assert b.get_queue("orders") is not None
+    a.close()
+    assert b.get_queue("orders") is not None  # still open for the other user
+    with pytest.raises(InvalidInputError, match="already open"):
+        open_store(f"lmdb://{tmp_path}?durability=fsync")
+    b.close()
+    with pytest.raises(StoreUnavailable, match="closed"):
+        b.get_queue("orders")
+    c = open_store(f"lmdb://{tmp_path}?durability=fsync")  # all closed: reopen in another mode
+    assert c.get_queue("orders") is not None
+    c.close()
