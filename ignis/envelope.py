@@ -41,6 +41,15 @@ def new_message_id() -> str:
     return f"{now_ms():012x}{random.getrandbits(80):020x}"
 
 
+def new_message_ids(count: int) -> list[str]:
+    """`count` distinct ids for one batch: one time stamp and random base, then consecutive values."""
+    ms, base = now_ms(), random.getrandbits(80)
+    return [f"{ms:012x}{(base + i) & _ID_RANDOM_MASK:020x}" for i in range(count)]
+
+
+_ID_RANDOM_MASK = (1 << 80) - 1
+
+
 def encode_payload(value: Any) -> tuple[bytes, str]:
     """bytes stay bytes; str is UTF-8; anything else is JSON."""
     if isinstance(value, bytes | bytearray | memoryview):

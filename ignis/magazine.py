@@ -8,12 +8,14 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ignis.envelope import Envelope, now_ms
 from ignis.errors import HoleBudgetExceeded
-from ignis.metrics import FIRE_CLAIMS, HOLES_SKIPPED
+from ignis.metrics import FIRE_CLAIMS, HOLE_BUDGET_EXHAUSTED, HOLES_SKIPPED
 from ignis.storage.base import Claimed, ShardPointers, SlotRef, Storage
+
+_random = random.random
 
 
 def shard_for_key(key: str, shards: int) -> int:
@@ -49,21 +51,38 @@ class Magazine:
         self._holes = HOLES_SKIPPED.labels(queue, kind)
         self._won = FIRE_CLAIMS.labels(queue, "won")
         self._drained = FIRE_CLAIMS.labels(queue, "drained")
+        self._exhausted = HOLE_BUDGET_EXHAUSTED.labels(queue)
         self._queue = queue
 
     # ---- load ------------------------------------------------------------------------------------
     def shard_for(self, key: str | None) -> int:
         return random.randrange(self.shards) if key is None else shard_for_key(key, self.shards)
 
+    def load_one(self, envelope: Envelope) -> SlotRef:
+        key = envelope.key
+        shard = int(_random() * self.shards) if key is None else shard_for_key(key, self.shards)
+        ref = self.store.load(self.name, ((shard, envelope),), self.ttl_seconds)[0]
+        self._mark_active((shard,))
+        return ref
+
     def load(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:
-        """Append envelopes (one group commit); each goes to its key's shard or a random one."""
-        items = [(self.shard_for(env.key), env) for env in envelopes]
+        """Append envelopes in one group commit. Keyed ones go to their key's shard; the others are dealt
+        round-robin from a random shard, which spreads a batch evenly (a random pick per message would
+        not) and keeps each shard's slots contiguous."""
+        first = random.randrange(self.shards)
+        shards = self.shards
+        items = [(shard_for_key(env.key, shards) if env.key is not None else (first + i) % shards, env)
+                 for i, env in enumerate(envelopes)]
         refs = self.store.load(self.name, items, self.ttl_seconds)
-        with self._lock:  # work this process just loaded is visible to its consumers at once
-            for shard in {shard for shard, _ in items}:
-                if shard not in self._active:
-                    self._active.append(shard)
+        self._mark_active({shard for shard, _ in items})
         return refs
+
+    def _mark_active(self, shards: Iterable[int]) -> None:
+        """Work this process just loaded is visible to its own consumers at once."""
+        missing = [shard for shard in shards if shard not in self._active]
+        if missing:
+            with self._lock:
+                self._active.extend(s for s in missing if s not in self._active)
 
     # ---- fire ------------------------------------------------------------------------------------
     def fire(self, max_messages: int = 1) -> list[Claimed]:
@@ -93,6 +112,7 @@ class Magazine:
                 if holes >= self.hole_budget:
                     if got:
                         break
+                    self._exhausted.inc()
                     raise HoleBudgetExceeded(self.name, holes)
         finally:
             if holes:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ignis import names
-from ignis.envelope import Envelope, encode_payload, new_message_id, now_ms
+from ignis.envelope import Envelope, encode_payload, new_message_id, new_message_ids, now_ms
 from ignis.errors import AlreadySettled, InvalidInputError, PayloadTooLarge
 from ignis.magazine import Magazine
 from ignis.metrics import ACKED, DEAD_LETTERED, DELIVERED, IGNORED, PUBLISHED, SIDELINE_REFUSED, SIDELINED
@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 
 MAX_ID_LENGTH = 128
 MAX_KEY_LENGTH = 256
-PUBLISH_CHUNK = 1000  # messages per group commit in publish_many
 
 # Why a message left the main magazine (the `reason` label and envelope field).
 REJECTED = "rejected"
@@ -37,8 +36,7 @@ NACKED = "nacked"
 _UNDECODED = object()
 
 
-@dataclass(frozen=True, slots=True)
-class MessageRef:
+class MessageRef(NamedTuple):
     """What publish returns: the message id and where it was stored."""
 
     id: str
@@ -153,47 +151,62 @@ class Queue:
         self._acked = ACKED.labels(spec.name)
 
     # ---- publish ---------------------------------------------------------------------------------
-    def envelope(self, payload: Any, *, id: str | None = None, key: str | None = None,
-                 headers: Mapping[str, str] | None = None) -> Envelope:
-        """Validate and wrap one payload (no I/O)."""
-        data, codec = encode_payload(payload)
-        if len(data) > self.max_payload_bytes:
-            raise PayloadTooLarge(len(data), self.max_payload_bytes, self.name)
+    def _check_options(self, id: str | None, key: str | None, headers: Mapping[str, str] | None
+                       ) -> dict[str, str] | None:
         if id is not None and (not isinstance(id, str) or not id or len(id) > MAX_ID_LENGTH):
             raise InvalidInputError(f"message id {id!r}: must be a non-empty string of at most "
                                     f"{MAX_ID_LENGTH} characters")
         if key is not None and (not isinstance(key, str) or len(key) > MAX_KEY_LENGTH):
             raise InvalidInputError(f"partition key {key!r}: must be a string of at most {MAX_KEY_LENGTH} "
                                     "characters")
-        if headers is not None:
-            if not isinstance(headers, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-            ):
-                raise InvalidInputError("headers must be a mapping of str to str")
-            headers = dict(headers)
-        return Envelope(data, id or new_message_id(), now_ms(), codec=codec, headers=headers or None, key=key)
+        if headers is None:
+            return None
+        if not isinstance(headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
+            raise InvalidInputError("headers must be a mapping of str to str")
+        return dict(headers) or None
+
+    def _encode(self, payload: Any) -> tuple[bytes, str]:
+        data, codec = encode_payload(payload)
+        if len(data) > self.max_payload_bytes:
+            raise PayloadTooLarge(len(data), self.max_payload_bytes, self.name)
+        return data, codec
+
+    def envelope(self, payload: Any, *, id: str | None = None, key: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> Envelope:
+        """Validate and wrap one payload (no I/O)."""
+        headers = self._check_options(id, key, headers)
+        data, codec = self._encode(payload)
+        return Envelope(data, id or new_message_id(), now_ms(), codec=codec, headers=headers, key=key)
 
     def publish(self, payload: Any, *, id: str | None = None, key: str | None = None,
                 headers: Mapping[str, str] | None = None) -> MessageRef:
         """Store one message durably (per the store's durability mode) and return its reference.
         A given `key` always maps to the same shard, which keeps per-key order within the shard."""
-        env = self.envelope(payload, id=id, key=key, headers=headers)
-        ref = self.main.load([env])[0]
+        if id is None and key is None and headers is None and type(payload) is bytes:  # the common case, lean
+            if len(payload) > self.max_payload_bytes:
+                raise PayloadTooLarge(len(payload), self.max_payload_bytes, self.name)
+            env = Envelope(payload, new_message_id(), now_ms())
+        else:
+            env = self.envelope(payload, id=id, key=key, headers=headers)
+        ref = self.main.load_one(env)
         self._published.inc()
         return MessageRef(env.msg_id, ref)
 
     def publish_many(self, payloads: Iterable[Any], *, key: str | None = None,
                      headers: Mapping[str, str] | None = None) -> list[MessageRef]:
-        """Publish many payloads with group commits of up to 1000. Every payload is validated
-        before anything is written, so a bad one leaves the queue unchanged."""
-        envelopes = [self.envelope(p, key=key, headers=headers) for p in payloads]
-        out: list[MessageRef] = []
-        for start in range(0, len(envelopes), PUBLISH_CHUNK):
-            chunk = envelopes[start:start + PUBLISH_CHUNK]
-            refs = self.main.load(chunk)
-            out.extend(MessageRef(env.msg_id, ref) for env, ref in zip(chunk, refs, strict=True))
-            self._published.inc(len(chunk))
-        return out
+        """Publish many payloads in one group commit. Every payload is validated before anything is
+        written, so a bad one leaves the queue unchanged; on lmdb the whole call is one transaction."""
+        shared_headers = self._check_options(None, key, headers)
+        encoded = [self._encode(p) for p in payloads]
+        ids = new_message_ids(len(encoded))
+        at = now_ms()
+        envelopes = [Envelope(data, msg_id, at, codec=codec, headers=shared_headers, key=key)
+                     for (data, codec), msg_id in zip(encoded, ids, strict=True)]
+        refs = self.main.load(envelopes)
+        self._published.inc(len(envelopes))
+        return [MessageRef(msg_id, ref) for msg_id, ref in zip(ids, refs, strict=True)]
 
     # ---- pull consume ----------------------------------------------------------------------------
     def fire(self) -> Message | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ignis.envelope import Envelope
 
@@ -37,9 +37,8 @@ LOAD_POINTER = "LOAD_POINTER"
 FIRE_POINTER = "FIRE_POINTER"
 
 
-@dataclass(frozen=True, slots=True)
-class SlotRef:
-    """Where one message lives: magazine, shard, slot."""
+class SlotRef(NamedTuple):
+    """Where one message lives: magazine, shard, slot. (A NamedTuple: built on every hot-path call.)"""
 
     magazine: str
     shard: int
@@ -57,8 +56,7 @@ class SlotRef:
             raise ValueError(f"message reference {text!r} is not MAGAZINE/SHARD/SLOT") from None
 
 
-@dataclass(slots=True)
-class Claimed:
+class Claimed(NamedTuple):
     """One claimed slot. `envelope` is None for a hole (slot allocated, record absent or expired)."""
 
     ref: SlotRef

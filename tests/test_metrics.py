@@ -1,0 +1,44 @@
+"""The lock-free counter must not lose increments across threads and must scrape like a Counter."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import REGISTRY, generate_latest
+
+from ignis.metrics import FastCounter
+
+
+def test_fast_counter_counts_every_increment_across_threads() -> None:
+    counter = FastCounter("ignis_test_fast_counter", "test", ["queue"])
+    a, b = counter.labels("a"), counter.labels("b")
+
+    def work() -> None:
+        for _ in range(20000):
+            a.inc()
+            b.inc(2)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert REGISTRY.get_sample_value("ignis_test_fast_counter_total", {"queue": "a"}) == 160000
+    assert REGISTRY.get_sample_value("ignis_test_fast_counter_total", {"queue": "b"}) == 320000
+    text = generate_latest().decode()
+    assert "# TYPE ignis_test_fast_counter_total counter" in text
+    assert 'ignis_test_fast_counter_total{queue="a"} 160000.0' in text
+    REGISTRY.unregister(counter)
+
+
+def test_fast_counter_rejects_bad_use() -> None:
+    counter = FastCounter("ignis_test_fast_counter_bad", "test", ["queue"])
+    try:
+        import pytest
+
+        with pytest.raises(ValueError, match="takes labels"):
+            counter.labels("a", "b")
+        with pytest.raises(ValueError, match="only go up"):
+            counter.labels("a").inc(-1)
+    finally:
+        REGISTRY.unregister(counter)
