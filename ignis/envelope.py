@@ -85,7 +85,6 @@ class Envelope:
         payload: bytes,
         msg_id: str,
         loaded_at: int,
-        *,
         codec: str = CODEC_BYTES,
         headers: dict[str, str] | None = None,
         key: str | None = None,

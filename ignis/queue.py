@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ignis import names
-from ignis.envelope import Envelope, encode_payload, new_message_id, new_message_ids, now_ms
+from ignis.envelope import CODEC_BYTES, Envelope, encode_payload, new_message_id, new_message_ids, now_ms
 from ignis.errors import AlreadySettled, InvalidInputError, PayloadTooLarge
 from ignis.magazine import Magazine
 from ignis.metrics import ACKED, DEAD_LETTERED, DELIVERED, IGNORED, PUBLISHED, SIDELINE_REFUSED, SIDELINED
@@ -199,10 +199,11 @@ class Queue:
         """Publish many payloads in one group commit. Every payload is validated before anything is
         written, so a bad one leaves the queue unchanged; on lmdb the whole call is one transaction."""
         shared_headers = self._check_options(None, key, headers)
-        encoded = [self._encode(p) for p in payloads]
+        limit = self.max_payload_bytes
+        encoded = [(p, CODEC_BYTES) if type(p) is bytes and len(p) <= limit else self._encode(p) for p in payloads]
         ids = new_message_ids(len(encoded))
         at = now_ms()
-        envelopes = [Envelope(data, msg_id, at, codec=codec, headers=shared_headers, key=key)
+        envelopes = [Envelope(data, msg_id, at, codec, shared_headers, key)
                      for (data, codec), msg_id in zip(encoded, ids, strict=True)]
         refs = self.main.load(envelopes)
         self._published.inc(len(envelopes))

@@ -89,9 +89,9 @@ def _pack_data(envelope: Envelope, expire_at: int) -> bytes:
 def _unpack_data(raw: bytes) -> Envelope:
     _, fire_ts, attempts = _DATA_HEADER.unpack_from(raw)
     bins = msgpack.unpackb(memoryview(raw)[_DATA_HEADER.size:], raw=False)
-    return Envelope(bins.get(PAYLOAD, b""), bins.get(MSG_ID, ""), bins.get(LOADED_AT, 0),
-                    codec=bins.get(CODEC, "bytes"), headers=bins.get(HEADERS), key=bins.get(PARTITION_KEY),
-                    fire_ts=fire_ts or None, attempts=attempts, reason=bins.get(REASON), history=bins.get(HISTORY))
+    get = bins.get  # positional arguments: this runs once per delivered message
+    return Envelope(get(PAYLOAD, b""), get(MSG_ID, ""), get(LOADED_AT, 0), get(CODEC, "bytes"), get(HEADERS),
+                    get(PARTITION_KEY), fire_ts or None, attempts, get(REASON), get(HISTORY))
 
 
 def _expire_at(ttl_seconds: int, now: int) -> int:

@@ -1,0 +1,1 @@
+"""The `ignis` command-line interface (typer + rich). The entry point is `ignis.cli.app:main`."""
