@@ -38,7 +38,7 @@ def now_ms() -> int:
 
 def new_message_id() -> str:
     """Time-ordered 128-bit id: 48 bits of epoch ms then 80 random bits, as 32 hex digits."""
-    return f"{now_ms():012x}{random.getrandbits(80):020x}"
+    return (time.time_ns() // 1_000_000 << 80 | random.getrandbits(80)).to_bytes(16, "big").hex()
 
 
 def new_message_ids(count: int) -> list[str]:
