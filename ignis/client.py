@@ -6,7 +6,7 @@ import threading
 from typing import Any
 
 from ignis import names
-from ignis.errors import QueueInactive, QueueNotFound
+from ignis.errors import InvalidSpecError, QueueInactive, QueueNotFound
 from ignis.queue import Queue, QueueStats
 from ignis.settings import IgnisSettings
 from ignis.spec import QueueSpec
@@ -61,6 +61,11 @@ class Ignis:
     def apply(self, spec: QueueSpec) -> bool:
         """Create or update a queue's metadata record (runtime bins kept). True when created."""
         store = self._store_for(spec.client_id)
+        current = store.get_queue(spec.name)
+        stored_shards = int(current.bins.get("shards", 0)) if current else 0
+        if spec.shards < stored_shards:  # messages in the dropped shards would never be delivered
+            raise InvalidSpecError([f"shards={spec.shards}: shards may grow, never shrink (queue {spec.name!r} "
+                                    f"has {stored_shards})"])
         created = store.apply_queue(spec.name, spec.config_bins(), spec.record_ttl_seconds)
         with self._lock:
             self._queues.pop(spec.name, None)

@@ -306,3 +306,20 @@ def test_delete_queue_removes_everything(ignis: Ignis, make_queue) -> None:
     assert ignis.list_queues(None) == []
     assert q.store.pointers("orders", 4)[0].load == 0
     assert q.sideline.browse() == []
+
+
+def test_shards_may_grow_but_never_shrink(ignis: Ignis, make_queue) -> None:
+    from ignis.errors import InvalidSpecError
+
+    q = make_queue(shards=4)
+    q.publish_many(range(40))
+    with pytest.raises(InvalidSpecError, match="shards may grow, never shrink"):
+        ignis.apply(QueueSpec.build(name="orders", handlerType="orders", shards=2))
+    ignis.apply(QueueSpec.build(name="orders", handlerType="orders", shards=8))
+    grown = ignis.queue("orders")
+    assert grown.spec.shards == 8
+    drained = []
+    while batch := grown.fire_many(50):
+        drained += [m.payload for m in batch]
+        grown.ack(batch)
+    assert sorted(drained) == list(range(40))

@@ -1,0 +1,25 @@
+"""The README's two set-up commands are what CI and users run: keep them true."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("```bash", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line and not line.startswith("#")]
+
+
+def test_readme_opens_with_the_two_commands() -> None:
+    main_job, tests = readme_commands()
+    assert main_job.endswith("ignis demo")
+    assert tests.endswith("pytest")
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    _, tests = readme_commands()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert tests in ci
