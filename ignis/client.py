@@ -8,7 +8,7 @@ from typing import Any
 from ignis import names
 from ignis.errors import InvalidSpecError, QueueInactive, QueueNotFound
 from ignis.queue import Queue, QueueStats
-from ignis.settings import IgnisSettings
+from ignis.settings import IgnisSettings, load_settings
 from ignis.spec import QueueSpec
 from ignis.storage import Storage, open_store
 from ignis.storage.base import QueueRecord
@@ -25,7 +25,7 @@ class Ignis:
     def __init__(self, store: Storage | str | None = None, *, client_id: str | None = None,
                  farm_id: str | None = None, settings: IgnisSettings | None = None,
                  purge_interval: float = 60.0) -> None:
-        self.settings = settings or IgnisSettings()
+        self.settings = settings or load_settings()
         if store is None or isinstance(store, str):
             self.store: Storage = open_store(
                 store or self.settings.store, farm_id=farm_id or self.settings.farm_id,
@@ -113,6 +113,8 @@ class Ignis:
         if not record.active and not allow_inactive:
             raise QueueInactive(name)
         queue = self._make_queue(QueueSpec.from_bins(name, record.bins, self.client_id))
+        if not record.active:
+            return queue  # only handles on active queues are cached, so a later queue(name) still refuses
         with self._lock:
             return self._queues.setdefault(name, queue)
 

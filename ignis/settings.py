@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ignis.errors import InvalidInputError
 
 DEFAULT_STORE = "lmdb://./.ignis-data"
 
@@ -20,3 +24,14 @@ class IgnisSettings(BaseSettings):
         1.0, gt=0, description="how often an idle consumer re-reads shard pointers to find new work")
     poll_interval_seconds: float = Field(0.2, gt=0, description="consumer sleep when a queue is empty")
     queue_refresh_seconds: float = Field(5.0, gt=0, description="how often consumers re-read queue config")
+
+
+def load_settings(**overrides: Any) -> IgnisSettings:
+    """Settings from the environment plus explicit overrides; a bad value is an InvalidInputError naming
+    the variable, the value and the rule (not a raw pydantic error)."""
+    try:
+        return IgnisSettings(**overrides)
+    except ValidationError as exc:
+        problems = [f"IGNIS_{'_'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}"
+                    for e in exc.errors(include_url=False)]
+        raise InvalidInputError("invalid settings: " + "; ".join(problems)) from None

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-# typer vendors click since 0.2x; these exception types are only reachable through its private module.
-from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+try:  # typer >= 0.2x vendors click; these exception types are only reachable through its private module
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+except ImportError:  # older typer runs on the click package
+    from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[no-redef]
 
 from ignis.cli import render
 from ignis.cli.render import OutputFormat, emit_json, emit_line
@@ -42,7 +43,7 @@ from ignis.errors import (
 )
 from ignis.manifest import load_manifests
 from ignis.queue import NACKED, Message, Queue
-from ignis.settings import DEFAULT_STORE, IgnisSettings
+from ignis.settings import DEFAULT_STORE, IgnisSettings, load_settings
 from ignis.spec import QueueSpec
 
 # ---- exit codes --------------------------------------------------------------------------------------
@@ -96,12 +97,7 @@ class State:
     def settings(self) -> IgnisSettings:
         overrides = {k: v for k, v in (("store", self.store), ("client_id", self.client_id),
                                        ("farm_id", self.farm_id)) if v}
-        try:
-            return IgnisSettings(**overrides)
-        except ValidationError as exc:
-            problems = [f"IGNIS_{'_'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}"
-                        for e in exc.errors(include_url=False)]
-            raise InvalidInputError("invalid settings: " + "; ".join(problems)) from None
+        return load_settings(**overrides)
 
     def ignis(self) -> Ignis:
         if self._ignis is None:

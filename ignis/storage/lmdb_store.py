@@ -232,7 +232,7 @@ class LmdbStore:
         farm_id: str = "local",
         client_id: str = "default",
         durability: str = "fsync",
-        map_size: int = 1 << 36,
+        map_size: int = 8 << 30,
         max_dbs: int = 256,
         purge_interval: float = 60.0,
         _env: _Environment | None = None,

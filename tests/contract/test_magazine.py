@@ -323,3 +323,19 @@ def test_shards_may_grow_but_never_shrink(ignis: Ignis, make_queue) -> None:
         drained += [m.payload for m in batch]
         grown.ack(batch)
     assert sorted(drained) == list(range(40))
+
+
+def test_inspecting_a_deactivated_queue_does_not_make_it_publishable(ignis: Ignis) -> None:
+    from ignis.errors import QueueInactive
+
+    ignis.apply(QueueSpec.build(name="orders", handlerType="x"))
+    ignis.deactivate("orders")
+    assert ignis.stats("orders").published == 0
+    with pytest.raises(QueueInactive):
+        ignis.queue("orders")
+
+
+def test_bad_settings_name_the_variable(monkeypatch, backend) -> None:
+    monkeypatch.setenv("IGNIS_MAX_PAYLOAD_BYTES", "lots")
+    with pytest.raises(InvalidInputError, match="IGNIS_MAX_PAYLOAD_BYTES='lots'"):
+        Ignis(backend.url)
