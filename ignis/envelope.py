@@ -105,10 +105,16 @@ class Envelope:
         self.history = history
 
     def to_bins(self) -> dict[str, Any]:
-        bins: dict[str, Any] = {PAYLOAD: self.payload, MSG_ID: self.msg_id, LOADED_AT: self.loaded_at,
-                                ATTEMPTS: self.attempts, CODEC: self.codec}
+        bins = self.content_bins()
+        bins[ATTEMPTS] = self.attempts
         if self.fire_ts is not None:
             bins[FIRE_TS] = self.fire_ts
+        return bins
+
+    def content_bins(self) -> dict[str, Any]:
+        """Every bin but the two that fire rewrites (fireTS, attempts); optional bins only when set."""
+        bins: dict[str, Any] = {PAYLOAD: self.payload, MSG_ID: self.msg_id, LOADED_AT: self.loaded_at,
+                                CODEC: self.codec}
         if self.headers:
             bins[HEADERS] = self.headers
         if self.key is not None:

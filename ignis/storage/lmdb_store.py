@@ -73,17 +73,7 @@ def _record(bins: Mapping[str, Any], expire_at: int = 0) -> bytes:
 def _pack_data(envelope: Envelope, expire_at: int) -> bytes:
     """Data record: expire-at, fireTS (0 = not fired) and attempts in a fixed header — the fields fire
     rewrites, so a claim never re-encodes the map — then the other envelope bins as msgpack."""
-    bins: dict[str, Any] = {PAYLOAD: envelope.payload, MSG_ID: envelope.msg_id, LOADED_AT: envelope.loaded_at,
-                            CODEC: envelope.codec}
-    if envelope.headers:
-        bins[HEADERS] = envelope.headers
-    if envelope.key is not None:
-        bins[PARTITION_KEY] = envelope.key
-    if envelope.reason is not None:
-        bins[REASON] = envelope.reason
-    if envelope.history:
-        bins[HISTORY] = envelope.history
-    return _DATA_HEADER.pack(expire_at, envelope.fire_ts or 0, envelope.attempts) + _PACK(bins)
+    return _DATA_HEADER.pack(expire_at, envelope.fire_ts or 0, envelope.attempts) + _PACK(envelope.content_bins())
 
 
 def _unpack_data(raw: bytes) -> Envelope:
