@@ -45,7 +45,8 @@ class Magazine:
         self.ttl_seconds = ttl_seconds
         self.hole_budget = hole_budget
         self.refresh_seconds = refresh_seconds
-        self._active: list[int] = []
+        self._active: tuple[int, ...] = ()
+        self._loads = 0
         self._refreshed_at = float("-inf")
         self._lock = threading.Lock()
         self._holes = HOLES_SKIPPED.labels(queue, kind)
@@ -62,8 +63,7 @@ class Magazine:
         key = envelope.key
         shard = int(_random() * self.shards) if key is None else shard_for_key(key, self.shards)
         ref = self.store.load(self.name, ((shard, envelope),), self.ttl_seconds)[0]
-        if shard not in self._active:
-            self._mark_active((shard,))
+        self._mark_active((shard,))
         return ref
 
     def load(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:
@@ -78,12 +78,32 @@ class Magazine:
         self._mark_active({shard for shard, _ in items})
         return refs
 
+    # ---- active shards ----------------------------------------------------------------------------
+    # `_active` is an immutable tuple replaced under the lock, so a fire reads it without locking.
+    # `_loads` counts local loads: a consumer that found a shard drained drops it only if nothing was
+    # loaded here since its claim began, so a message published by this process is never hidden.
     def _mark_active(self, shards: Iterable[int]) -> None:
-        """Work this process just loaded is visible to its own consumers at once."""
-        missing = [shard for shard in shards if shard not in self._active]
-        if missing:
+        with self._lock:
+            self._loads += 1
+            missing = tuple(s for s in shards if s not in self._active)
+            if missing:
+                self._active += missing
+
+    def _suppress(self, shard: int, loads_seen: int) -> None:
+        with self._lock:
+            if self._loads == loads_seen and shard in self._active:
+                self._active = tuple(s for s in self._active if s != shard)
+
+    def _pick_shard(self) -> int | None:
+        if time.monotonic() - self._refreshed_at >= self.refresh_seconds:
             with self._lock:
-                self._active.extend(s for s in missing if s not in self._active)
+                if time.monotonic() - self._refreshed_at >= self.refresh_seconds:
+                    # Read under the lock: a load that commits after this read marks its shard after it.
+                    pointers = self.store.pointers(self.name, self.shards)
+                    self._active = tuple(shard for shard, p in pointers.items() if p.load > p.fire)
+                    self._refreshed_at = time.monotonic()
+        active = self._active
+        return active[int(_random() * len(active))] if active else None
 
     # ---- fire ------------------------------------------------------------------------------------
     def fire(self, max_messages: int = 1) -> list[Claimed]:
@@ -93,16 +113,17 @@ class Magazine:
         without a message it raises HoleBudgetExceeded (data may remain: fire again)."""
         got: list[Claimed] = []
         holes = 0
+        count_attempt = self.kind == "main"
         try:
             while len(got) < max_messages:
+                loads_seen = self._loads
                 shard = self._pick_shard()
                 if shard is None:
                     break
-                claimed = self.store.claim(self.name, shard, max_messages - len(got), now_ms(),
-                                           self.kind == "main")
+                claimed = self.store.claim(self.name, shard, max_messages - len(got), now_ms(), count_attempt)
                 if not claimed:
                     self._drained.inc()
-                    self._suppress(shard)
+                    self._suppress(shard, loads_seen)
                     continue
                 self._won.inc()
                 for item in claimed:
@@ -119,22 +140,6 @@ class Magazine:
             if holes:
                 self._holes.inc(holes)
         return got
-
-    def _pick_shard(self) -> int | None:
-        with self._lock:
-            if time.monotonic() - self._refreshed_at >= self.refresh_seconds:
-                self._refresh_locked()
-            return random.choice(self._active) if self._active else None
-
-    def _refresh_locked(self) -> None:
-        pointers = self.store.pointers(self.name, self.shards)
-        self._active = [shard for shard, p in pointers.items() if p.load > p.fire]
-        self._refreshed_at = time.monotonic()
-
-    def _suppress(self, shard: int) -> None:
-        with self._lock:
-            if shard in self._active:
-                self._active.remove(shard)
 
     def invalidate(self) -> None:
         """Forget the cached active shards: the next fire re-reads the pointers."""

@@ -44,7 +44,12 @@ def dead_of(queue: str) -> str:
 
 
 def data_key(magazine: str, shard: int, slot: int) -> str:
-    return f"{magazine}_SHARD_{shard}_{slot}"
+    return f"{data_key_prefix(magazine, shard)}{slot}"
+
+
+def data_key_prefix(magazine: str, shard: int) -> str:
+    """Everything of a data key but the slot, so hot paths can build keys by appending the slot."""
+    return f"{magazine}_SHARD_{shard}_"
 
 
 def meta_key(magazine: str, shard: int) -> str:

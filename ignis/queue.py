@@ -119,13 +119,15 @@ class Message:
     def nack(self, reason: str = NACKED) -> None:
         self.queue.nack([self], reason)
 
-    def _settle(self) -> None:
-        if self._settled:
-            raise AlreadySettled(f"message {self.id} ({self.ref}) was already acked or nacked")
-        self._settled = True
 
     def __repr__(self) -> str:
         return f"Message({self.ref}, id={self.id}, attempts={self.attempts})"
+
+
+def _check_unsettled(messages: Sequence[Message]) -> None:
+    for m in messages:
+        if m._settled:
+            raise AlreadySettled(f"message {m.id} ({m.ref}) was already acked or nacked")
 
 
 class Queue:
@@ -222,24 +224,29 @@ class Queue:
             self._delivered.inc(len(claimed))
         return [Message(self, c.ref, c.envelope) for c in claimed]  # type: ignore[arg-type]
 
+    # Settling checks every message first and marks them settled only once the store call succeeded:
+    # a failed ack can be retried, and a batch holding one settled message changes nothing.
     def ack(self, messages: Sequence[Message]) -> None:
         """Acknowledge (delete) messages in one batch."""
-        for m in messages:
-            m._settle()
+        _check_unsettled(messages)
         self.store.delete([m.ref for m in messages])
+        for m in messages:
+            m._settled = True
         self._acked.inc(len(messages))
 
     def nack(self, messages: Sequence[Message], reason: str = NACKED) -> Transfer:
-        """Move messages to the sideline (or dead letters past maxDeliveries) with a reason."""
-        for m in messages:
-            m._settle()
+        """Move messages to the sideline (or dead letters past maxDeliveries) with a reason.
+        Messages whose copy failed stay unsettled (and stored): nack them again, or leave them to
+        the sweeper."""
+        _check_unsettled(messages)
         return self.transfer(messages, reason)
 
     def drop(self, messages: Sequence[Message]) -> None:
         """Delete without sidelining: the handler raised an exception declared ignorable."""
-        for m in messages:
-            m._settle()
+        _check_unsettled(messages)
         self.store.delete([m.ref for m in messages])
+        for m in messages:
+            m._settled = True
         IGNORED.labels(self.name).inc(len(messages))
 
     # ---- sideline / dead letter --------------------------------------------------------------------
@@ -268,6 +275,8 @@ class Queue:
             moved.extend(group)
         if moved:
             self.store.delete([m.ref for m in moved])  # only after the copy landed
+            for m in moved:
+                m._settled = True
         return Transfer(counts["sideline"], counts["dead"], len(messages) - len(moved))
 
     # ---- inspection --------------------------------------------------------------------------------

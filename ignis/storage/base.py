@@ -168,7 +168,8 @@ class Storage(Protocol):
         ...
 
     def delete(self, refs: Sequence[SlotRef]) -> int:
-        """Delete records so they stay deleted (one batch). Returns how many were present."""
+        """Delete records so they stay deleted (one batch). Returns how many were present (an expired
+        record not yet purged may count)."""
         ...
 
     def stamp_unfired(self, ref: SlotRef, now_ms: int) -> Envelope | None:

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">Q")  # every record starts with its expire-at, epoch ms (0 = never)
 _DATA_HEADER = struct.Struct(">QQI")  # data records: expire-at, fireTS, attempts
 _META = struct.Struct(">QQQ")  # shard meta records: expire-at, LOAD_POINTER, FIRE_POINTER
+_new_ref = tuple.__new__  # builds SlotRef / Claimed NamedTuples without their slower generated __init__
 _PACK = msgpack.Packer(use_bin_type=True).pack
 DURABILITY_MODES = ("fsync", "fast")
 EPOCH_KEY = b"sweeperEpoch"
@@ -245,6 +246,7 @@ class LmdbStore:
         self._env = _env or _Environment.acquire(path, durability, map_size, max_dbs)
         self._closed = False
         self._calls: dict[str, Any] = {}
+        self._key_cache: dict[tuple[str, int], tuple[bytes, bytes]] = {}
         try:
             self._queues = self._env.db(self._queue_set)
             self._index = self._env.db(self._index_set)
@@ -435,8 +437,21 @@ class LmdbStore:
         counter.inc()
         return self._env.env.begin(write=write)
 
+    def _keys(self, magazine: str, shard: int) -> tuple[bytes, bytes]:
+        """(meta key, data-key prefix) of a shard, built once: a delivered message needs them twice."""
+        keys = self._key_cache.get((magazine, shard))
+        if keys is None:
+            if len(self._key_cache) > 100_000:
+                self._key_cache.clear()
+            keys = self._key_cache[(magazine, shard)] = (
+                names.meta_key(magazine, shard).encode(), names.data_key_prefix(magazine, shard).encode())
+        return keys
+
+    def _data_key(self, ref: SlotRef) -> bytes:
+        return self._keys(ref[0], ref[1])[1] + b"%d" % ref[2]
+
     def _meta_get(self, txn: Any, magazine: str, shard: int) -> list[Any]:
-        key = names.meta_key(magazine, shard).encode()
+        key = self._keys(magazine, shard)[0]
         raw = txn.get(key, db=self._meta)
         if raw is None:
             return [key, 0, 0]
@@ -450,25 +465,25 @@ class LmdbStore:
         expire_at = _expire_at(ttl_seconds, now_ms())
         packed = [(shard, _pack_data(envelope, expire_at)) for shard, envelope in items]
         refs: list[SlotRef] = []
-        data_key = names.data_key
         try:
             with self._begin("load", True) as txn:
                 put, data_db = txn.put, self._data
                 if len(packed) == 1:  # publish of one message: no per-shard bookkeeping
                     shard, value = packed[0]
                     key, load, fire = self._meta_get(txn, magazine, shard)
-                    put(data_key(magazine, shard, load + 1).encode(), value, db=data_db)
+                    put(self._keys(magazine, shard)[1] + b"%d" % (load + 1), value, db=data_db)
                     self._meta_put(txn, key, load + 1, fire)
-                    return [SlotRef(magazine, shard, load + 1)]
+                    return [_new_ref(SlotRef, (magazine, shard, load + 1))]
                 shards: dict[int, list[Any]] = {}
                 for shard, value in packed:
                     state = shards.get(shard)
                     if state is None:
-                        state = shards[shard] = self._meta_get(txn, magazine, shard)
+                        state = shards[shard] = [*self._meta_get(txn, magazine, shard),
+                                                 self._keys(magazine, shard)[1]]
                     slot = state[1] = state[1] + 1
-                    put(data_key(magazine, shard, slot).encode(), value, db=data_db)
-                    refs.append(SlotRef(magazine, shard, slot))
-                for key, load, fire in shards.values():
+                    put(state[3] + b"%d" % slot, value, db=data_db)
+                    refs.append(_new_ref(SlotRef, (magazine, shard, slot)))
+                for key, load, fire, _ in shards.values():
                     self._meta_put(txn, key, load, fire)
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
@@ -478,10 +493,10 @@ class LmdbStore:
               ) -> list[Claimed]:
         raws: list[tuple[int, bytes | None]] = []
         bump = 1 if count_attempt else 0
-        header, header_size, data_key = _DATA_HEADER, _DATA_HEADER.size, names.data_key
+        header, header_size = _DATA_HEADER, _DATA_HEADER.size
+        meta_key, prefix = self._keys(magazine, shard)
         try:
             with self._begin("claim", True) as txn:
-                meta_key = names.meta_key(magazine, shard).encode()
                 meta = txn.get(meta_key, db=self._meta)
                 if meta is None:
                     return []
@@ -491,7 +506,7 @@ class LmdbStore:
                     return []
                 get, put, data_db = txn.get, txn.put, self._data
                 for slot in range(fire + 1, fire + count + 1):
-                    key = data_key(magazine, shard, slot).encode()
+                    key = prefix + b"%d" % slot
                     raw = get(key, db=data_db)
                     if raw is not None:
                         expire_at, _, attempts = header.unpack_from(raw)
@@ -505,7 +520,8 @@ class LmdbStore:
                 put(meta_key, _META.pack(0, load, fire + count), db=self._meta)
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
-        return [Claimed(SlotRef(magazine, shard, slot), None if raw is None else _unpack_data(raw))
+        return [_new_ref(Claimed, (_new_ref(SlotRef, (magazine, shard, slot)),
+                                   None if raw is None else _unpack_data(raw)))
                 for slot, raw in raws]
 
     def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
@@ -513,7 +529,7 @@ class LmdbStore:
             now = now_ms()
             out: list[Envelope | None] = []
             for ref in refs:
-                raw = txn.get(names.data_key(ref.magazine, ref.shard, ref.slot).encode(), db=self._data)
+                raw = txn.get(self._data_key(ref), db=self._data)
                 out.append(None if raw is None or _expired(raw, now) else _unpack_data(raw))
             return out
 
@@ -523,8 +539,9 @@ class LmdbStore:
         def scan(txn: Any) -> list[tuple[SlotRef, Envelope]]:
             now = now_ms()
             out = []
+            prefix = self._keys(magazine, shard)[1]
             for slot in range(max(first, 1), last + 1):
-                raw = txn.get(names.data_key(magazine, shard, slot).encode(), db=self._data)
+                raw = txn.get(prefix + b"%d" % slot, db=self._data)
                 if raw is not None and not _expired(raw, now):
                     out.append((SlotRef(magazine, shard, slot), _unpack_data(raw)))
             return out
@@ -532,21 +549,18 @@ class LmdbStore:
         return self._read("peek", scan)
 
     def delete(self, refs: Sequence[SlotRef]) -> int:
-        now = now_ms()
         present = 0
         try:
             with self._begin("delete", True) as txn:
-                pop, data_db = txn.pop, self._data
+                delete, data_db, data_key = txn.delete, self._data, self._data_key
                 for ref in refs:
-                    raw = pop(names.data_key(ref.magazine, ref.shard, ref.slot).encode(), db=data_db)
-                    if raw is not None and not _expired(raw, now):
-                        present += 1
+                    present += delete(data_key(ref), db=data_db)  # an expired, unpurged record counts too
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
         return present
 
     def stamp_unfired(self, ref: SlotRef, now_ms_: int) -> Envelope | None:
-        key = names.data_key(ref.magazine, ref.shard, ref.slot).encode()
+        key = self._data_key(ref)
         with self._write("stamp_unfired") as txn:
             raw = txn.get(key, db=self._data)
             if raw is None or _expired(raw, now_ms_):

@@ -259,3 +259,33 @@ def test_publish_only_queue_runs_no_workers(ignis: Ignis, concurrency: int) -> N
     finally:
         consumer.stop(5)
     assert q.stats().depth == 1
+
+
+class FailingDeletes(FaultyStore):
+    def __init__(self, inner: Storage, failures: int) -> None:
+        super().__init__(inner)
+        self.failures = failures
+
+    def delete(self, refs):
+        if self.failures:
+            self.failures -= 1
+            raise OSError("injected delete failure")
+        return super().delete(refs)
+
+
+def test_a_failed_ack_can_be_retried(backend) -> None:
+    from ignis.errors import AlreadySettled
+
+    store = FailingDeletes(backend.open(), failures=1)
+    with Ignis(store) as ignis:
+        q = declare(ignis, shards=1)
+        q.publish_many(["a", "b"])
+        first, second = q.fire_many(2)
+        with pytest.raises(OSError):
+            first.ack()
+        assert not first.settled and store.read([first.ref])[0] is not None
+        first.ack()
+        assert first.settled and store.read([first.ref]) == [None]
+        with pytest.raises(AlreadySettled):
+            q.ack([second, first])  # one settled message: nothing in the batch changes
+        assert not second.settled and store.read([second.ref])[0] is not None
