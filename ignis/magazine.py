@@ -63,7 +63,10 @@ class Magazine:
         key = envelope.key
         shard = int(_random() * self.shards) if key is None else shard_for_key(key, self.shards)
         ref = self.store.load(self.name, ((shard, envelope),), self.ttl_seconds)[0]
-        self._mark_active((shard,))
+        with self._lock:  # _mark_active for one shard, without its generator (publish hot path)
+            self._loads += 1
+            if shard not in self._active:
+                self._active += (shard,)
         return ref
 
     def load(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:

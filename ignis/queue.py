@@ -34,6 +34,7 @@ UNREADABLE = "unreadable"
 NACKED = "nacked"
 
 _UNDECODED = object()
+_new_tuple = tuple.__new__  # builds MessageRef without the NamedTuple's slower generated __init__
 
 
 class MessageRef(NamedTuple):
@@ -194,7 +195,7 @@ class Queue:
             env = self.envelope(payload, id=id, key=key, headers=headers)
         ref = self.main.load_one(env)
         self._published.inc()
-        return MessageRef(env.msg_id, ref)
+        return _new_tuple(MessageRef, (env.msg_id, ref))
 
     def publish_many(self, payloads: Iterable[Any], *, key: str | None = None,
                      headers: Mapping[str, str] | None = None) -> list[MessageRef]:
@@ -209,7 +210,7 @@ class Queue:
                      for (data, codec), msg_id in zip(encoded, ids, strict=True)]
         refs = self.main.load(envelopes)
         self._published.inc(len(envelopes))
-        return [MessageRef(msg_id, ref) for msg_id, ref in zip(ids, refs, strict=True)]
+        return [_new_tuple(MessageRef, pair) for pair in zip(ids, refs, strict=True)]
 
     # ---- pull consume ----------------------------------------------------------------------------
     def fire(self) -> Message | None:

@@ -463,17 +463,24 @@ class LmdbStore:
 
     def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
         expire_at = _expire_at(ttl_seconds, now_ms())
+        if len(items) == 1:  # publish of one message: no per-shard bookkeeping
+            shard, envelope = items[0]
+            value = _pack_data(envelope, expire_at)
+            meta_key, prefix = self._keys(magazine, shard)
+            try:
+                with self._begin("load", True) as txn:
+                    raw = txn.get(meta_key, db=self._meta)
+                    _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+                    txn.put(prefix + b"%d" % (load + 1), value, db=self._data)
+                    txn.put(meta_key, _META.pack(0, load + 1, fire), db=self._meta)
+            except lmdb.Error as exc:
+                raise self._map_error(exc) from None
+            return [_new_ref(SlotRef, (magazine, shard, load + 1))]
         packed = [(shard, _pack_data(envelope, expire_at)) for shard, envelope in items]
         refs: list[SlotRef] = []
         try:
             with self._begin("load", True) as txn:
                 put, data_db = txn.put, self._data
-                if len(packed) == 1:  # publish of one message: no per-shard bookkeeping
-                    shard, value = packed[0]
-                    key, load, fire = self._meta_get(txn, magazine, shard)
-                    put(self._keys(magazine, shard)[1] + b"%d" % (load + 1), value, db=data_db)
-                    self._meta_put(txn, key, load + 1, fire)
-                    return [_new_ref(SlotRef, (magazine, shard, load + 1))]
                 shards: dict[int, list[Any]] = {}
                 for shard, value in packed:
                     state = shards.get(shard)
