@@ -20,7 +20,10 @@ class FastCounter(Collector):
         self.name = name
         self.documentation = documentation
         self.labelnames = labelnames
-        self._cells: list[dict[tuple[str, ...], float]] = []
+        # (thread, its cell); a scrape folds the cells of finished threads into _retired, so thread
+        # churn does not grow the list.
+        self._cells: list[tuple[threading.Thread, dict[tuple[str, ...], float]]] = []
+        self._retired: dict[tuple[str, ...], float] = {}
         self._local = threading.local()
         self._lock = threading.Lock()
         REGISTRY.register(self)
@@ -35,14 +38,21 @@ class FastCounter(Collector):
         if cell is None:
             cell = self._local.cell = {}
             with self._lock:
-                self._cells.append(cell)
+                self._cells.append((threading.current_thread(), cell))
         return cell
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        totals: dict[tuple[str, ...], float] = {}
         with self._lock:
-            cells = list(self._cells)
-        for cell in cells:
+            live = []
+            for thread, cell in self._cells:
+                if thread.is_alive():
+                    live.append((thread, cell))
+                else:  # a finished thread never writes again: its counts can be folded for good
+                    for key, value in cell.items():
+                        self._retired[key] = self._retired.get(key, 0) + value
+            self._cells = live
+            totals = dict(self._retired)
+        for _, cell in live:
             for key, value in cell.copy().items():  # dict.copy is atomic under the GIL
                 totals[key] = totals.get(key, 0) + value
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)

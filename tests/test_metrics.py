@@ -28,6 +28,9 @@ def test_fast_counter_counts_every_increment_across_threads() -> None:
     text = generate_latest().decode()
     assert "# TYPE ignis_test_fast_counter_total counter" in text
     assert 'ignis_test_fast_counter_total{queue="a"} 160000.0' in text
+    assert counter._cells == []  # the finished threads' cells were folded, their counts kept
+    a.inc()
+    assert REGISTRY.get_sample_value("ignis_test_fast_counter_total", {"queue": "a"}) == 160001
     REGISTRY.unregister(counter)
 
 
