@@ -109,6 +109,32 @@ class Magazine:
         return active[int(_random() * len(active))] if active else None
 
     # ---- fire ------------------------------------------------------------------------------------
+    def fire_one(self) -> Claimed | None:
+        """`fire(1)` without its lists: the per-message consume path."""
+        holes = 0
+        claim, name, count_attempt = self.store.claim, self.name, self.kind == "main"
+        try:
+            while True:
+                loads_seen = self._loads
+                shard = self._pick_shard()
+                if shard is None:
+                    return None
+                claimed = claim(name, shard, 1, now_ms(), count_attempt)
+                if not claimed:
+                    self._drained.inc()
+                    self._suppress(shard, loads_seen)
+                    continue
+                self._won.inc()
+                if claimed[0][1] is not None:
+                    return claimed[0]
+                holes += 1
+                if holes >= self.hole_budget:
+                    self._exhausted.inc()
+                    raise HoleBudgetExceeded(self.name, holes)
+        finally:
+            if holes:
+                self._holes.inc(holes)
+
     def fire(self, max_messages: int = 1) -> list[Claimed]:
         """Claim up to `max_messages` present records (stamped with fireTS and attempts + 1).
 

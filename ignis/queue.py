@@ -115,7 +115,13 @@ class Message:
         return self._settled
 
     def ack(self) -> None:
-        self.queue.ack([self])
+        # Queue.ack for one message, without its lists: this is the per-message consume path.
+        if self._settled:
+            raise AlreadySettled(f"message {self.id} ({self.ref}) was already acked or nacked")
+        queue = self.queue
+        queue.store.delete((self.ref,))
+        self._settled = True
+        queue._acked.inc()
 
     def nack(self, reason: str = NACKED) -> None:
         self.queue.nack([self], reason)
@@ -215,8 +221,11 @@ class Queue:
     # ---- pull consume ----------------------------------------------------------------------------
     def fire(self) -> Message | None:
         """Claim the next message, or None when the queue has nothing to deliver."""
-        got = self.fire_many(1)
-        return got[0] if got else None
+        claimed = self.main.fire_one()
+        if claimed is None:
+            return None
+        self._delivered.inc()
+        return Message(self, claimed[0], claimed[1])  # type: ignore[arg-type]
 
     def fire_many(self, max_messages: int) -> list[Message]:
         """Claim up to `max_messages` messages in as few storage calls as the shards allow."""
