@@ -123,3 +123,31 @@ def test_two_handles_in_one_process_share_the_environment(tmp_path: Path) -> Non
     c = open_store(f"lmdb://{tmp_path}?durability=fsync")  # all closed: reopen in another mode
     assert c.get_queue("orders") is not None
     c.close()
+
+
+def test_a_forked_child_gets_a_clear_error(tmp_path: Path) -> None:
+    import os
+
+    store = open_store(f"lmdb://{tmp_path}?durability=fast")
+    store.apply_queue("orders", {"handlerType": "h"}, 60)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: the inherited handle refuses, and so does a new open, each saying why
+        code = 1
+        try:
+            try:
+                store.get_queue("orders")
+            except StoreUnavailable as exc:
+                if "opened before this process forked" in str(exc):
+                    code = 2
+                    try:
+                        open_store(f"lmdb://{tmp_path}?durability=fast")
+                    except StoreUnavailable as again:
+                        code = 0 if "'spawn'" in str(again) else 3
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"\x00"
+    assert store.get_queue("orders") is not None  # the parent's handle is untouched
+    store.close()

@@ -93,6 +93,7 @@ class _Environment:
     """One open LMDB environment per path per process (LMDB forbids opening it twice)."""
 
     _open: dict[str, _Environment] = {}
+    _inherited: set[str] = set()  # paths this process inherited open through fork()
     _registry_lock = threading.Lock()
 
     def __init__(self, path: str, durability: str, map_size: int, max_dbs: int) -> None:
@@ -115,6 +116,7 @@ class _Environment:
         self.dbs: dict[str, Any] = {}
         self.lock = threading.Lock()
         self.users = 0
+        self.forked = False  # set in a forked child: this handle belongs to the parent
         self._purger: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -123,8 +125,11 @@ class _Environment:
         real = os.path.realpath(path)
         with cls._registry_lock:
             env = cls._open.get(real)
-            if env is not None and env.pid != os.getpid():
-                env = None  # inherited across fork: the child must open its own handle
+            if env is None and real in cls._inherited:
+                raise StoreUnavailable(
+                    f"lmdb store at {real} was open when this process was forked from its parent, and LMDB "
+                    "cannot open it again here: open stores only after forking, or start worker processes "
+                    "with the 'spawn' method")
             if env is None:
                 try:
                     env = cls(real, durability, map_size, max_dbs)
@@ -141,10 +146,20 @@ class _Environment:
             env.users += 1
             return env
 
+    @classmethod
+    def _after_fork_in_child(cls) -> None:
+        # The child must not touch the parent's handle (not even to close it: that would abort the
+        # parent's transactions in shared memory), and LMDB refuses a second open of the same files.
+        for env in cls._open.values():
+            env.forked = True
+        cls._inherited = set(cls._open) | cls._inherited
+        cls._open = {}
+        cls._registry_lock = threading.Lock()
+
     def release(self) -> None:
         with self._registry_lock:
             self.users -= 1
-            if self.users > 0 or self.pid != os.getpid():
+            if self.users > 0 or self.forked:
                 return
             self._open.pop(self.path, None)
             self._stop.set()
@@ -195,6 +210,9 @@ class _Environment:
                         cursor_key, n = _purge_chunk(cursor, cursor_key, now, chunk)
                     removed += n
             return removed
+
+
+os.register_at_fork(after_in_child=_Environment._after_fork_in_child)
 
 
 def _purge_chunk(cursor: Any, start: bytes, now: int, chunk: int) -> tuple[bytes | None, int]:
@@ -292,8 +310,6 @@ class LmdbStore:
 
     @contextmanager
     def _write(self, operation: str) -> Iterator[Any]:
-        if self._closed:
-            raise StoreUnavailable(f"lmdb store at {self._env.path} is closed")
         try:
             with self._begin(operation, True) as txn:
                 yield txn
@@ -301,8 +317,6 @@ class LmdbStore:
             raise self._map_error(exc) from None
 
     def _read(self, operation: str, fn: Callable[[Any], T]) -> T:
-        if self._closed:
-            raise StoreUnavailable(f"lmdb store at {self._env.path} is closed")
         try:
             with self._begin(operation, False) as txn:
                 return fn(txn)
@@ -429,8 +443,10 @@ class LmdbStore:
     # Hot paths: each is one transaction, opened directly (no context-manager helper) and with the
     # msgpack work done outside it where possible, so concurrent writers hold the write lock briefly.
     def _begin(self, operation: str, write: bool) -> Any:
-        if self._closed:
-            raise StoreUnavailable(f"lmdb store at {self._env.path} is closed")
+        if self._closed or self._env.forked:
+            raise StoreUnavailable(f"lmdb store at {self._env.path} is closed" if self._closed else
+                                   f"lmdb store at {self._env.path} was opened before this process forked; "
+                                   "open it again in this process (LMDB handles do not survive fork)")
         counter = self._calls.get(operation)
         if counter is None:
             counter = self._calls[operation] = STORAGE_CALLS.labels(operation)
