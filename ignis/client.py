@@ -112,13 +112,14 @@ class Ignis:
         record = self.record(name)
         if not record.active and not allow_inactive:
             raise QueueInactive(name)
-        queue = self._make_queue(QueueSpec.from_bins(name, record.bins, self.client_id))
+        queue = self.queue_for(QueueSpec.from_bins(name, record.bins, self.client_id))
         if not record.active:
             return queue  # only handles on active queues are cached, so a later queue(name) still refuses
         with self._lock:
             return self._queues.setdefault(name, queue)
 
-    def _make_queue(self, spec: QueueSpec) -> Queue:
+    def queue_for(self, spec: QueueSpec) -> Queue:
+        """A handle built from a spec already read (no registry read, not cached)."""
         s = self.settings
         return Queue(self.store, spec, max_payload_bytes=s.max_payload_bytes, hole_budget=s.hole_budget,
                      refresh_seconds=s.active_shard_refresh_seconds)

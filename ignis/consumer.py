@@ -241,9 +241,9 @@ class Consumer:
             for name, (spec, handler) in wanted.items():
                 rt = self._running.get(name)
                 if rt is None:
-                    rt = self._running[name] = _QueueRuntime(self.ignis._make_queue(spec), handler)
+                    rt = self._running[name] = _QueueRuntime(self.ignis.queue_for(spec), handler)
                 elif rt.queue.spec != spec or rt.handler is not handler:
-                    rt.queue = self.ignis._make_queue(spec)
+                    rt.queue = self.ignis.queue_for(spec)
                     rt.handler = handler
                 self._scale(rt, spec.concurrency)
 
