@@ -151,3 +151,25 @@ def test_a_forked_child_gets_a_clear_error(tmp_path: Path) -> None:
     assert os.read(read, 1) == b"\x00"
     assert store.get_queue("orders") is not None  # the parent's handle is untouched
     store.close()
+
+
+def test_data_records_carry_a_format_version(tmp_path: Path) -> None:
+    import struct
+
+    from ignis.errors import StoreError
+    from ignis.storage.base import SlotRef
+
+    store = LmdbStore(str(tmp_path), durability="fast")
+    ref = store.load("q", [(0, Envelope(b"a", "a", now_ms(), "bytes", {"h": "v"}, "k"))], 60)[0]
+    _, bins = store.raw_record("default_data_set", "q_SHARD_0_1")
+    assert bins == {"payload": b"a", "msgId": "a", "loadedAt": bins["loadedAt"], "codec": "bytes",
+                    "headers": {"h": "v"}, "pkey": "k", "attempts": 0}
+    env = store._env.env
+    with env.begin(write=True) as txn:  # a record written by a future version of the format
+        raw = bytearray(txn.get(b"q_SHARD_0_1", db=store._data))
+        struct.pack_into(">B", raw, 20, 9)
+        txn.put(b"q_SHARD_0_1", bytes(raw), db=store._data)
+    with pytest.raises(StoreError, match="format 9"):
+        store.read([ref])
+    assert store.read([SlotRef("q", 0, 2)]) == [None]
+    store.close()

