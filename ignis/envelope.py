@@ -43,11 +43,9 @@ def new_message_id() -> str:
 
 def new_message_ids(count: int) -> list[str]:
     """`count` distinct ids for one batch: one time stamp and random base, then consecutive values."""
-    ms, base = now_ms(), random.getrandbits(80)
-    return [f"{ms:012x}{(base + i) & _ID_RANDOM_MASK:020x}" for i in range(count)]
-
-
-_ID_RANDOM_MASK = (1 << 80) - 1
+    # 79 random bits, so base + i never carries into the time stamp for any batch under 2**79.
+    start = now_ms() << 80 | random.getrandbits(79)
+    return ["%032x" % (start + i) for i in range(count)]
 
 
 def encode_payload(value: Any) -> tuple[bytes, str]:
