@@ -36,9 +36,11 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def new_message_id() -> str:
-    """Time-ordered 128-bit id: 48 bits of epoch ms then 80 random bits, as 32 hex digits."""
-    return (time.time_ns() // 1_000_000 << 80 | random.getrandbits(80)).to_bytes(16, "big").hex()
+def new_message_id(at_ms: int | None = None) -> str:
+    """Time-ordered 128-bit id: 48 bits of epoch ms (now, or `at_ms`) then 80 random bits, as 32 hex
+    digits."""
+    ms = time.time_ns() // 1_000_000 if at_ms is None else at_ms
+    return (ms << 80 | random.getrandbits(80)).to_bytes(16, "big").hex()
 
 
 def new_message_ids(count: int) -> list[str]:

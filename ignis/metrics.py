@@ -34,11 +34,10 @@ class FastCounter(Collector):
         return _Child(self, tuple(str(v) for v in values))
 
     def _cell(self) -> dict[tuple[str, ...], float]:
-        cell = getattr(self._local, "cell", None)
-        if cell is None:
-            cell = self._local.cell = {}
-            with self._lock:
-                self._cells.append((threading.current_thread(), cell))
+        cell: dict[tuple[str, ...], float] = {}
+        self._local.cell = cell
+        with self._lock:
+            self._cells.append((threading.current_thread(), cell))
         return cell
 
     def collect(self) -> Iterator[CounterMetricFamily]:
@@ -65,18 +64,19 @@ class FastCounter(Collector):
 
 
 class _Child:
-    __slots__ = ("_key", "_parent")
+    __slots__ = ("_key", "_local", "_parent")
 
     def __init__(self, parent: FastCounter, key: tuple[str, ...]) -> None:
         self._parent = parent
+        self._local = parent._local
         self._key = key
 
     def inc(self, amount: float = 1) -> None:
         if amount < 0:
             raise ValueError("counters only go up")
-        local = self._parent._local
-        cell = getattr(local, "cell", None)
-        if cell is None:
+        try:
+            cell = self._local.cell
+        except AttributeError:  # this thread's first increment of this counter
             cell = self._parent._cell()
         cell[self._key] = cell.get(self._key, 0) + amount
 

@@ -196,7 +196,8 @@ class Queue:
         if id is None and key is None and headers is None and type(payload) is bytes:  # the common case, lean
             if len(payload) > self.max_payload_bytes:
                 raise PayloadTooLarge(len(payload), self.max_payload_bytes, self.name)
-            env = Envelope(payload, new_message_id(), now_ms())
+            at = now_ms()
+            env = Envelope(payload, new_message_id(at), at)
         else:
             env = self.envelope(payload, id=id, key=key, headers=headers)
         ref = self.main.load_one(env)
