@@ -109,6 +109,7 @@ class Consumer:
         self.ignis = ignis
         self._only = set(queues) if queues is not None else None
         self._handlers: dict[str, Handler] = {}
+        self._max_handler_threads = max_handler_threads
         self._pool = HandlerPool(max_handler_threads)
         self._poll = poll_interval or ignis.settings.poll_interval_seconds
         self._refresh_every = refresh_interval or ignis.settings.queue_refresh_seconds
@@ -169,6 +170,7 @@ class Consumer:
             self._supervisor.join(max(0.0, deadline - time.monotonic()))
             self._supervisor = None
         self._pool.shutdown()
+        self._pool = HandlerPool(self._max_handler_threads)  # a stopped consumer can be started again
         return not any(t.is_alive() for t in threads)
 
     def run(self) -> None:

@@ -126,7 +126,6 @@ class Message:
     def nack(self, reason: str = NACKED) -> None:
         self.queue.nack([self], reason)
 
-
     def __repr__(self) -> str:
         return f"Message({self.ref}, id={self.id}, attempts={self.attempts})"
 

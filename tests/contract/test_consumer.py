@@ -289,3 +289,14 @@ def test_a_failed_ack_can_be_retried(backend) -> None:
         with pytest.raises(AlreadySettled):
             q.ack([second, first])  # one settled message: nothing in the batch changes
         assert not second.settled and store.read([second.ref])[0] is not None
+
+
+def test_a_stopped_consumer_can_start_again(ignis: Ignis) -> None:
+    q = declare(ignis, shards=1)
+    consumer = Consumer(ignis, poll_interval=0.05)
+    consumer.register("jobs", lambda m: True)
+    q.publish("first")
+    assert consumer.drain(timeout=10)
+    q.publish("second")
+    assert consumer.drain(timeout=10)
+    assert consumer.outcomes == {"acked": 2}
