@@ -56,9 +56,6 @@ class Magazine:
         self._queue = queue
 
     # ---- load ------------------------------------------------------------------------------------
-    def shard_for(self, key: str | None) -> int:
-        return random.randrange(self.shards) if key is None else shard_for_key(key, self.shards)
-
     def load_one(self, envelope: Envelope) -> SlotRef:
         key = envelope.key
         shard = int(_random() * self.shards) if key is None else shard_for_key(key, self.shards)

@@ -301,9 +301,3 @@ class Queue:
             sidelined=self.sideline.pending(),
             dead=self.dead.pending(),
         )
-
-    def magazine(self, kind: str) -> Magazine:
-        try:
-            return {"main": self.main, "sideline": self.sideline, "dead": self.dead}[kind]
-        except KeyError:
-            raise InvalidInputError(f"magazine {kind!r}: must be main, sideline or dead") from None
