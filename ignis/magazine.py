@@ -53,17 +53,13 @@ class Magazine:
         self._won = FIRE_CLAIMS.labels(queue, "won")
         self._drained = FIRE_CLAIMS.labels(queue, "drained")
         self._exhausted = HOLE_BUDGET_EXHAUSTED.labels(queue)
-        self._queue = queue
 
     # ---- load ------------------------------------------------------------------------------------
     def load_one(self, envelope: Envelope) -> SlotRef:
         key = envelope.key
         shard = int(_random() * self.shards) if key is None else shard_for_key(key, self.shards)
         ref = self.store.load(self.name, ((shard, envelope),), self.ttl_seconds)[0]
-        with self._lock:  # _mark_active for one shard, without its generator (publish hot path)
-            self._loads += 1
-            if shard not in self._active:
-                self._active += (shard,)
+        self._mark_active((shard,))
         return ref
 
     def load(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:
@@ -85,9 +81,9 @@ class Magazine:
     def _mark_active(self, shards: Iterable[int]) -> None:
         with self._lock:
             self._loads += 1
-            missing = tuple(s for s in shards if s not in self._active)
-            if missing:
-                self._active += missing
+            for shard in shards:
+                if shard not in self._active:
+                    self._active += (shard,)
 
     def _suppress(self, shard: int, loads_seen: int) -> None:
         with self._lock:
@@ -106,32 +102,6 @@ class Magazine:
         return active[int(_random() * len(active))] if active else None
 
     # ---- fire ------------------------------------------------------------------------------------
-    def fire_one(self) -> Claimed | None:
-        """`fire(1)` without its lists: the per-message consume path."""
-        holes = 0
-        claim, name, count_attempt = self.store.claim, self.name, self.kind == "main"
-        try:
-            while True:
-                loads_seen = self._loads
-                shard = self._pick_shard()
-                if shard is None:
-                    return None
-                claimed = claim(name, shard, 1, now_ms(), count_attempt)
-                if not claimed:
-                    self._drained.inc()
-                    self._suppress(shard, loads_seen)
-                    continue
-                self._won.inc()
-                if claimed[0][1] is not None:
-                    return claimed[0]
-                holes += 1
-                if holes >= self.hole_budget:
-                    self._exhausted.inc()
-                    raise HoleBudgetExceeded(self.name, holes)
-        finally:
-            if holes:
-                self._holes.inc(holes)
-
     def fire(self, max_messages: int = 1) -> list[Claimed]:
         """Claim up to `max_messages` present records (stamped with fireTS and attempts + 1).
 

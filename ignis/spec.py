@@ -114,9 +114,8 @@ class QueueSpec(_Model):
         if problems:
             raise InvalidSpecError(problems, source)
         fields = dict(spec)
-        for meta_field in ("name",):
-            if meta_field in fields:
-                raise InvalidSpecError([f"spec.{meta_field}: not allowed; use metadata.name"], source)
+        if "name" in fields:
+            raise InvalidSpecError(["spec.name: not allowed; use metadata.name"], source)
         if "clientId" not in fields and "client_id" not in fields and isinstance(metadata, dict):
             # Kubernetes default: the owning application is the resource's namespace.
             namespace = metadata.get("namespace")

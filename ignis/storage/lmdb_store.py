@@ -508,13 +508,11 @@ class LmdbStore:
     def _data_key(self, ref: SlotRef) -> bytes:
         return self._keys(ref[0], ref[1])[1] + b"%d" % ref[2]
 
-    def _meta_get(self, txn: Any, magazine: str, shard: int) -> list[Any]:
+    def _meta_get(self, txn: Any, magazine: str, shard: int) -> tuple[bytes, int, int]:
         key = self._keys(magazine, shard)[0]
         raw = txn.get(key, db=self._meta)
-        if raw is None:
-            return [key, 0, 0]
-        _, load, fire = _META.unpack(raw)
-        return [key, load, fire]
+        _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+        return key, load, fire
 
     def _meta_put(self, txn: Any, key: bytes, load: int, fire: int) -> None:
         txn.put(key, _META.pack(0, load, fire), db=self._meta)
@@ -524,12 +522,10 @@ class LmdbStore:
         if len(items) == 1:  # publish of one message: no per-shard bookkeeping
             shard, envelope = items[0]
             value = _pack_data(envelope, expire_at)
-            meta_key, prefix = self._keys(magazine, shard)
             try:
                 with self._begin("load", True) as txn:
-                    raw = txn.get(meta_key, db=self._meta)
-                    _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
-                    txn.put(prefix + b"%d" % (load + 1), value, db=self._data)
+                    meta_key, load, fire = self._meta_get(txn, magazine, shard)
+                    txn.put(self._keys(magazine, shard)[1] + b"%d" % (load + 1), value, db=self._data)
                     txn.put(meta_key, _META.pack(0, load + 1, fire), db=self._meta)
             except lmdb.Error as exc:
                 raise self._map_error(exc) from None
