@@ -53,6 +53,7 @@ class Magazine:
         self._won = FIRE_CLAIMS.labels(queue, "won")
         self._drained = FIRE_CLAIMS.labels(queue, "drained")
         self._exhausted = HOLE_BUDGET_EXHAUSTED.labels(queue)
+        self._count_attempt = kind == "main"  # a claim from the sideline is a shovel move, not a delivery
 
     # ---- load ------------------------------------------------------------------------------------
     def load_one(self, envelope: Envelope) -> SlotRef:
@@ -102,6 +103,42 @@ class Magazine:
         return active[int(_random() * len(active))] if active else None
 
     # ---- fire ------------------------------------------------------------------------------------
+    def _claim_next(self, max_slots: int) -> list[Claimed] | None:
+        """One guarded claim on an active shard: None when no shard has work, [] when the picked shard
+        turned out drained (it is dropped from the active set)."""
+        loads_seen = self._loads
+        shard = self._pick_shard()
+        if shard is None:
+            return None
+        claimed = self.store.claim(self.name, shard, max_slots, now_ms(), self._count_attempt)
+        if claimed:
+            self._won.inc()
+        else:
+            self._drained.inc()
+            self._suppress(shard, loads_seen)
+        return claimed
+
+    def _give_up(self, holes: int) -> None:
+        self._exhausted.inc()
+        raise HoleBudgetExceeded(self.name, holes)
+
+    def fire_one(self) -> Claimed | None:
+        """The next present record, or None: `fire(1)` without its lists (the per-message consume path,
+        measurably faster)."""
+        holes = 0
+        try:
+            while (claimed := self._claim_next(1)) is not None:
+                if claimed:
+                    if claimed[0].envelope is not None:
+                        return claimed[0]
+                    holes += 1
+                    if holes >= self.hole_budget:
+                        self._give_up(holes)
+            return None
+        finally:
+            if holes:
+                self._holes.inc(holes)
+
     def fire(self, max_messages: int = 1) -> list[Claimed]:
         """Claim up to `max_messages` present records (stamped with fireTS and attempts + 1).
 
@@ -109,19 +146,8 @@ class Magazine:
         without a message it raises HoleBudgetExceeded (data may remain: fire again)."""
         got: list[Claimed] = []
         holes = 0
-        count_attempt = self.kind == "main"
         try:
-            while len(got) < max_messages:
-                loads_seen = self._loads
-                shard = self._pick_shard()
-                if shard is None:
-                    break
-                claimed = self.store.claim(self.name, shard, max_messages - len(got), now_ms(), count_attempt)
-                if not claimed:
-                    self._drained.inc()
-                    self._suppress(shard, loads_seen)
-                    continue
-                self._won.inc()
+            while len(got) < max_messages and (claimed := self._claim_next(max_messages - len(got))) is not None:
                 for item in claimed:
                     if item.envelope is None:
                         holes += 1
@@ -130,8 +156,7 @@ class Magazine:
                 if holes >= self.hole_budget:
                     if got:
                         break
-                    self._exhausted.inc()
-                    raise HoleBudgetExceeded(self.name, holes)
+                    self._give_up(holes)
         finally:
             if holes:
                 self._holes.inc(holes)

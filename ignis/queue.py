@@ -221,8 +221,11 @@ class Queue:
     # ---- pull consume ----------------------------------------------------------------------------
     def fire(self) -> Message | None:
         """Claim the next message, or None when the queue has nothing to deliver."""
-        got = self.fire_many(1)
-        return got[0] if got else None
+        claimed = self.main.fire_one()
+        if claimed is None:
+            return None
+        self._delivered.inc()
+        return Message(self, claimed.ref, claimed.envelope)  # type: ignore[arg-type]
 
     def fire_many(self, max_messages: int) -> list[Message]:
         """Claim up to `max_messages` messages in as few storage calls as the shards allow."""
