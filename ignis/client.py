@@ -66,6 +66,7 @@ class Ignis:
         if spec.shards < stored_shards:  # messages in the dropped shards would never be delivered
             raise InvalidSpecError([f"shards={spec.shards}: shards may grow, never shrink (queue {spec.name!r} "
                                     f"has {stored_shards})"])
+        store.register_client(store.client_id)  # so a sweeper finds this client's queue set
         created = store.apply_queue(spec.name, spec.config_bins(), spec.record_ttl_seconds)
         with self._lock:
             self._queues.pop(spec.name, None)

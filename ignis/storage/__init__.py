@@ -5,9 +5,9 @@ from __future__ import annotations
 from urllib.parse import parse_qsl
 
 from ignis.errors import InvalidInputError
-from ignis.storage.base import Claimed, QueueRecord, ShardPointers, SlotRef, Storage
+from ignis.storage.base import Claimed, LeaseRecord, QueueRecord, ShardPointers, SlotRef, Storage
 
-__all__ = ["Claimed", "QueueRecord", "ShardPointers", "SlotRef", "Storage", "open_store"]
+__all__ = ["Claimed", "LeaseRecord", "QueueRecord", "ShardPointers", "SlotRef", "Storage", "open_store"]
 
 _SIZE_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 

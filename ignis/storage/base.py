@@ -92,6 +92,22 @@ class QueueRecord:
         return dict(self.bins.get(SWEEP_POINTERS if kind == "main" else SIDELINE_SWEEP) or {})
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """A leader-election lease kept in the store (the embedded twin of a coordination.k8s.io Lease).
+    `version` is the store's compare-and-set token: bumped by every successful write."""
+
+    holder: str
+    acquired_ms: int
+    renewed_ms: int
+    duration_s: float
+    transitions: int = 0
+    version: int = 0
+
+    def expired(self, now_ms: int) -> bool:
+        return now_ms >= self.renewed_ms + self.duration_s * 1000
+
+
 @runtime_checkable
 class Storage(Protocol):
     """A backend. All methods are thread-safe; errors are `ignis.errors` types."""
@@ -143,6 +159,26 @@ class Storage(Protocol):
         """Fenced, atomic, forward-only update of sweep pointers (per shard, absolute next slot) and
         add `swept` to the lifetime counter; TTL untouched. Raises StaleEpoch when the record holds a
         newer epoch, QueueNotFound when there is no record."""
+        ...
+
+    # ---- farm-wide system records ({farmId}_ignis_system) ----------------------------------------
+    def register_client(self, client_id: str) -> None:
+        """Record that `client_id` has queues in this farm (idempotent), so a sweeper can find every
+        client's queue set. Written by every queue apply."""
+        ...
+
+    def list_clients(self) -> list[str]:
+        """Every registered clientId, sorted."""
+        ...
+
+    def get_lease(self, name: str) -> LeaseRecord | None:
+        """The lease called `name`, or None if it was never written."""
+        ...
+
+    def replace_lease(self, name: str, lease: LeaseRecord, expected_version: int) -> LeaseRecord | None:
+        """Compare-and-set: write `lease` only if the stored version is `expected_version` (0 = there
+        must be no lease yet). Returns the stored lease with its new version, or None if another
+        writer got there first."""
         ...
 
     # ---- magazine primitives ----------------------------------------------------------------

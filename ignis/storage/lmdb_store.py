@@ -50,6 +50,7 @@ from ignis.storage.base import (
     SWEEP_POINTERS,
     SWEPT_COUNTER,
     Claimed,
+    LeaseRecord,
     MagazineKind,
     QueueRecord,
     ShardPointers,
@@ -65,6 +66,8 @@ _new_ref = tuple.__new__  # builds SlotRef / Claimed NamedTuples without their s
 _PACK = msgpack.Packer(use_bin_type=True).pack
 DURABILITY_MODES = ("fsync", "fast")
 EPOCH_KEY = b"sweeperEpoch"
+CLIENTS_KEY = b"clients"
+LEASE_PREFIX = b"lease:"
 T = TypeVar("T")
 
 
@@ -480,6 +483,36 @@ class LmdbStore:
             bins[counter_bin] = int(bins.get(counter_bin, 0)) + swept
             bins[SWEEP_EPOCH] = epoch
             txn.put(key, _record(bins, expire_at), db=self._queues)  # TTL untouched
+
+    # ---- farm-wide system records -------------------------------------------------------------
+    def register_client(self, client_id: str) -> None:
+        client_id = names.check_id("clientId", client_id)
+        if client_id in self.list_clients():  # the common case: no write transaction at all
+            return
+        with self._write("register_client") as txn:
+            raw = txn.get(CLIENTS_KEY, db=self._system)
+            clients = dict(_unpack(raw)["clients"]) if raw else {}
+            clients.setdefault(client_id, now_ms())
+            txn.put(CLIENTS_KEY, _record({"clients": clients}), db=self._system)
+
+    def list_clients(self) -> list[str]:
+        raw = self._read("list_clients", lambda txn: txn.get(CLIENTS_KEY, db=self._system))
+        return sorted(_unpack(raw)["clients"]) if raw else []
+
+    def get_lease(self, name: str) -> LeaseRecord | None:
+        raw = self._read("get_lease", lambda txn: txn.get(LEASE_PREFIX + name.encode(), db=self._system))
+        return LeaseRecord(**_unpack(raw)) if raw else None
+
+    def replace_lease(self, name: str, lease: LeaseRecord, expected_version: int) -> LeaseRecord | None:
+        key = LEASE_PREFIX + name.encode()
+        with self._write("replace_lease") as txn:
+            raw = txn.get(key, db=self._system)
+            if (_unpack(raw)["version"] if raw else 0) != expected_version:
+                return None
+            stored = LeaseRecord(lease.holder, lease.acquired_ms, lease.renewed_ms, lease.duration_s,
+                                 lease.transitions, expected_version + 1)
+            txn.put(key, _record({f: getattr(stored, f) for f in LeaseRecord.__slots__}), db=self._system)
+        return stored
 
     # ---- magazine primitives ----------------------------------------------------------------
     # Hot paths: each is one transaction, opened directly (no context-manager helper) and with the

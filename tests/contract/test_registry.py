@@ -6,7 +6,7 @@ import pytest
 
 from ignis import QueueSpec
 from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch
-from ignis.storage import Storage
+from ignis.storage import LeaseRecord, Storage
 
 CONFIG = QueueSpec.build(name="orders", handlerType="orders.v1", shards=8).config_bins()
 
@@ -105,3 +105,31 @@ def test_queue_record_expires_with_its_ttl(store: Storage) -> None:
     time.sleep(1.2)
     assert store.get_queue("short-lived") is None
     assert [r.name for r in store.list_queues(None)] == ["long-lived"]
+
+
+def test_clients_registry_is_idempotent_and_farm_wide(store: Storage) -> None:
+    assert store.list_clients() == []
+    store.register_client("billing")
+    store.register_client("alpha")
+    store.register_client("billing")
+    assert store.list_clients() == ["alpha", "billing"]
+    assert store.with_client("other").list_clients() == ["alpha", "billing"]  # farm-wide, not per client
+    with pytest.raises(InvalidInputError, match="clientId"):
+        store.register_client("Bad_Client!")
+
+
+def test_lease_compare_and_set(store: Storage) -> None:
+    assert store.get_lease("sweeper") is None
+    first = LeaseRecord("pod-a", 1000, 1000, 15.0)
+    assert store.replace_lease("sweeper", first, expected_version=1) is None  # no lease yet: version is 0
+    held = store.replace_lease("sweeper", first, expected_version=0)
+    assert held is not None and held.version == 1 and held.holder == "pod-a"
+    assert store.get_lease("sweeper") == held
+
+    # Two contenders read version 1; only the first write wins.
+    renewed = store.replace_lease("sweeper", LeaseRecord("pod-a", 1000, 3000, 15.0), expected_version=1)
+    stolen = store.replace_lease("sweeper", LeaseRecord("pod-b", 3000, 3000, 15.0, 1), expected_version=1)
+    assert renewed is not None and renewed.version == 2 and stolen is None
+    assert store.get_lease("sweeper").holder == "pod-a"
+    assert store.get_lease("other-lease") is None
+    assert held.expired(1000 + 15_000) and not held.expired(1000 + 14_999)
