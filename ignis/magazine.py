@@ -8,8 +8,9 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from ignis import names
 from ignis.envelope import Envelope, now_ms
 from ignis.errors import HoleBudgetExceeded
 from ignis.metrics import FIRE_CLAIMS, HOLE_BUDGET_EXHAUSTED, HOLES_SKIPPED
@@ -21,6 +22,9 @@ _random = random.random
 def shard_for_key(key: str, shards: int) -> int:
     """Stable across processes and restarts (unlike hash()): the same key always lands on one shard."""
     return zlib.crc32(key.encode("utf-8")) % shards
+
+
+IN_FLIGHT_SCAN_LIMIT = 10_000  # claimed slots per shard that in_flight() looks at
 
 
 class Magazine:
@@ -174,6 +178,20 @@ class Magazine:
     def pending(self) -> int:
         """Unclaimed slots (includes holes): Σ (load - fire)."""
         return sum(p.pending for p in self.pointers().values())
+
+    def in_flight(self, sweep_pointers: Mapping[str, int], scan_limit: int = IN_FLIGHT_SCAN_LIMIT) -> int:
+        """Claimed records still present (delivered, neither settled nor swept yet): per shard, the
+        present records from the sweep pointer (the next slot the sweeper will examine) up to the fire
+        pointer, looking at no more than the newest `scan_limit` claimed slots of a shard — claims
+        older than that are the sweeper's business, and the scan must stay cheap on a big backlog."""
+        count = 0
+        for shard, p in self.pointers().items():
+            first = max(int(sweep_pointers.get(names.shard_label(shard), 0)), p.fire - scan_limit + 1, 1)
+            while first <= p.fire:
+                last = min(p.fire, first + 999)
+                count += len(self.store.peek(self.name, shard, first, last))
+                first = last + 1
+        return count
 
     def browse(self, limit: int = 100) -> list[tuple[SlotRef, Envelope]]:
         """Unclaimed present records, oldest slots first per shard, at most `limit`."""

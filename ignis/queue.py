@@ -65,6 +65,7 @@ class QueueStats:
     depth: int  # unclaimed slots in main
     sidelined: int  # unclaimed slots in the sideline
     dead: int  # unclaimed slots in the dead-letter magazine
+    in_flight: int | None = None  # claimed, still present in main (see Magazine.in_flight); None = not asked
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -290,7 +291,9 @@ class Queue:
         return Transfer(counts["sideline"], counts["dead"], len(messages) - len(moved))
 
     # ---- inspection --------------------------------------------------------------------------------
-    def stats(self) -> QueueStats:
+    def stats(self, in_flight: bool = False) -> QueueStats:
+        """Pointer figures (one batch read per magazine); `in_flight=True` also counts delivered,
+        unsettled messages, which costs a scan of the newest claimed slots."""
         main = self.main.pointers().values()
         return QueueStats(
             name=self.name,
@@ -300,4 +303,9 @@ class Queue:
             depth=sum(p.pending for p in main),
             sidelined=self.sideline.pending(),
             dead=self.dead.pending(),
+            in_flight=self.main.in_flight(self._sweep_pointers()) if in_flight else None,
         )
+
+    def _sweep_pointers(self) -> dict[str, int]:
+        record = self.store.get_queue(self.name)
+        return record.sweep_pointers("main") if record else {}

@@ -171,6 +171,21 @@ def test_publish_many_spreads_over_shards_and_drains_exactly_once(make_queue) ->
     assert (stats.published, stats.consumed, stats.depth) == (3000, 3000, 0)
 
 
+def test_in_flight_counts_delivered_unsettled_messages_above_the_sweep_pointer(make_queue) -> None:
+    q = make_queue(shards=1)
+    q.publish_many(range(6))
+    assert q.stats().in_flight is None  # not asked: no scan
+    delivered = q.fire_many(4)
+    q.ack(delivered[:1])
+    assert q.stats(in_flight=True).in_flight == 3
+    # Slots below the sweep pointer are the sweeper's past: not in flight even if still present.
+    q.store.advance_sweep(q.name, "main", q.store.next_epoch(), {0: 3}, 0)
+    assert q.stats(in_flight=True).in_flight == 2
+    q.nack(delivered[3:])
+    assert q.stats(in_flight=True).in_flight == 1
+    assert q.main.in_flight({}, scan_limit=2) == 1  # only the newest 2 claimed slots looked at
+
+
 def test_ack_is_once(make_queue) -> None:
     q = make_queue()
     q.publish("x")
