@@ -131,5 +131,5 @@ class Ignis:
             self._queues.pop(name, None)
         return self.queue(name)
 
-    def stats(self, name: str) -> QueueStats:
-        return self.queue(name, allow_inactive=True).stats()
+    def stats(self, name: str, in_flight: bool = False) -> QueueStats:
+        return self.queue(name, allow_inactive=True).stats(in_flight)

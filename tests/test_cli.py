@@ -102,7 +102,7 @@ def test_apply_directory_then_list_describe_and_stats(ignis: Run) -> None:
     assert orders["runtime"]["createdAt"] == listed["orders"]["createdAt"]  # kept across re-apply
     assert orders["runtime"]["sweepPointers"] == {}
     assert orders["stats"] == {"name": "orders", "shards": 16, "published": 0, "consumed": 0, "depth": 0,
-                               "sidelined": 0, "dead": 0}
+                               "sidelined": 0, "dead": 0, "in_flight": 0}
 
     stats = ignis("stats", "-o", "json").json()
     assert [(s["name"], s["shards"]) for s in stats] == [("audit", 8), ("events", 32), ("orders", 16)]

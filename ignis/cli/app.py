@@ -272,7 +272,7 @@ def queue_describe(ctx: typer.Context, name: QueueArg, output: OutputOpt = Outpu
         "spec": spec.to_manifest()["spec"],
         "effectiveHandlerTimeoutSeconds": spec.effective_handler_timeout_seconds,
         "runtime": render.runtime_bins(record),
-        "stats": ignis.stats(name).as_dict(),
+        "stats": ignis.stats(name, in_flight=True).as_dict(),
     }
     if output is OutputFormat.JSON:
         emit_json(doc)
@@ -563,7 +563,7 @@ def stats(
     With QUEUE, -o json prints one object; without, a list of every queue."""
     ignis = _state(ctx).ignis()
     names = [queue] if queue is not None else [r.name for r in ignis.list_queues(active=None)]
-    results = [ignis.stats(name) for name in names]
+    results = [ignis.stats(name, in_flight=True) for name in names]
     if output is OutputFormat.JSON:
         emit_json(results[0].as_dict() if queue is not None else [s.as_dict() for s in results])
     else:

@@ -216,11 +216,11 @@ def describe_table(doc: Mapping[str, Any]) -> Table:
 def stats_table(stats: list[QueueStats], title: str = "queue stats") -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("queue")
-    for column in ("shards", "published", "consumed", "depth", "sidelined", "dead"):
-        table.add_column(column, justify="right")
+    columns = ("shards", "published", "consumed", "depth", "in_flight", "sidelined", "dead")
+    for column in columns:
+        table.add_column(column.replace("_", " "), justify="right")
     for s in stats:
-        table.add_row(_cell(s.name), *(_cell(getattr(s, c)) for c in
-                                      ("shards", "published", "consumed", "depth", "sidelined", "dead")))
+        table.add_row(_cell(s.name), *(_cell(getattr(s, c)) for c in columns))
     return table
 
 
