@@ -4,7 +4,7 @@
     await elector.run(stop_event, work=optional_coroutine_factory)
 
 * `KubeLease` — a `coordination.k8s.io/v1` Lease, compare-and-set on `metadata.resourceVersion`
-  (the API server answers 409 Conflict to a stale write).
+  (a merge patch carrying it as a precondition; the API server answers 409 Conflict to a stale one).
 * `StoreLease` — the lease record of the store's `{farmId}_ignis_system` set
   (`Storage.get_lease/replace_lease`, compare-and-set on its version): the embedded mode.
 
@@ -142,20 +142,24 @@ class KubeLease:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         c = self._client
-        body = c.V1Lease(
-            api_version="coordination.k8s.io/v1", kind="Lease",
-            metadata=c.V1ObjectMeta(name=self.name, namespace=self.namespace,
-                                    resource_version=None if expected is None else expected.version),
-            spec=c.V1LeaseSpec(holder_identity=lease.holder or None,
-                               lease_duration_seconds=max(1, round(lease.duration_s)),
-                               acquire_time=_micro_time(lease.acquired_ms) if lease.acquired_ms else None,
-                               renew_time=_micro_time(lease.renewed_ms) if lease.renewed_ms else None,
-                               lease_transitions=lease.transitions))
+        spec = c.V1LeaseSpec(holder_identity=lease.holder,  # "" = released, as client-go writes it
+                             lease_duration_seconds=max(1, round(lease.duration_s)),
+                             acquire_time=_micro_time(lease.acquired_ms) if lease.acquired_ms else None,
+                             renew_time=_micro_time(lease.renewed_ms) if lease.renewed_ms else None,
+                             lease_transitions=lease.transitions)
         try:
             if expected is None:
+                body = c.V1Lease(api_version="coordination.k8s.io/v1", kind="Lease",
+                                 metadata=c.V1ObjectMeta(name=self.name, namespace=self.namespace), spec=spec)
                 stored = await self.api.create_namespaced_lease(self.namespace, body)
             else:
-                stored = await self.api.replace_namespaced_lease(self.name, self.namespace, body)
+                # A merge patch carrying metadata.resourceVersion is a precondition: the API server
+                # applies it only if the version is unchanged, else answers 409 Conflict.
+                patch = {"metadata": {"resourceVersion": expected.version},
+                         "spec": self.api.api_client.sanitize_for_serialization(spec)}
+                patch["spec"].setdefault("holderIdentity", lease.holder)
+                stored = await self.api.patch_namespaced_lease(self.name, self.namespace, patch,
+                                                               _content_type="application/merge-patch+json")
         except ApiException as exc:
             if exc.status == 409:  # someone else wrote first (create race or stale resourceVersion)
                 return None
