@@ -193,3 +193,57 @@ def test_paused_leader_cannot_write_a_stale_pointer(sweepers: Sweepers, queue: A
     late = [p for p in sweepers.passes() if p["who"] == "a" and p["ended"] > resumed]
     assert late == [], f"the paused leader swept after waking: {late}"
     assert_one_sweeper_at_a_time([p for p in sweepers.passes() if p["ended"] <= resumed or p["who"] == "b"])
+
+
+VICTIM = """
+import sys, time
+from ignis import Ignis
+with Ignis(sys.argv[1]) as ignis:
+    q = ignis.queue("e2e")
+    msgs = q.fire_many(int(sys.argv[2]))
+    q.ack(msgs[::2])
+    for m in msgs[::2]:
+        print("acked", m.id)
+    print("handling", len(msgs), flush=True)
+    time.sleep(3600)  # killed here, mid-handle: the other half stays claimed and unsettled
+"""
+
+
+def test_killed_consumer_messages_come_back_through_sweep_and_shovel(sweepers: Sweepers, url: str):
+    with Ignis(url) as ignis:
+        ignis.apply(QueueSpec.build(name="e2e", handlerType="e2e", shards=8, sweepDurationSeconds=300,
+                                    shovel={"concurrency": 2, "intervalSeconds": 1}, maxDeliveries=0))
+        q = ignis.queue("e2e")
+        sent: set[str] = set()
+        for chunk in range(10):
+            sent |= {r.id for r in q.publish_many([f"{chunk}-{i}".encode() for i in range(1000)])}
+        assert len(sent) == 10_000
+        victim = subprocess.Popen([sys.executable, "-c", VICTIM, url, "3000"], stdout=subprocess.PIPE, text=True)
+        delivered: set[str] = set()
+        for line in victim.stdout:
+            word, value = line.split()
+            if word == "handling":
+                assert value == "3000"
+                break
+            delivered.add(value)
+        victim.kill()
+        victim.wait(10)
+        stranded = sent - delivered - {e.msg_id for _, e in q.main.browse(100_000)}
+        assert len(delivered) == 1500 and len(stranded) == 1500
+
+        sweepers.start("e2e-sweeper")
+        attempts: dict[str, int] = {}
+        deadline = time.monotonic() + 90
+        while not sent <= delivered and time.monotonic() < deadline:
+            msgs = q.fire_many(500)
+            if not msgs:
+                time.sleep(0.05)
+                continue
+            q.ack(msgs)
+            for m in msgs:
+                delivered.add(m.id)
+                attempts[m.id] = max(attempts.get(m.id, 0), m.attempts)
+        lost = sent - delivered
+        assert not lost, f"{len(lost)} message(s) never delivered"
+        assert all(attempts[i] >= 2 for i in stranded)  # the killed consumer's claims were redelivered
+        assert ignis.record("e2e").bins["sweptCounter"] >= 1500
