@@ -180,63 +180,85 @@ class Sweeper:
 
     def _sweep_magazine(self, queue: Queue, kind: MagazineKind, source: Magazine, stored: dict[str, int],
                         cutoff: int, now: int, epoch: int, out: MagazineSweep) -> None:
+        """Rounds over the shards that have work: one window of `batch_size` slots per shard, then one
+        sideline load, one delete and one fenced pointer advance for the whole round (IgnisMQ's shape:
+        a few store calls per round, not per shard)."""
         started = time.perf_counter()
         try:
             pointers = source.pointers()
+            # shard -> [next slot to examine, fire pointer]
+            todo = {}
+            for shard in range(source.shards):
+                pos = max(int(stored.get(names.shard_label(shard), 1)), 1)
+                if pos <= pointers[shard].fire:
+                    todo[shard] = [pos, pointers[shard].fire]
+            while todo:
+                self._round(queue, kind, source, todo, cutoff, now, epoch, out)
+        except (StaleEpoch, LeadershipLost):
+            raise
         except Exception as exc:
             self._failed(queue.name, kind, out, None, exc)
-            return
-        try:
-            for shard in range(source.shards):
-                fire = pointers[shard].fire
-                pos = max(int(stored.get(names.shard_label(shard), 1)), 1)
-                if pos > fire:
-                    continue
-                try:
-                    self._sweep_shard(queue, kind, source, shard, pos, fire, cutoff, now, epoch, out)
-                except (StaleEpoch, LeadershipLost):
-                    raise
-                except Exception as exc:
-                    self._failed(queue.name, kind, out, shard, exc)
         finally:
             out.seconds = time.perf_counter() - started
             SWEEP_DURATION.labels(queue.name, kind).observe(out.seconds)
 
-    def _sweep_shard(self, queue: Queue, kind: MagazineKind, source: Magazine, shard: int, pos: int, fire: int,
-                     cutoff: int, now: int, epoch: int, out: MagazineSweep) -> None:
+    def _round(self, queue: Queue, kind: MagazineKind, source: Magazine, todo: dict[int, list[int]], cutoff: int,
+               now: int, epoch: int, out: MagazineSweep) -> None:
+        if not self.guard():
+            raise LeadershipLost(f"stopped sweeping {queue.name}: this process no longer leads")
         store = queue.store
-        while pos <= fire:
-            if not self.guard():
-                raise LeadershipLost(f"stopped sweeping {queue.name}: this process no longer leads")
+        advance: dict[int, int] = {}
+        starts: dict[int, int] = {}
+        abandoned = []
+        for shard, (pos, fire) in list(todo.items()):
+            starts[shard] = pos
             last = min(fire, pos + self.batch_size - 1)
             next_pos = last + 1
-            abandoned = []
-            for ref, env in store.peek(source.name, shard, pos, last):
-                if not env.fire_ts:
-                    if store.stamp_unfired(ref, now) is not None:
-                        out.stamped += 1
-                        STAMPED.labels(queue.name, kind).inc()
+            try:
+                for ref, env in store.peek(source.name, shard, pos, last):
+                    if not env.fire_ts:
+                        # Never swept on sight: stamp it (only if still unstamped) and stop there.
+                        if store.stamp_unfired(ref, now) is not None:
+                            out.stamped += 1
+                            STAMPED.labels(queue.name, kind).inc()
+                            next_pos = ref.slot
+                            break
+                        continue  # deleted between peek and stamp: acked, pass
+                    if env.fire_ts >= cutoff:  # time boundary
                         next_pos = ref.slot
                         break
-                    continue  # deleted between peek and stamp: acked, pass
-                if env.fire_ts >= cutoff:
-                    next_pos = ref.slot
-                    break
-                abandoned.append((ref, env))
-            if abandoned:
+                    abandoned.append((ref, env))
+            except Exception as exc:
+                self._failed(queue.name, kind, out, shard, exc)
+                del todo[shard]
+                continue
+            if next_pos > pos:  # nothing passed: no write, so a re-run over a boundary changes nothing
+                advance[shard] = next_pos
+            if next_pos <= last or next_pos > fire:
+                del todo[shard]  # stopped at a boundary, or reached the fire pointer
+            else:
+                todo[shard][0] = next_pos
+        if abandoned:
+            try:
                 # Copy first, delete only after the copy landed: a crash in between duplicates, never loses.
                 queue.sideline.load([env.for_transfer(SWEPT_REASON, now) for _, env in abandoned])
                 store.delete([ref for ref, _ in abandoned])
-            if next_pos > pos:  # nothing passed: no write, so a re-run over a boundary changes nothing
-                store.advance_sweep(queue.name, kind, epoch, {shard: next_pos}, len(abandoned))
-            out.examined += next_pos - pos
-            out.moved += len(abandoned)
-            SWEEP_EXAMINED.labels(queue.name, kind).inc(next_pos - pos)
-            if abandoned:
-                SWEPT.labels(queue.name, kind).inc(len(abandoned))
-            if next_pos <= last:  # stopped at a time boundary
-                return
-            pos = next_pos
+            except Exception as exc:
+                failed = sorted({ref.shard for ref, _ in abandoned})
+                for shard in failed:
+                    self._failed(queue.name, kind, out, shard, exc)
+                    todo.pop(shard, None)
+                    advance.pop(shard, None)  # its pointer must not pass the records still in place
+                abandoned = []
+        if advance:
+            moved = len(abandoned)
+            store.advance_sweep(queue.name, kind, epoch, advance, moved)
+            examined = sum(advance[shard] - starts[shard] for shard in advance)
+            out.examined += examined
+            out.moved += moved
+            SWEEP_EXAMINED.labels(queue.name, kind).inc(examined)
+            if moved:
+                SWEPT.labels(queue.name, kind).inc(moved)
 
     def _failed(self, queue: str, kind: str, out: MagazineSweep, shard: int | None, exc: Exception) -> None:
         where = f"{queue}/{kind}" + (f" shard {shard}" if shard is not None else "")
