@@ -106,6 +106,7 @@ class SweeperService:
                                batch_size=s.batch_size, guard=self.leading)
         self.shovel = Shovel(store, budget=s.shovel_budget, clock=self.clock, guard=self.leading)
         self._wake = threading.Event()  # set when leadership is won: sweep at once
+        self.probes: ProbeServer | None = None  # set while run() serves them
 
     # ---- leadership ----------------------------------------------------------------------------------
     def leading(self) -> bool:
@@ -144,7 +145,7 @@ class SweeperService:
         s = self.settings
         probes = None
         if s.probe_port >= 0:
-            probes = ProbeServer(s.probe_host, s.probe_port, ready=self.ready).start()
+            probes = self.probes = ProbeServer(s.probe_host, s.probe_port, ready=self.ready).start()
             log.info("probes on port %d", probes.port, extra={"port": probes.port})
         elector_thread = threading.Thread(target=self._run_elector, args=(stop,), name="ignis-elector")
         elector_thread.start()
