@@ -135,6 +135,9 @@ sideline_app = typer.Typer(help="Inspect failed messages: the sideline and the d
                            no_args_is_help=True, epilog=EXIT_CODES_HELP, rich_markup_mode="markdown")
 app.add_typer(queue_app, name="queue")
 app.add_typer(sideline_app, name="sideline")
+from ignis_operator.cli import operator_command  # noqa: E402  (the operator part registers one command)
+
+app.command("operator")(operator_command)
 
 OutputOpt = Annotated[OutputFormat, typer.Option(
     "--output", "-o", case_sensitive=False,
