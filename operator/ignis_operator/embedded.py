@@ -101,7 +101,7 @@ class ManifestSync:
         try:
             spec = QueueSpec.from_manifest(doc, where)  # clientId defaults to metadata.namespace, as in a cluster
         except InvalidSpecError as exc:
-            return SyncResult(name, None, False, INVALID_SPEC, "; ".join(exc.problems), source=where)
+            return SyncResult(name, self._client_of(doc), False, INVALID_SPEC, "; ".join(exc.problems), source=where)
         client_id = spec.client_id or self.default_client_id
         key = (client_id, spec.name)
         if key in declared:
@@ -117,6 +117,14 @@ class ManifestSync:
         if result.diff:
             log.warning("drift repaired on queue %s/%s: %s", client_id, spec.name, result.message)
         return replace(result, source=where)
+
+    def _client_of(self, doc: object) -> str:
+        """Best-effort clientId of a document that failed validation (for the report only)."""
+        spec = doc.get("spec") if isinstance(doc, dict) else None
+        meta = doc.get("metadata") if isinstance(doc, dict) else None
+        declared = spec.get("clientId") if isinstance(spec, dict) else None
+        namespace = meta.get("namespace") if isinstance(meta, dict) else None
+        return str(declared or namespace or self.default_client_id)
 
     def _remove_undeclared(self, declared: dict[tuple[str, str], _Declared]) -> list[SyncResult]:
         """Apply the stored deletionPolicy to queues this directory owns but no file declares any more."""
