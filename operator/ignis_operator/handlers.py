@@ -126,7 +126,9 @@ def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
             if drift_check:
                 return  # the timer comes back by itself
             raise kopf.TemporaryError(result.message, delay=cfg.backoff(retry))
-        kopf.warn(body, reason=result.reason, message=result.message)
+        previous = next((c for c in (status or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
+        if not drift_check or previous.get("reason") != result.reason:  # one event per problem, not per resync
+            kopf.warn(body, reason=result.reason, message=result.message)
         if result.reason == INVALID_SPEC and not drift_check:
             raise kopf.PermanentError(result.message)  # a user must edit the object: retrying changes nothing
         # CONFLICT: no error; the resync timer re-checks, and the newer object wins once the older is gone.
