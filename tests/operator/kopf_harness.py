@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -12,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import kopf
 import pytest
 import pytest_asyncio
-from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext, build_registry, configure
-from kmock import KubernetesEmulator, ResourceInfo
+from ignis_operator.emulation import declare_resources, start_operator
+from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext, build_registry
+from kmock import KubernetesEmulator
 
 from ignis.errors import StoreUnavailable
 from ignis.storage import Storage, open_store
@@ -132,27 +131,6 @@ def operator_config() -> OperatorConfig:
     return fast_config()
 
 
-def declare_resources(emulator: KubernetesEmulator) -> None:
-    emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = ResourceInfo(
-        kind="IgnisQueue", namespaced=True, singular="ignisqueue", shortnames={"iq"}, subresources={"status"},
-        verbs={"list", "watch", "get", "patch", "create", "delete"})
-    # kopf's discovery waits for these two even with scanning disabled
-    emulator.resources["v1/namespaces"] = ResourceInfo(kind="Namespace", namespaced=False, verbs={"list", "watch"})
-    emulator.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = ResourceInfo(
-        kind="CustomResourceDefinition", namespaced=False, verbs={"list", "watch"})
-    emulator.resources["v1/events"] = ResourceInfo(kind="Event", namespaced=True, verbs={"create", "list"})
-
-
-def kopf_settings() -> kopf.OperatorSettings:
-    settings = kopf.OperatorSettings()
-    configure(settings)
-    settings.scanning.disabled = True  # the emulator has no namespace/CRD watch streams worth following
-    settings.persistence.consistency_timeout = 0.2  # the emulator does not bump resourceVersion
-    settings.watching.reconnect_backoff = 0.1
-    settings.posting.level = 0
-    return settings
-
-
 @pytest_asyncio.fixture
 async def harness(kmock: KubernetesEmulator, tmp_path: Path, operator_config: OperatorConfig
                   ) -> AsyncIterator[Harness]:
@@ -163,18 +141,7 @@ async def harness(kmock: KubernetesEmulator, tmp_path: Path, operator_config: Op
     ctx = OperatorContext(store, operator_config)
     registry = build_registry(ctx)
     server = str(kmock.url).rstrip("/")
-
-    @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=server, insecure=True)
-
-    # kopf gets a thread and an event loop of its own: on stop it cancels every task of its loop that it
-    # did not start with, which in a shared loop would include the test's own teardown.
-    stop, ready = threading.Event(), threading.Event()
-    thread = threading.Thread(target=asyncio.run, name="kopf", daemon=True, args=(kopf.operator(
-        registry=registry, settings=kopf_settings(), standalone=True, namespaces=list(NAMESPACES),
-        stop_flag=stop, ready_flag=ready),))
-    thread.start()
+    thread, stop, ready = start_operator(registry, server, list(NAMESPACES))
     async with aiohttp.ClientSession(base_url=server) as session:
         await asyncio.to_thread(ready.wait, 30)
         yield Harness(kmock, session, inner, ctx, outage)

@@ -90,7 +90,8 @@ async def test_figures_timer_fills_the_status(harness: Harness) -> None:
 
 async def test_resync_restores_a_deleted_record_and_reverts_edits(harness: Harness) -> None:
     await harness.create("orders", shards=4)
-    await harness.until(lambda: record(harness, "orders"))
+    # creation fully handled (a resync has run): from now on only the resync timer writes the record
+    await harness.until(lambda: harness.condition("orders").get("message") == "queue record in sync")
     view = harness.store.with_client("ns1")
     view.apply_queue("orders", {"concurrency": 77}, 60)
     await harness.until(lambda: (record(harness, "orders") or {}).get("concurrency") == 1, what="edit reverted")
