@@ -138,6 +138,9 @@ sideline_app = typer.Typer(help="Inspect failed messages: the sideline and the d
 app.add_typer(queue_app, name="queue")
 app.add_typer(sideline_app, name="sideline")
 register_worker_commands(app, sideline_app)  # ignis sweep, ignis sweeper, sideline shovel/redrive
+from ignis_operator.cli import operator_command  # noqa: E402  (the operator part registers one command)
+
+app.command("operator")(operator_command)
 
 OutputOpt = Annotated[OutputFormat, typer.Option(
     "--output", "-o", case_sensitive=False,
