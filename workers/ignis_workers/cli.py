@@ -12,22 +12,27 @@ module level (it imports this module).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import tempfile
 import threading
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ignis.cli import render
 from ignis.cli.render import OutputFormat, emit_json, emit_line
 from ignis.envelope import now_ms
-from ignis_workers import logs
+from ignis_workers import journey, logs
 from ignis_workers.election import LEASE_NAME
 from ignis_workers.service import SweeperService, load_sweeper_settings
 from ignis_workers.shovel import Shovel
+from ignis_workers.stack import EmbeddedStack
 from ignis_workers.sweeper import Sweeper, SweepReport
 
 log = logging.getLogger(__name__)
@@ -171,8 +176,102 @@ def sweeper(
     SweeperService(store, settings).run(stop)
 
 
+def _journey_table(doc: dict[str, Any]) -> Table:
+    table = Table(title=f"the journey of {doc['published']} messages through {doc['queue']}", title_justify="left",
+                  show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("count", justify="right")
+    for label, key in (("published", "published"),
+                       ("taken by a consumer that crashed (never acked)", "abandoned"),
+                       ("failed on first delivery (sidelined by the handler)", "firstDeliveryFailed"),
+                       ("re-homed by the sweeper (abandoned claims)", "swept"),
+                       ("redelivered after a shovel back to main", "redelivered"),
+                       ("acked", "acked"),
+                       (f"dead-lettered (failed {journey.MAX_DELIVERIES} deliveries)", "deadLettered"),
+                       ("duplicate deliveries (at-least-once)", "duplicates"),
+                       ("lost", "lost")):
+        table.add_row(label, str(doc[key]))
+    table.add_row("finished", "yes" if doc["finished"] else "no (timed out)")
+    table.add_row("elapsed", f"{doc['elapsedSeconds']:.1f} s")
+    return table
+
+
+def up(
+    ctx: typer.Context,
+    manifests: Annotated[list[Path] | None, typer.Option(
+        "--manifests", "-m", help="directory of IgnisQueue manifests to keep synced (repeatable)")] = None,
+    port: Annotated[int | None, typer.Option(
+        "--port", help="/metrics, /healthz, /readyz port; 0 = any free one, -1 = off "
+                       "[default: 9090, or any free one with --demo]")] = None,
+    sweep_interval: Annotated[float | None, typer.Option(
+        "--sweep-interval", help="seconds between sweep passes [default: 60, 1 with --demo]")] = None,
+    demo: Annotated[bool, typer.Option(
+        "--demo", help="run the demo journey on the stack: publish, crash a consumer, fail, sweep, shovel, "
+                       "redeliver; then exit")] = False,
+    messages: Annotated[int, typer.Option("--messages", "-n", min=10, max=100_000,
+                                          help="messages the demo publishes")] = 200,
+    keep_running: Annotated[bool, typer.Option(
+        "--keep-running", help="with --demo: keep the stack up afterwards (Ctrl-C stops it)")] = False,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Run the whole system in one process on the configured store (the embedded lmdb default): the
+    operator's manifest sync, the sweeper (leader-elected: several `ignis up` on one store are safe) and
+    the metrics and health endpoints. Runs until SIGTERM/SIGINT, or with --demo until the demo is done."""
+    settings = load_sweeper_settings(
+        probe_port=port if port is not None else (0 if demo else 9090),
+        sweep_interval_seconds=sweep_interval if sweep_interval is not None else (1.0 if demo else None),
+        shovel_tick_seconds=0.5 if demo else None,
+        clock_offset_seconds=journey.SWEEP_AHEAD_SECONDS if demo else None)
+    ignis = ctx.obj.ignis()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    with contextlib.ExitStack() as resources:
+        dirs = list(manifests or [])
+        if demo:
+            dirs.append(Path(resources.enter_context(tempfile.TemporaryDirectory(prefix="ignis-up-demo-"))))
+        stack = resources.enter_context(EmbeddedStack(ignis.store, dirs, settings))
+        bad = [r for r in stack.first_sync if not r.ready]
+        for r in bad:
+            render.err.print(f"manifest {r.source}: queue {r.name}: {r.reason}: {r.message}", markup=False)
+        probe_port = stack.wait_probes()
+        render.err.print(f"ignis up: store {ignis.store.url}; {len(stack.first_sync) - len(bad)} queue(s) synced "
+                         f"from {len(manifests or [])} manifest dir(s); probes "
+                         + (f"on http://localhost:{probe_port}/metrics" if probe_port else "off"), markup=False,
+                         soft_wrap=True)
+        if demo:
+            if not stack.wait_leading(2 * settings.lease_duration_seconds):
+                raise _cli_error("the demo's sweeper did not win the lease: another sweeper leads this store")
+            result = _run_journey(ignis, dirs[-1], messages)
+            if output is OutputFormat.JSON:
+                emit_json(result.as_dict())
+            else:
+                render.out.print(_journey_table(result.as_dict()))
+                render.out.print(f"Next: `ignis sideline list {journey.QUEUE} --dead` shows the dead letters; "
+                                 f"`ignis queue describe {journey.QUEUE}` the queue and its sweep pointers.",
+                                 markup=False)
+            if result.lost or not result.finished:
+                raise _cli_error(f"{result.lost} message(s) neither acked nor dead-lettered"
+                                 + ("" if result.finished else " when the demo timed out"))
+            if not keep_running:
+                return
+        render.err.print("running; Ctrl-C or SIGTERM stops it", markup=False)
+        stack.wait(stop)
+
+
+def _run_journey(ignis: Any, manifest_dir: Path, messages: int) -> journey.JourneyResult:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=render.err, disable=not render.err.is_terminal) as progress:
+        published = progress.add_task("publishing", total=messages)
+        settled = progress.add_task("acked or dead-lettered", total=messages)
+        return journey.run_journey(ignis, manifest_dir, messages,
+                                   on_published=lambda n: progress.advance(published, n),
+                                   on_settled=lambda n: progress.update(settled, completed=n))
+
+
 def register(app: typer.Typer, sideline_app: typer.Typer) -> None:
     """Add the sweeper's commands to the core CLI."""
+    app.command("up")(up)
     app.command("sweep")(sweep)
     app.command("sweeper")(sweeper)
     sideline_app.command("shovel")(shovel)
