@@ -28,6 +28,8 @@ def open_store(url: str, *, farm_id: str = "local", client_id: str = "default", 
 
     `lmdb:///abs/path` or `lmdb://rel/path` (query: durability=fsync|fast, map_size=64g, max_dbs=256,
     farm=F, client=C). A URL's farm/client override the arguments.
+    `aerospike://[user:password@]host1:3000,host2:3000/namespace?farm=F&client=C` plus any setting of
+    `AerospikeSettings` as a query parameter (config=FILE names a YAML settings file).
     """
     scheme, sep, rest = url.partition("://")
     if not sep:
@@ -56,7 +58,7 @@ def open_store(url: str, *, farm_id: str = "local", client_id: str = "default", 
         return LmdbStore(location, farm_id=farm_id, client_id=client_id, purge_interval=purge_interval,
                          **kwargs)
     if scheme == "aerospike":
-        raise InvalidInputError(
-            "the aerospike backend is not part of this build yet; use lmdb:///path (the embedded default)"
-        )
+        from ignis.storage.aerospike_store import open_aerospike
+
+        return open_aerospike(location, params, farm_id=farm_id, client_id=client_id)
     raise InvalidInputError(f"store URL {url!r}: unknown scheme {scheme!r}; use lmdb:// or aerospike://")
