@@ -56,7 +56,10 @@ def _now_ms() -> int:
 
 
 def _err(cls: type[ex.AerospikeError], message: str, in_doubt: bool = False) -> ex.AerospikeError:
-    return cls(cls.code, message, "aerospike_emulator", 0, in_doubt)
+    # As the C client raises them: args (code, msg, file, line, in_doubt) and the same as attributes.
+    error = cls(cls.code, message, "aerospike_emulator", 0, in_doubt)
+    error.code, error.msg, error.file, error.line, error.in_doubt = cls.code, message, "aerospike_emulator", 0, in_doubt
+    return error
 
 
 @dataclass
@@ -257,7 +260,7 @@ class EmulatedQuery:
         self._bins = bins
 
     def where(self, predicate: tuple, *_: Any) -> None:
-        kind, index_type, bin_name, value = predicate[:4]
+        kind, _index_type, bin_name, value = predicate[:4]
         if kind != 0:  # AS_PREDICATE_EQUAL
             raise NotImplementedError("aerospike emulator: only equality predicates are emulated")
         self._where = (bin_name, value)
@@ -375,9 +378,9 @@ class EmulatedClient:
                 raise _err(ex.RecordGenerationError, "generation mismatch")
             if gen_policy == aerospike.POLICY_GEN_GT and meta.get("gen", 0) <= existing.gen:
                 raise _err(ex.RecordGenerationError, "generation not greater")
-            if "expressions" in policy and policy["expressions"] is not None:
-                if _eval(policy["expressions"], existing.bins, existing.user_key) is not True:
-                    raise _err(ex.FilteredOut, "filtered out")
+            if policy.get("expressions") is not None and \
+                    _eval(policy["expressions"], existing.bins, existing.user_key) is not True:
+                raise _err(ex.FilteredOut, "filtered out")
         replace = exists in (aerospike.POLICY_EXISTS_REPLACE, aerospike.POLICY_EXISTS_CREATE_OR_REPLACE)
         start = {} if existing is None or replace else copy.deepcopy(existing.bins)
         bins, result = apply(start, existing)
@@ -637,4 +640,9 @@ class EmulatedClient:
                 return {"BB9000000000001": (None, f"edition\tAerospike {name} Edition\n")}
             if command == "namespaces":
                 return {"BB9000000000001": (None, f"namespaces\t{';'.join(self.server.namespaces)}\n")}
+            if command.startswith("sindex-list:ns="):
+                ns = command.split("=", 1)[1]
+                entries = [f"ns={n}:indexname={name}:set={set_name}:bin={bin_name}:type=string:state=RW"
+                           for (n, name), (set_name, bin_name) in sorted(self.server.indexes.items()) if n == ns]
+                return {"BB9000000000001": (None, f"{command}\t{';'.join(entries)}\n")}
             raise NotImplementedError(f"aerospike emulator: info command {command!r} is not emulated")

@@ -3,6 +3,7 @@ of a real-server run. Imported by tests/conftest.py only when an aerospike backe
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -49,9 +50,7 @@ def clean_up_run(url: str, run: str) -> None:
         for set_name in run_sets(query["farm"], query["client"]):
             client.truncate(namespace, set_name, 0)
         for c in (query["client"], *OTHER_CLIENTS):
-            try:
+            with contextlib.suppress(aerospike.exception.AerospikeError):  # never created for this client
                 client.index_remove(namespace, names.active_index(query["farm"], c))
-            except aerospike.exception.AerospikeError:
-                pass  # never created for this client
     finally:
         client.close()
