@@ -163,8 +163,7 @@ def test_deleted_queue_and_purged_magazine_stay_gone_and_can_be_reused(server: E
     assert store.delete_queue("orders") is True and store.delete_queue("orders") is False
     server.cold_restart()
     assert store.get_queue("orders") is None and store.list_queues(None) == []
-    assert store.pointers("orders", 2) == {0: (0, 0), 1: (0, 0)} or \
-        [(p.load, p.fire) for p in store.pointers("orders", 2).values()] == [(0, 0), (0, 0)]
+    assert [(p.load, p.fire) for p in store.pointers("orders", 2).values()] == [(0, 0), (0, 0)]
     assert store.peek("orders", 0, 1, 5) == [] and store.claim("orders", 0, 5, now_ms()) == []
     # Re-declared and reused: a fresh record, slots from 1 again.
     assert store.apply_queue("orders", {"handlerType": "h2", "shards": 2}, 3600) is True
