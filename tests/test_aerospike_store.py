@@ -332,3 +332,30 @@ def test_emulator_refuses_what_it_does_not_emulate(server: EmulatedServer) -> No
     regex = exp.CmpRegex(0, "t.*", exp.StrBin("a")).compile()
     with pytest.raises(NotImplementedError, match="expression op"):
         client.get(("test", "s", "k"), {"expressions": regex})
+
+
+def test_client_views_share_one_connection(server: EmulatedServer, make) -> None:
+    store = make()
+    view = store.with_client("other-app")
+    assert store.with_client("other-app") is view and view.client is store.client
+    assert store.with_client(store.client_id) is store
+    view.apply_queue("orders", {"handlerType": "h"}, 60)
+    assert store.get_queue("orders") is None and view.get_queue("orders") is not None
+    view.close()  # a view leaves the shared connection open
+    assert store.client.is_connected() and store.get_queue("orders") is None
+    store.close()
+    assert not store.client.is_connected()
+
+
+def test_enterprise_purge_and_queue_delete_are_durable(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = EmulatedServer(edition="enterprise")
+    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    store = open_store(URL)
+    store.apply_queue("orders", {"handlerType": "h"}, 3600)
+    store.load("orders", [(0, env("a")), (0, env("b")), (1, env("c"))], 600)
+    assert store.purge_magazine("orders") == 3
+    assert store.delete_queue("orders") is True
+    server.cold_restart()
+    assert store.get_queue("orders") is None and store.peek("orders", 0, 1, 5) == []
+    assert server.raw("test", "c1_meta_set", "orders_SHARD_0_METADATA") is None
+    store.close()

@@ -31,7 +31,10 @@ magazine purges use the same mechanism.
 
 Retries: tenacity repeats transient errors of reads and idempotent writes; a non-idempotent write
 (increment) is repeated only when the client says the server surely did not apply it (`in_doubt`
-False), except the two whose repeat is harmless by design (load pointer: holes; sweeper epoch: gaps).
+False), except where a repeat is harmless by design: the load pointer (at worst a hole), the sweeper
+epoch (at worst a gap) and the fire stamp (at worst one extra attempt counted — better than leaving a
+claimed message to the sweeper). Not repeated when in doubt: the claim (its slots are recovered by the
+sweeper), the sweep update (its counter is not idempotent), the lease compare-and-set.
 """
 
 from __future__ import annotations
@@ -136,6 +139,7 @@ class _Shared:
         mode = self.settings.ack_mode
         if mode != "auto":
             return mode == "durable-delete"
+        STORAGE_CALLS.labels("edition").inc()
         try:
             answers = self.client.info_all("edition")
         except ex.AerospikeError as exc:
@@ -579,8 +583,13 @@ class AerospikeStore:
 
     def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
         refs = [SlotRef(magazine, shard, slot) for slot in range(max(first, 1), last + 1)]
-        return [(ref, envelope) for ref, envelope in zip(refs, self.read(refs), strict=True) if envelope is not None] \
-            if refs else []
+        if not refs:
+            return []
+        try:
+            found = self._batch_get("peek", [self._data_key(ref) for ref in refs])
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "peek", self._data_set) from None
+        return [(ref, self._envelope(bins)) for ref, bins in zip(refs, found, strict=True) if bins is not None]
 
     def _remove_one(self, operation: str, key: tuple[str, str, str]) -> bool:
         """Delete so it stays deleted: a durable delete, or a tombstone. True if it was present."""
