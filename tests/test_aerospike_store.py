@@ -4,6 +4,7 @@ cold restart of Community Edition, retries and in-doubt writes, error mapping, c
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,8 +16,9 @@ from support.aerospike_emulator import EmulatedServer
 
 from ignis import Ignis, QueueSpec
 from ignis.envelope import Envelope, now_ms
-from ignis.errors import InvalidInputError, StoreError, StoreUnavailable
+from ignis.errors import InvalidInputError, StoreError, StoreFull, StoreUnavailable
 from ignis.storage import SlotRef, aerospike_store, open_store
+from ignis.storage.aerospike_errors import map_error
 from ignis.storage.aerospike_store import AerospikeStore
 
 URL = "aerospike://emulator:3000/test?farm=f1&client=c1"
@@ -359,3 +361,24 @@ def test_enterprise_purge_and_queue_delete_are_durable(monkeypatch: pytest.Monke
     assert store.get_queue("orders") is None and store.peek("orders", 0, 1, 5) == []
     assert server.raw("test", "c1_meta_set", "orders_SHARD_0_METADATA") is None
     store.close()
+
+
+@pytest.mark.parametrize(("error", "kind", "match"), [
+    (ex.NamespaceNotFound, StoreError, "namespace does not exist"),
+    (ex.ForbiddenError, StoreError, "nsup-period"),
+    (ex.RecordTooBig, InvalidInputError, "record too big"),
+    (ex.BinNameError, InvalidInputError, "bin name too long"),
+    (ex.ServerFull, StoreFull, "full"),
+    (ex.InvalidPassword, StoreUnavailable, "authentication"),
+    (ex.TLSError, StoreUnavailable, "TLS"),
+    (ex.TimeoutError, StoreUnavailable, "timed out"),
+    (ex.ConnectionError, StoreUnavailable, "cluster unreachable"),
+    (ex.IndexOOM, StoreError, "secondary index"),
+    (ex.UDFError, StoreError, "failed"),
+])
+def test_every_aerospike_error_maps_to_an_ignis_error(error, kind, match: str) -> None:
+    exc = error(error.code, "server says no", "file.c", 1, False)
+    exc.code, exc.msg, exc.in_doubt = error.code, "server says no", False
+    mapped = map_error(exc, "load", "aerospike://h:3000/test set 'c_data_set'")
+    assert type(mapped) is kind and re.search(match, str(mapped))
+    assert "load" in str(mapped) and "c_data_set" in str(mapped) and "server says no" in str(mapped)
