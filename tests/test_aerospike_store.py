@@ -382,3 +382,14 @@ def test_every_aerospike_error_maps_to_an_ignis_error(error, kind, match: str) -
     mapped = map_error(exc, "load", "aerospike://h:3000/test set 'c_data_set'")
     assert type(mapped) is kind and re.search(match, str(mapped))
     assert "load" in str(mapped) and "c_data_set" in str(mapped) and "server says no" in str(mapped)
+
+
+def test_a_user_without_index_privilege_can_still_publish(server: EmulatedServer, make,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    server.fail_next("index_string_create", ex.RoleViolation)
+    store = make()  # opens, with a warning naming what is missing
+    assert "sindex-admin" in caplog.text
+    assert store.load("q", [(0, env())], 60) == [SlotRef("q", 0, 1)]
+    server.fail_next("index_string_create", ex.IndexOOM)
+    with pytest.raises(StoreError, match="cannot create secondary index"):
+        make("aerospike://emulator:3000/test?farm=f2&client=c2")  # any other index error stops the open

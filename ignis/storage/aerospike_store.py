@@ -188,7 +188,14 @@ class AerospikeStore:
         self._update_live = {**self._update, "expressions": _NOT_TOMBSTONED}
         self._replace_live = {**wp, "exists": aerospike.POLICY_EXISTS_REPLACE, "expressions": _NOT_TOMBSTONED}
         self._durable_remove = {**wp, "durable_delete": True}
-        self.ensure_index()
+        failure = self._create_index()
+        if failure is not None:
+            # A producer or consumer whose user may read and write but not manage indexes still works;
+            # only listing queues needs the index, and the operator (sindex-admin role) creates it.
+            if not isinstance(failure[0], ex.RoleViolation):
+                raise failure[1]
+            log.warning("%s: cannot create index %s (no privilege); list_queues needs it: create it with a "
+                        "user holding sindex-admin (the operator does)", self._url, self._index_name)
 
     # ---- plumbing ------------------------------------------------------------------------------
     @property
@@ -285,15 +292,22 @@ class AerospikeStore:
 
     # ---- queue registry ---------------------------------------------------------------------
     def ensure_index(self) -> None:
+        failure = self._create_index()
+        if failure is not None:
+            raise failure[1]
+
+    def _create_index(self) -> tuple[ex.AerospikeError, StoreError] | None:
+        """None when the index exists afterwards, else (the Aerospike error, the error to raise)."""
         try:
             self._call("ensure_index", self._client.index_string_create, self._ns, self._queue_set, ACTIVE,
                        self._index_name)
         except ex.IndexFoundError:
             pass  # already exists: the normal case after the first start
         except ex.AerospikeError as exc:
-            raise StoreError(f"cannot create secondary index {self._index_name!r} on "
-                             f"{self._ns}.{self._queue_set}.{ACTIVE}: {map_error(exc, 'index create', self._url)}"
-                             ) from None
+            return exc, StoreError(f"cannot create secondary index {self._index_name!r} on "
+                                   f"{self._ns}.{self._queue_set}.{ACTIVE}: "
+                                   f"{map_error(exc, 'index create', self._url)}")
+        return None
 
     def apply_queue(self, name: str, config: Mapping[str, Any], ttl_seconds: int) -> bool:
         clobbered = RUNTIME_BINS.intersection(config)
@@ -595,7 +609,7 @@ class AerospikeStore:
         """Delete so it stays deleted: a durable delete, or a tombstone. True if it was present."""
         try:
             if self._durable:
-                self._call(operation, self._client.remove, key, None, self._durable_remove)
+                self._call(operation, self._client.remove, key, policy=self._durable_remove)
             else:
                 self._call(operation, self._client.put, key, {TOMBSTONE: now_ms()}, self._meta_keep,
                            self._replace_live)
@@ -608,7 +622,8 @@ class AerospikeStore:
         for start in range(0, len(keys), BATCH_CHUNK):
             chunk = keys[start:start + BATCH_CHUNK]
             if self._durable:
-                done = self._call(operation, self._client.batch_remove, chunk, None, {"durable_delete": True})
+                done = self._call(operation, self._client.batch_remove, chunk,
+                                  policy_batch_remove={"durable_delete": True})
             else:
                 tomb = [ops.write(TOMBSTONE, now_ms())]
                 batch = BatchRecords([Write(key, tomb, meta=self._meta_keep, policy=self._replace_live)
