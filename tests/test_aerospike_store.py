@@ -295,6 +295,10 @@ def test_credentials_never_leak(server: EmulatedServer, make, caplog: pytest.Log
     with pytest.raises(InvalidInputError) as bad_setting:
         open_store("aerospike://emulator:99999/test")
     texts.append(str(bad_setting.value))
+    for bad_url in (f"aerospike://admin:{SECRET}@h/test?x", f"aerospik://admin:{SECRET}@h/test"):
+        with pytest.raises(InvalidInputError) as bad:
+            open_store(bad_url)
+        texts.append(str(bad.value))
     texts += [record.getMessage() for record in caplog.records]
     texts.append(generate_latest(REGISTRY).decode())
     assert all(SECRET not in text for text in texts)  # ...and shown nowhere
