@@ -397,3 +397,4 @@ def test_a_user_without_index_privilege_can_still_publish(server: EmulatedServer
     server.fail_next("index_string_create", ex.IndexOOM)
     with pytest.raises(StoreError, match="cannot create secondary index"):
         make("aerospike://emulator:3000/test?farm=f2&client=c2")  # any other index error stops the open
+    assert not server.clients[-1].is_connected()  # and the failed open leaks no connection

@@ -163,6 +163,7 @@ class AerospikeStore:
         self._meta_set = names.meta_set(client_id)
         self._system_set = names.system_set(farm_id)
         self._url = settings.redacted_url(farm_id, client_id)
+        self._owner = _shared is None  # views made by with_client share the owner's connection
         if _shared is None:
             owns = client is None
             if client is None:
@@ -170,7 +171,12 @@ class AerospikeStore:
                     client = client_factory(settings.client_config())
                 except ex.AerospikeError as exc:
                     raise map_error(exc, "connect", self._url) from None
-            _shared = _Shared(client, settings, owns)
+            try:
+                _shared = _Shared(client, settings, owns)
+            except BaseException:
+                if owns:
+                    client.close()  # do not leak the connection pool of a store that failed to open
+                raise
         self._shared = _shared
         self._client = _shared.client
         self._durable = _shared.durable_delete
@@ -193,6 +199,8 @@ class AerospikeStore:
             # A producer or consumer whose user may read and write but not manage indexes still works;
             # only listing queues needs the index, and the operator (sindex-admin role) creates it.
             if not isinstance(failure[0], ex.RoleViolation):
+                if self._owner:
+                    self.close()
                 raise failure[1]
             log.warning("%s: cannot create index %s (no privilege); list_queues needs it: create it with a "
                         "user holding sindex-admin (the operator does)", self._url, self._index_name)
@@ -229,9 +237,11 @@ class AerospikeStore:
 
     def close(self) -> None:
         shared = self._shared
+        if not self._owner:
+            return  # a view: the owner closes the connection
         with shared.lock:
-            if shared.closed or shared.views.get(self.client_id) is self:
-                return  # a view: the owner closes the connection
+            if shared.closed:
+                return
             shared.closed = True
         if shared.owns_client:
             shared.client.close()

@@ -98,6 +98,7 @@ class EmulatedServer:
     indexes: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     calls: Counter = field(default_factory=Counter)
     configs: list[dict[str, Any]] = field(default_factory=list)
+    clients: list[EmulatedClient] = field(default_factory=list)
     reachable: bool = True
     lock: threading.RLock = field(default_factory=threading.RLock)
     faults: list[_Fault] = field(default_factory=list)
@@ -107,7 +108,8 @@ class EmulatedServer:
         if not self.reachable:
             raise _err(ex.ConnectionError, "Failed to connect")
         self.configs.append(config)
-        return EmulatedClient(self, config)
+        self.clients.append(EmulatedClient(self, config))
+        return self.clients[-1]
 
     def fail_next(self, method: str, error: type[ex.AerospikeError], *, apply_first: bool = False,
                   times: int = 1) -> None:
