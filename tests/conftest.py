@@ -11,12 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.aerospike_support import AEROSPIKE_ENV, AEROSPIKE_SKIP
 
 from ignis import Ignis, QueueSpec
 from ignis.storage import Storage, open_store
-
-AEROSPIKE_ENV = "IGNIS_TEST_AEROSPIKE"
-AEROSPIKE_SKIP = f"aerospike contract run skipped: set {AEROSPIKE_ENV}=host:port[/namespace] to run it against a server"
 
 
 @dataclass(frozen=True)

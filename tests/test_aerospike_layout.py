@@ -11,9 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import AEROSPIKE_ENV, AEROSPIKE_SKIP
 from support.aerospike_emulator import EmulatedServer
-from support.aerospike_support import clean_up_run
+from support.aerospike_support import AEROSPIKE_ENV, AEROSPIKE_SKIP, clean_up_run
 
 from ignis import QueueSpec
 from ignis.envelope import Envelope, now_ms

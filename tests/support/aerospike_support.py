@@ -14,6 +14,8 @@ from support.aerospike_emulator import EmulatedServer
 from ignis import names
 from ignis.storage import aerospike_store
 
+AEROSPIKE_ENV = "IGNIS_TEST_AEROSPIKE"
+AEROSPIKE_SKIP = f"aerospike contract run skipped: set {AEROSPIKE_ENV}=host:port[/namespace] to run it against a server"
 EMULATOR_IN_PROCESS = ("the Aerospike emulator lives in this process; cross-process tests need a real server "
                        "(set IGNIS_TEST_AEROSPIKE=host:port[/namespace])")
 OTHER_CLIENTS = ("other-app", "other", "billing", "alpha")  # clientIds the contract tests use besides c{run}
