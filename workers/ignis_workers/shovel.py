@@ -77,12 +77,13 @@ class Shovel:
                 raise QueueNotFound(queue_name, client_id)
             queue = Queue(store, QueueSpec.from_bins(queue_name, record.bins, client_id))
             workers = max(1, concurrency or queue.spec.shovel.concurrency)
-            state = _Pass(budget or self.budget)
+            limit = budget or self.budget
+            state = _Pass(limit)
             with ThreadPoolExecutor(workers, thread_name_prefix=f"ignis-shovel-{queue_name}") as pool:
                 futures = [pool.submit(self._work, queue, source, state) for _ in range(workers)]
                 errors = [f.exception() for f in futures]
             report.moved, report.dead_lettered = state.moved, state.dead
-            report.budget_exhausted = state.exhausted
+            report.budget_exhausted = state.moved + state.dead >= limit
             failure = next((e for e in errors if e is not None), None)
             if failure is not None:
                 raise failure
@@ -144,15 +145,12 @@ class _Pass:
         self.left = budget
         self.moved = 0
         self.dead = 0
-        self.exhausted = False
         self._lock = threading.Lock()
 
     def reserve(self, want: int) -> int:
         with self._lock:
             take = min(want, self.left)
             self.left -= take
-            if take == 0:
-                self.exhausted = True
             return take
 
     def release(self, unused: int) -> None:
