@@ -74,3 +74,32 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("IGNIS_SWEEPER_LEASE", "kubernetes")
     s = load_sweeper_settings()
     assert (s.sweep_interval_seconds, s.lease, s.threads) == (7.0, "kubernetes", 64)
+
+
+def test_stale_epoch_makes_the_leader_step_down_and_retake_a_newer_one(tmp_path: Path, caplog):
+    store = open_store(f"lmdb://{tmp_path}/store?durability=fast")
+    client = Ignis(store)
+    client.apply(QueueSpec.build(name="orders", handlerType="orders", shards=1, sweepDurationSeconds=300,
+                                 shovel={"enabled": False}))
+    q = client.queue("orders")
+    settings = load_sweeper_settings(sweep_interval_seconds=0.1, threads=1, lease_duration_seconds=3,
+                                     renew_deadline_seconds=2, retry_period_seconds=0.1, probe_port=-1)
+    service = SweeperService(store, settings, clock=scaled_clock(offset_seconds=400))
+    stop = threading.Event()
+    runner = threading.Thread(target=service.run, args=(stop,))
+    runner.start()
+    try:
+        first = wait_for(lambda: service.leading() and service._epoch)
+        intruder = store.next_epoch()  # e.g. `ignis sweep --force`: a newer epoch writes this queue
+        store.advance_sweep("orders", "main", intruder, {}, 0)
+        q.publish(b"x")
+        q.fire()  # work, so the leader's next sweep writes a pointer and meets the newer epoch
+        retaken = wait_for(lambda: service.leading() and (service._epoch or 0) > intruder and service._epoch)
+        assert retaken > intruder > first
+        assert any(getattr(r, "event", None) == "stale_epoch" for r in caplog.records)
+        wait_for(lambda: q.sideline.pending() == 1)  # and it sweeps again under the new epoch
+        assert store.get_queue("orders").bins["sweepEpoch"] == retaken
+    finally:
+        stop.set()
+        runner.join(20)
+    store.close()

@@ -85,13 +85,39 @@ def test_redrive_from_dead_resets_attempts(store, declare):
     assert all(env.attempts == 0 for _, env in q.main.browse(10))
 
 
-def test_failed_copy_deletes_nothing(store, declare):
+def present(store, magazine: str) -> list[str]:
+    return sorted(env.msg_id for _, env in store.peek(magazine, 0, 1, 100))
+
+
+def test_failed_copy_puts_the_messages_back_unclaimed(store, declare):
     q = declare()
     sent = sideline(q, 5)
     faulty = FaultStore(store)
     faulty.fail["load"] = 1
-    report = Shovel(faulty).shovel_queue(store.client_id, q.name)
+    report = Shovel(faulty).shovel_queue(store.client_id, q.name, concurrency=1)  # one worker: the pass ends
     assert report.error and report.moved == 0
     assert q.main.pending() == 0
-    present = sorted(env.msg_id for _, env in store.peek(q.sideline.name, 0, 1, 100))
-    assert present == sorted(sent)  # claimed and stamped, still there for the sideline sweep
+    assert ids(q.sideline) == sorted(sent)  # offered again: unclaimed at the sideline's tail
+    assert present(store, q.sideline.name) == sorted(sent)  # and only once
+    assert Shovel(store).shovel_queue(store.client_id, q.name).moved == 5
+
+
+def test_failed_copy_and_failed_put_back_delete_nothing(store, declare):
+    q = declare()
+    sent = sideline(q, 5)
+    faulty = FaultStore(store)
+    faulty.fail["load"] = 2
+    report = Shovel(faulty).shovel_queue(store.client_id, q.name, concurrency=1)
+    assert report.error and report.moved == 0
+    assert present(store, q.sideline.name) == sorted(sent)  # claimed, still there for the sideline sweep
+
+
+def test_failed_redrive_keeps_dead_letters_on_offer(store, declare):
+    q = declare()
+    q.dead.load([q.envelope(b"d%d" % i).for_transfer("exception", 1) for i in range(3)])
+    faulty = FaultStore(store)
+    faulty.fail["load"] = 1
+    assert Shovel(faulty).shovel_queue(store.client_id, q.name, source="dead", concurrency=1).error
+    assert len(ids(q.dead)) == 3  # browsable and redrivable again, not stranded below the fire pointer
+    assert all(env.reason == "exception" for _, env in q.dead.browse(10))
+    assert Shovel(store).shovel_queue(store.client_id, q.name, source="dead").moved == 3

@@ -265,3 +265,17 @@ def test_batches_cover_a_long_range(store, declare, clock):
     report = sweeper(store, clock).sweep_queue(store.client_id, q.name)
     assert (report.main.moved, report.main.examined) == (1300, 2500)
     assert q.sideline.pending() == 1300
+
+
+def test_no_epoch_means_no_sweep(store, declare, clock):
+    q = declare()
+    q.publish(b"x")
+    q.fire()
+    clock.advance(SWEEP_S + 1)
+
+    def no_epoch() -> int:
+        raise LeadershipLost("not leading")
+
+    with pytest.raises(LeadershipLost):
+        Sweeper(store, epoch_source=no_epoch, clock=clock, threads=1).sweep_all()
+    assert present(store, q.name) == [1]

@@ -84,3 +84,11 @@ def test_sweeper_rejects_bad_settings_with_one_line(url: str):
     result = ignis(url, "sweeper", env={"IGNIS_SWEEPER_THREADS": "0"})
     assert result.returncode == 2
     assert result.stderr.startswith("error: invalid sweeper settings: IGNIS_SWEEPER_THREADS=")
+
+
+def test_sweeper_kubernetes_lease_outside_a_cluster_is_a_clear_error(url: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    result = ignis(url, "sweeper", "--lease", "kubernetes", "--port", "-1")
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("Service host/port is not set.")
+    assert result.stderr.startswith("error: lease=kubernetes needs an in-cluster service account")

@@ -107,6 +107,7 @@ class SweeperService:
         self.shovel = Shovel(store, budget=s.shovel_budget, clock=self.clock, guard=self.leading)
         self._wake = threading.Event()  # set when leadership is won: sweep at once
         self.probes: ProbeServer | None = None  # set while run() serves them
+        self._elector_error: Exception | None = None
 
     # ---- leadership ----------------------------------------------------------------------------------
     def leading(self) -> bool:
@@ -143,6 +144,8 @@ class SweeperService:
     def run(self, stop: threading.Event) -> None:
         """Campaign, sweep and shovel until `stop` is set; then release the lease and return."""
         s = self.settings
+        if self._lease_backend is None and s.lease == "kubernetes":
+            self._load_kube_config()  # fail fast, before any thread starts, with a one-line error
         probes = None
         if s.probe_port >= 0:
             probes = self.probes = ProbeServer(s.probe_host, s.probe_port, ready=self.ready).start()
@@ -166,20 +169,27 @@ class SweeperService:
             if probes is not None:
                 probes.stop()
             log.info("sweeper stopped", extra={"event": "exit"})
+        if self._elector_error is not None:
+            raise self._elector_error
 
     def _make_backend(self) -> LeaseBackend:
         if self._lease_backend is not None:
             return self._lease_backend()
         if self.settings.lease == "store":
             return StoreLease(self.store, self.settings.lease_name)
-        from kubernetes_asyncio import client, config
+        from kubernetes_asyncio import client
+
+        return KubeLease(client.ApiClient(), self.settings.lease_namespace or _pod_namespace(),
+                         self.settings.lease_name)
+
+    @staticmethod
+    def _load_kube_config() -> None:
+        from kubernetes_asyncio import config
 
         try:
             config.load_incluster_config()
-        except config.ConfigException:
-            raise InvalidInputError("lease=kubernetes needs an in-cluster service account") from None
-        return KubeLease(client.ApiClient(), self.settings.lease_namespace or _pod_namespace(),
-                         self.settings.lease_name)
+        except config.ConfigException as exc:
+            raise InvalidInputError(f"lease=kubernetes needs an in-cluster service account: {exc}") from None
 
     def _run_elector(self, stop: threading.Event) -> None:
         s = self.settings
@@ -197,8 +207,9 @@ class SweeperService:
 
         try:
             asyncio.run(main())
-        except Exception:
+        except Exception as exc:
             log.exception("elector failed; stopping")
+            self._elector_error = exc
             stop.set()
 
     def _guarded(self, what: str, fn: Callable[[], Any]) -> Any:

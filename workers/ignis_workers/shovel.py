@@ -9,7 +9,8 @@ counting a delivery attempt, copy each message into main, and only then delete i
 pass moves at most `budget` messages, so a handler that fails everything cannot keep the shovel
 spinning. A sidelined message that has used up the queue's maxDeliveries goes to `q_DEAD` instead, its
 history kept. A redrive from dead letters resets the attempts (a person asked for a fresh start).
-If a copy fails the claimed records stay in the source, stamped: the sideline sweep re-appends them.
+If a copy fails the claimed messages are re-appended, unclaimed, at the source's tail (then the
+claimed originals deleted); if even that fails they stay in place, and the sideline sweep re-homes them.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from typing import Any, Literal
 
 from ignis.envelope import Envelope, now_ms
 from ignis.errors import HoleBudgetExceeded, InvalidInputError, QueueNotFound
+from ignis.magazine import Magazine
 from ignis.metrics import DEAD_LETTERED
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
-from ignis.storage.base import Storage
+from ignis.storage.base import Claimed, Storage
 from ignis_workers.metrics import SHOVEL_FAILURES, SHOVELLED
 
 log = logging.getLogger(__name__)
@@ -77,12 +79,13 @@ class Shovel:
                 raise QueueNotFound(queue_name, client_id)
             queue = Queue(store, QueueSpec.from_bins(queue_name, record.bins, client_id))
             workers = max(1, concurrency or queue.spec.shovel.concurrency)
-            state = _Pass(budget or self.budget)
+            limit = budget or self.budget
+            state = _Pass(limit)
             with ThreadPoolExecutor(workers, thread_name_prefix=f"ignis-shovel-{queue_name}") as pool:
                 futures = [pool.submit(self._work, queue, source, state) for _ in range(workers)]
                 errors = [f.exception() for f in futures]
             report.moved, report.dead_lettered = state.moved, state.dead
-            report.budget_exhausted = state.exhausted
+            report.budget_exhausted = state.moved + state.dead >= limit
             failure = next((e for e in errors if e is not None), None)
             if failure is not None:
                 raise failure
@@ -124,17 +127,41 @@ class Shovel:
                     if source == "dead":
                         copy.attempts = 0
                     back.append(copy)
-            if dead:
-                queue.dead.load(dead)
-            if back:
-                queue.main.load(back)
-            # Only after both copies landed: a failure above leaves the claimed records for the sweep.
+            try:
+                if dead:
+                    queue.dead.load(dead)
+                if back:
+                    queue.main.load(back)
+            except Exception:
+                self._put_back(magazine, claimed, at)
+                raise
+            # Only after both copies landed: a failure above leaves the claimed records in place.
             queue.store.delete([c.ref for c in claimed])
             state.done(len(back), len(dead))
             if back:
                 SHOVELLED.labels(queue.name, source).inc(len(back))
             for env in dead:
                 DEAD_LETTERED.labels(queue.name, env.reason or EXHAUSTED_REASON).inc()
+
+
+    @staticmethod
+    def _put_back(magazine: Magazine, claimed: list[Claimed], at: int) -> None:
+        """After a failed copy, offer the claimed messages again: re-append them, unclaimed, at the
+        source's tail and only then delete the claimed originals (IgnisMQ's fallback). Without this a
+        claimed dead letter would never be offered again (nothing sweeps q_DEAD); if this fails too, the
+        originals stay where they are (the sideline sweep re-homes sideline ones)."""
+        copies = []
+        for c in claimed:
+            assert c.envelope is not None
+            copy = c.envelope.for_transfer(None, at)
+            copy.reason = c.envelope.reason
+            copies.append(copy)
+        try:
+            magazine.load(copies)
+            magazine.store.delete([c.ref for c in claimed])
+        except Exception as exc:
+            log.error("could not put %d claimed message(s) back at the tail of %s: %s", len(claimed),
+                      magazine.name, exc)
 
 
 class _Pass:
@@ -144,15 +171,12 @@ class _Pass:
         self.left = budget
         self.moved = 0
         self.dead = 0
-        self.exhausted = False
         self._lock = threading.Lock()
 
     def reserve(self, want: int) -> int:
         with self._lock:
             take = min(want, self.left)
             self.left -= take
-            if take == 0:
-                self.exhausted = True
             return take
 
     def release(self, unused: int) -> None:

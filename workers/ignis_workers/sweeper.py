@@ -163,6 +163,8 @@ class Sweeper:
                 raise QueueNotFound(queue_name, client_id)
             queue = Queue(store, QueueSpec.from_bins(queue_name, record.bins, client_id))
             epoch = self.epoch_source()
+        except (StaleEpoch, LeadershipLost):
+            raise
         except Exception as exc:
             log.error("sweep of %s/%s failed: %s", client_id, queue_name, exc)
             SWEEP_FAILURES.labels(queue_name, "main").inc()
