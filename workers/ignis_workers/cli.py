@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import tempfile
 import threading
@@ -220,6 +221,9 @@ def up(
     settings = load_sweeper_settings(
         probe_port=port if port is not None else (0 if demo else 9090),
         sweep_interval_seconds=sweep_interval if sweep_interval is not None else (1.0 if demo else None),
+        # One process and one write lock on lmdb: a small pool sweeps faster than 64 threads there.
+        threads=2 if (ctx.obj.settings().store.startswith("lmdb:")
+                      and "IGNIS_SWEEPER_THREADS" not in os.environ) else None,
         shovel_tick_seconds=0.5 if demo else None,
         clock_offset_seconds=journey.SWEEP_AHEAD_SECONDS if demo else None)
     ignis = ctx.obj.ignis()
