@@ -188,9 +188,10 @@ def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """Our own finalizer name, and handler progress kept in annotations: the structural schema of the
-    status would prune kopf's own status fields."""
+    """Our own finalizer name; handler progress kept in annotations (the structural schema of the status
+    would prune kopf's own status fields); only warnings and errors become Events (kopf would otherwise
+    post an Event per handler log line, an API call each)."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
-    settings.posting.level = logging.INFO
+    settings.posting.level = logging.WARNING
