@@ -162,7 +162,7 @@ async def test_finalizer_released_when_the_store_stays_down(harness: Harness) ->
     harness.outage.down = True
     await harness.delete("orders")
     await harness.until(lambda: harness.obj("orders") is None, what="finalizer released")
-    (event,) = harness.events("FinalizerTimeout")
+    (event,) = await harness.until(lambda: harness.events("FinalizerTimeout"), what="a FinalizerTimeout event")
     assert event["type"] == "Warning" and "clean up queue 'orders' by hand" in event["message"]
     harness.outage.down = False
     assert record(harness, "orders")["active"] == "true"  # type: ignore[index]  # policy not applied: said so
