@@ -83,7 +83,7 @@ async def bench_operator(n: int, workdir: Path, timeout: float) -> dict[str, Any
     store = open_store(f"lmdb://{workdir}/operator?durability=fast")
     # long timers: this measures the create path, not the figures / resync timers
     config = OperatorConfig(figures_interval_seconds=3600, resync_interval_seconds=3600)
-    registry = build_registry(OperatorContext(store, config))
+    registry = build_registry(OperatorContext(store, config), cluster_login=False)
     async with LoglessEmulator() as emulator, Server(emulator):
         declare_resources(emulator)
         server = str(emulator.url).rstrip("/")

@@ -97,18 +97,28 @@ def reconcile_object(ctx: OperatorContext, *, name: str, namespace: str | None, 
     return result
 
 
-def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
-    """A registry with every IgnisQueue handler bound to `ctx`."""
-    registry = kopf.OperatorRegistry()
+def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.OperatorRegistry:
+    """A registry with every IgnisQueue handler bound to `ctx`. `cluster_login`: authenticate like kubectl
+    (in-cluster service account, else $KUBECONFIG / ~/.kube/config); tests and the benchmark register
+    their own login to the API emulator instead."""
+    registry = kopf.OperatorRegistry()  # a bare registry has no login handler of its own
     cfg = ctx.config
     resource = (GROUP, VERSION, PLURAL)
+
+    if cluster_login:
+        @kopf.on.login(registry=registry)
+        def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+            return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
         # The active index of every known client's queue set (new clients get theirs on first create).
-        for client_id in {ctx.store.client_id, *ctx.store.list_clients()}:
-            ctx.store.with_client(client_id).ensure_index()
+        try:
+            for client_id in {ctx.store.client_id, *ctx.store.list_clients()}:
+                ctx.store.with_client(client_id).ensure_index()
+        except StoreError as exc:  # start anyway: objects report StoreUnavailable and retry with backoff
+            log.warning("cannot ensure the active indexes at start-up: %s", exc)
 
     def apply(body: kopf.Body, spec: Any, name: str, namespace: str | None, uid: str, meta: Any, status: Any,
               patch: kopf.Patch, retry: int, logger: Any, drift_check: bool = False) -> None:
