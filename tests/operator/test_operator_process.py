@@ -93,3 +93,36 @@ async def test_operator_process_end_to_end(kmock: KubernetesEmulator, tmp_path: 
             proc.send_signal(signal.SIGTERM)
         output, _ = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, output.decode()[-3000:]
+
+
+async def test_manifest_mode_process(tmp_path: Path) -> None:
+    """`ignis operator --manifests DIR`: syncs, serves probes and metrics, stops cleanly on SIGTERM."""
+    store_url = f"lmdb://{tmp_path}/store?durability=fast"
+    port = free_port()
+    examples = Path(__file__).resolve().parents[2] / "examples" / "queues"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ignis.cli.app", "--store", store_url, "operator", "--manifests", str(examples),
+        "--port", str(port), "--interval", "0.2", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            status, text = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/metrics")
+            if status == 200 and text.count('ignis_operator_queues{state="Synced"} 3.0'):
+                break
+            if proc.returncode is not None:
+                output = await proc.stdout.read() if proc.stdout else b""
+                pytest.fail(f"the operator exited early:\n{output.decode()[-3000:]}")
+            assert time.monotonic() < deadline, f"metrics never showed 3 synced queues:\n{text[-2000:]}"
+            await asyncio.sleep(0.1)
+        status, text = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/readyz")
+        assert status == 200
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, output.decode()[-3000:]
+    store = open_store(store_url)
+    try:
+        assert [r.name for r in store.list_queues(active=True)] == ["audit", "events", "orders"]
+    finally:
+        store.close()
