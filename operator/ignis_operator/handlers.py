@@ -80,12 +80,16 @@ def _key(namespace: str | None, name: str) -> str:
 
 
 def reconcile_object(ctx: OperatorContext, *, name: str, namespace: str | None, uid: str, spec: Mapping[str, Any],
-                     meta: Mapping[str, Any]) -> SyncResult:
-    """Sync one IgnisQueue object; store errors become a StoreUnavailable result. Metrics recorded."""
+                     meta: Mapping[str, Any], synced_client_id: str | None = None) -> SyncResult:
+    """Sync one IgnisQueue object; store errors become a StoreUnavailable result. Metrics recorded.
+    `synced_client_id` (status.clientId) guards clientId immutability where the API server has no CEL."""
     owner = Owner(uid, _key(namespace, name), parse_k8s_time(meta.get("creationTimestamp")))
     with timed():
         try:
             qspec = spec_from_object(name, namespace, spec, f"IgnisQueue {_key(namespace, name)}")
+            if synced_client_id and qspec.client_id != synced_client_id:
+                raise InvalidSpecError([f"clientId={qspec.client_id!r}: clientId is immutable (the queue lives "
+                                        f"in clientId {synced_client_id!r}); create a new IgnisQueue instead"])
         except InvalidSpecError as exc:
             result = invalid(name, exc, spec.get("clientId") or namespace)
         else:
@@ -122,8 +126,12 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
 
     def apply(body: kopf.Body, spec: Any, name: str, namespace: str | None, uid: str, meta: Any, status: Any,
               patch: kopf.Patch, retry: int, logger: Any, drift_check: bool = False) -> None:
-        result = reconcile_object(ctx, name=name, namespace=namespace, uid=uid, spec=spec, meta=meta)
-        patch.status.update(status_for(result, status, meta.get("generation")))
+        result = reconcile_object(ctx, name=name, namespace=namespace, uid=uid, spec=spec, meta=meta,
+                                  synced_client_id=(status or {}).get("clientId"))
+        status_patch = status_for(result, status, meta.get("generation"))
+        if result.reason == INVALID_SPEC:
+            status_patch.pop("clientId", None)  # keep the clientId the queue really lives in
+        patch.status.update(status_patch)
         if result.reason == SYNCED:
             if result.diff and drift_check:
                 logger.warning("drift repaired: %s", result.message)

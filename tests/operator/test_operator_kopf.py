@@ -176,3 +176,17 @@ async def test_metrics_are_served_by_the_probe_server(harness: Harness) -> None:
     assert 'ignis_operator_reconciles_total{result="Synced"}' in text
     assert "ignis_operator_reconcile_duration_seconds_bucket" in text
     assert 'ignis_operator_queues{state="Synced"}' in text
+
+
+async def test_client_id_change_is_refused_even_without_cel(harness: Harness) -> None:
+    """Clusters without CEL admission (or an edit that slipped past it): the handler refuses too."""
+    await harness.create("orders", clientId="alpha")
+    await harness.until(lambda: harness.condition("orders").get("status") == "True")
+    await harness.edit("orders", clientId="beta")
+    ready = await harness.until(lambda: harness.condition("orders").get("reason") == "InvalidSpec"
+                                and harness.condition("orders"))
+    assert "clientId is immutable" in ready["message"]
+    await asyncio.sleep(1.0)  # resyncs keep refusing
+    assert harness.condition("orders")["reason"] == "InvalidSpec"
+    assert record(harness, "orders", "beta") is None
+    assert (harness.obj("orders") or {})["status"]["clientId"] == "alpha"
