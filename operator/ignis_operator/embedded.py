@@ -29,6 +29,7 @@ from ignis.errors import InvalidInputError, InvalidSpecError, StoreError
 from ignis.manifest import manifest_files
 from ignis.spec import KIND, QueueSpec
 from ignis.storage.base import Storage
+from ignis_operator.metrics import QueueStates, timed
 from ignis_operator.reconcile import (
     CONFLICT,
     INVALID_SPEC,
@@ -66,6 +67,7 @@ class ManifestSync:
         self.resync_seconds = resync_seconds
         self.owner_uid = f"manifests:{self.directory.resolve()}"
         self._since_ms = int(time.time() * 1000)
+        self.states = QueueStates()  # the operator's metrics: reconciles by result, queues by state
 
     # ---- one pass ------------------------------------------------------------------------------------
     def sync_once(self) -> list[SyncResult]:
@@ -101,7 +103,9 @@ class ManifestSync:
         try:
             spec = QueueSpec.from_manifest(doc, where)  # clientId defaults to metadata.namespace, as in a cluster
         except InvalidSpecError as exc:
-            return SyncResult(name, self._client_of(doc), False, INVALID_SPEC, "; ".join(exc.problems), source=where)
+            client_id = self._client_of(doc)
+            self.states.record(f"{client_id}/{name}", INVALID_SPEC)
+            return SyncResult(name, client_id, False, INVALID_SPEC, "; ".join(exc.problems), source=where)
         client_id = spec.client_id or self.default_client_id
         key = (client_id, spec.name)
         if key in declared:
@@ -111,9 +115,11 @@ class ManifestSync:
         declared[key] = _Declared(spec, client_id, where)
         owner = Owner(self.owner_uid, where, self._since_ms)
         try:
-            result = sync_queue(self.store, spec, owner, default_client_id=self.default_client_id)
+            with timed():
+                result = sync_queue(self.store, spec, owner, default_client_id=self.default_client_id)
         except StoreError as exc:
-            return SyncResult(spec.name, client_id, False, STORE_UNAVAILABLE, str(exc), source=where)
+            result = SyncResult(spec.name, client_id, False, STORE_UNAVAILABLE, str(exc))
+        self.states.record(f"{client_id}/{spec.name}", result.reason)
         if result.diff:
             log.warning("drift repaired on queue %s/%s: %s", client_id, spec.name, result.message)
         return replace(result, source=where)
@@ -152,6 +158,7 @@ class ManifestSync:
                     results.append(SyncResult(record.name, client_id, False, STORE_UNAVAILABLE, str(exc),
                                               source=holder.ref, action=REMOVED))
                     continue
+                self.states.forget(f"{client_id}/{record.name}")
                 log.info("manifest sync: %s (its manifest %s is gone)", message, holder.ref)
                 results.append(SyncResult(record.name, client_id, True, "Removed", message, source=holder.ref,
                                           action=REMOVED))

@@ -32,7 +32,6 @@ def emulator_settings() -> kopf.OperatorSettings:
     settings.scanning.disabled = True  # the emulator has no namespace/CRD watch streams worth following
     settings.persistence.consistency_timeout = 0.2  # the emulator does not bump resourceVersion
     settings.watching.reconnect_backoff = 0.1
-    settings.posting.level = 0
     return settings
 
 

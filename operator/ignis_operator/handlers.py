@@ -80,12 +80,16 @@ def _key(namespace: str | None, name: str) -> str:
 
 
 def reconcile_object(ctx: OperatorContext, *, name: str, namespace: str | None, uid: str, spec: Mapping[str, Any],
-                     meta: Mapping[str, Any]) -> SyncResult:
-    """Sync one IgnisQueue object; store errors become a StoreUnavailable result. Metrics recorded."""
+                     meta: Mapping[str, Any], synced_client_id: str | None = None) -> SyncResult:
+    """Sync one IgnisQueue object; store errors become a StoreUnavailable result. Metrics recorded.
+    `synced_client_id` (status.clientId) guards clientId immutability where the API server has no CEL."""
     owner = Owner(uid, _key(namespace, name), parse_k8s_time(meta.get("creationTimestamp")))
     with timed():
         try:
             qspec = spec_from_object(name, namespace, spec, f"IgnisQueue {_key(namespace, name)}")
+            if synced_client_id and qspec.client_id != synced_client_id:
+                raise InvalidSpecError([f"clientId={qspec.client_id!r}: clientId is immutable (the queue lives "
+                                        f"in clientId {synced_client_id!r}); create a new IgnisQueue instead"])
         except InvalidSpecError as exc:
             result = invalid(name, exc, spec.get("clientId") or namespace)
         else:
@@ -97,23 +101,37 @@ def reconcile_object(ctx: OperatorContext, *, name: str, namespace: str | None, 
     return result
 
 
-def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
-    """A registry with every IgnisQueue handler bound to `ctx`."""
-    registry = kopf.OperatorRegistry()
+def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.OperatorRegistry:
+    """A registry with every IgnisQueue handler bound to `ctx`. `cluster_login`: authenticate like kubectl
+    (in-cluster service account, else $KUBECONFIG / ~/.kube/config); tests and the benchmark register
+    their own login to the API emulator instead."""
+    registry = kopf.OperatorRegistry()  # a bare registry has no login handler of its own
     cfg = ctx.config
     resource = (GROUP, VERSION, PLURAL)
+
+    if cluster_login:
+        @kopf.on.login(registry=registry)
+        def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+            return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
         # The active index of every known client's queue set (new clients get theirs on first create).
-        for client_id in {ctx.store.client_id, *ctx.store.list_clients()}:
-            ctx.store.with_client(client_id).ensure_index()
+        try:
+            for client_id in {ctx.store.client_id, *ctx.store.list_clients()}:
+                ctx.store.with_client(client_id).ensure_index()
+        except StoreError as exc:  # start anyway: objects report StoreUnavailable and retry with backoff
+            log.warning("cannot ensure the active indexes at start-up: %s", exc)
 
     def apply(body: kopf.Body, spec: Any, name: str, namespace: str | None, uid: str, meta: Any, status: Any,
               patch: kopf.Patch, retry: int, logger: Any, drift_check: bool = False) -> None:
-        result = reconcile_object(ctx, name=name, namespace=namespace, uid=uid, spec=spec, meta=meta)
-        patch.status.update(status_for(result, status, meta.get("generation")))
+        result = reconcile_object(ctx, name=name, namespace=namespace, uid=uid, spec=spec, meta=meta,
+                                  synced_client_id=(status or {}).get("clientId"))
+        status_patch = status_for(result, status, meta.get("generation"))
+        if result.reason == INVALID_SPEC:
+            status_patch.pop("clientId", None)  # keep the clientId the queue really lives in
+        patch.status.update(status_patch)
         if result.reason == SYNCED:
             if result.diff and drift_check:
                 logger.warning("drift repaired: %s", result.message)
@@ -188,9 +206,10 @@ def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """Our own finalizer name, and handler progress kept in annotations: the structural schema of the
-    status would prune kopf's own status fields."""
+    """Our own finalizer name; handler progress kept in annotations (the structural schema of the status
+    would prune kopf's own status fields); only warnings and errors become Events (kopf would otherwise
+    post an Event per handler log line, an API call each)."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
-    settings.posting.level = logging.INFO
+    settings.posting.level = logging.WARNING

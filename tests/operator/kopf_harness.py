@@ -139,7 +139,7 @@ async def harness(kmock: KubernetesEmulator, tmp_path: Path, operator_config: Op
     inner = open_store(f"lmdb://{tmp_path}/store?durability=fast")
     store: Any = FlakyStore(inner, outage)
     ctx = OperatorContext(store, operator_config)
-    registry = build_registry(ctx)
+    registry = build_registry(ctx, cluster_login=False)
     server = str(kmock.url).rstrip("/")
     thread, stop, ready = start_operator(registry, server, list(NAMESPACES))
     async with aiohttp.ClientSession(base_url=server) as session:

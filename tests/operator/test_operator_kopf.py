@@ -162,7 +162,7 @@ async def test_finalizer_released_when_the_store_stays_down(harness: Harness) ->
     harness.outage.down = True
     await harness.delete("orders")
     await harness.until(lambda: harness.obj("orders") is None, what="finalizer released")
-    (event,) = harness.events("FinalizerTimeout")
+    (event,) = await harness.until(lambda: harness.events("FinalizerTimeout"), what="a FinalizerTimeout event")
     assert event["type"] == "Warning" and "clean up queue 'orders' by hand" in event["message"]
     harness.outage.down = False
     assert record(harness, "orders")["active"] == "true"  # type: ignore[index]  # policy not applied: said so
@@ -176,3 +176,17 @@ async def test_metrics_are_served_by_the_probe_server(harness: Harness) -> None:
     assert 'ignis_operator_reconciles_total{result="Synced"}' in text
     assert "ignis_operator_reconcile_duration_seconds_bucket" in text
     assert 'ignis_operator_queues{state="Synced"}' in text
+
+
+async def test_client_id_change_is_refused_even_without_cel(harness: Harness) -> None:
+    """Clusters without CEL admission (or an edit that slipped past it): the handler refuses too."""
+    await harness.create("orders", clientId="alpha")
+    await harness.until(lambda: harness.condition("orders").get("status") == "True")
+    await harness.edit("orders", clientId="beta")
+    ready = await harness.until(lambda: harness.condition("orders").get("reason") == "InvalidSpec"
+                                and harness.condition("orders"))
+    assert "clientId is immutable" in ready["message"]
+    await asyncio.sleep(1.0)  # resyncs keep refusing
+    assert harness.condition("orders")["reason"] == "InvalidSpec"
+    assert record(harness, "orders", "beta") is None
+    assert (harness.obj("orders") or {})["status"]["clientId"] == "alpha"
