@@ -27,6 +27,11 @@ def active_index(farm_id: str, client_id: str) -> str:
     return f"{queue_set(farm_id, client_id)}_active"
 
 
+def system_set(farm_id: str) -> str:
+    """Farm-wide records: sweeper epoch counter, clients registry, leases."""
+    return _set_name(f"{farm_id}_ignis_system")
+
+
 def data_set(client_id: str) -> str:
     return _set_name(f"{client_id}_data_set")
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.aerospike_support import AEROSPIKE_ENV, AEROSPIKE_SKIP
 
 from ignis import Ignis, QueueSpec
 from ignis.storage import Storage, open_store
-
-AEROSPIKE_ENV = "IGNIS_TEST_AEROSPIKE"
-AEROSPIKE_SKIP = f"aerospike contract run skipped: set {AEROSPIKE_ENV}=host:port[/namespace] to run it against a server"
 
 
 @dataclass(frozen=True)
@@ -25,6 +23,7 @@ class Backend:
 
     name: str
     url: str
+    emulator: Any = field(default=None, compare=False)  # the EmulatedServer behind "aerospike-emu"
 
     def open(self, **kwargs: Any) -> Storage:
         return open_store(self.url, **kwargs)
@@ -33,16 +32,26 @@ class Backend:
         return Ignis(self.url, **kwargs)
 
 
-@pytest.fixture(params=["lmdb", "aerospike"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+@pytest.fixture(params=["lmdb", "aerospike-emu", "aerospike"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "lmdb":
-        return Backend("lmdb", f"lmdb://{tmp_path}/store?durability=fast")
+        yield Backend("lmdb", f"lmdb://{tmp_path}/store?durability=fast")
+        return
+    run = uuid.uuid4().hex[:8]  # a unique set prefix per test, so runs never see each other's records
+    if request.param == "aerospike-emu":
+        from support.aerospike_support import emulated_backend
+
+        yield from emulated_backend(request, run, Backend)
+        return
     target = os.environ.get(AEROSPIKE_ENV)
     if not target:
         pytest.skip(AEROSPIKE_SKIP)
     hostport, _, namespace = target.partition("/")
-    run = uuid.uuid4().hex[:8]  # a unique set prefix per test, so runs never see each other's records
-    return Backend("aerospike", f"aerospike://{hostport}/{namespace or 'test'}?farm=t{run}&client=c{run}")
+    backend = Backend("aerospike", f"aerospike://{hostport}/{namespace or 'test'}?farm=t{run}&client=c{run}")
+    yield backend
+    from support.aerospike_support import clean_up_run
+
+    clean_up_run(backend.url, run)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ def readme_commands() -> list[str]:
 
 def test_readme_opens_with_the_two_commands() -> None:
     main_job, tests = readme_commands()
-    assert main_job.endswith("ignis demo")
+    assert main_job.endswith("ignis up --demo")
     assert tests.endswith("pytest")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qsl
 
 from ignis.errors import InvalidInputError
@@ -22,21 +23,29 @@ def _size(name: str, text: str) -> int:
         raise InvalidInputError(f"{name}={text!r}: not a size (e.g. 1073741824, 512m, 64g)") from None
 
 
+def _redacted(url: str) -> str:
+    """The URL with any `user:password@` replaced by `***@`."""
+    return re.sub(r"(?<=://)[^/@?]*@", "***@", url)
+
+
 def open_store(url: str, *, farm_id: str = "local", client_id: str = "default", purge_interval: float = 60.0
                ) -> Storage:
     """Open a store from its URL.
 
     `lmdb:///abs/path` or `lmdb://rel/path` (query: durability=fsync|fast, map_size=64g, max_dbs=256,
     farm=F, client=C). A URL's farm/client override the arguments.
+    `aerospike://[user:password@]host1:3000,host2:3000/namespace?farm=F&client=C` plus any setting of
+    `AerospikeSettings` as a query parameter (config=FILE names a YAML settings file).
     """
+    shown = _redacted(url)  # errors below quote the URL, never its password
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise InvalidInputError(f"store URL {url!r} has no scheme; use lmdb:///path (or aerospike://...)")
+        raise InvalidInputError(f"store URL {shown!r} has no scheme; use lmdb:///path (or aerospike://...)")
     location, _, query = rest.partition("?")
     try:
         params = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
     except ValueError:
-        raise InvalidInputError(f"store URL {url!r} has a malformed query string") from None
+        raise InvalidInputError(f"store URL {shown!r} has a malformed query string") from None
     farm_id = params.pop("farm", farm_id)
     client_id = params.pop("client", client_id)
     if scheme == "lmdb":
@@ -56,7 +65,7 @@ def open_store(url: str, *, farm_id: str = "local", client_id: str = "default", 
         return LmdbStore(location, farm_id=farm_id, client_id=client_id, purge_interval=purge_interval,
                          **kwargs)
     if scheme == "aerospike":
-        raise InvalidInputError(
-            "the aerospike backend is not part of this build yet; use lmdb:///path (the embedded default)"
-        )
-    raise InvalidInputError(f"store URL {url!r}: unknown scheme {scheme!r}; use lmdb:// or aerospike://")
+        from ignis.storage.aerospike_store import open_aerospike
+
+        return open_aerospike(location, params, farm_id=farm_id, client_id=client_id)
+    raise InvalidInputError(f"store URL {shown!r}: unknown scheme {scheme!r}; use lmdb:// or aerospike://")

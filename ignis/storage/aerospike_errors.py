@@ -1,0 +1,67 @@
+"""Aerospike errors -> `ignis.errors`, and which errors are worth repeating.
+
+Every message names the operation, the target (namespace / set / store URL without credentials) and
+what to do; the client's own message is appended, never a password (the client never puts one there).
+"""
+
+from __future__ import annotations
+
+from aerospike import exception as ex
+
+from ignis.errors import IgnisError, InvalidInputError, StoreError, StoreFull, StoreUnavailable
+
+# Transient: the cluster is moving partitions, a node is busy, a socket timed out. Repeating a read or
+# an idempotent write is safe; a non-idempotent write is repeated only when `in_doubt` is False (the
+# server certainly did not apply it).
+TRANSIENT = (ex.TimeoutError, ex.ConnectionError, ex.ClusterChangeError, ex.ClusterError, ex.DeviceOverload,
+             ex.RecordBusy, ex.NoMoreConnectionsError, ex.InvalidNodeError, ex.IndexNotReadable,
+             ex.QueryQueueFull, ex.BatchQueueFullError, ex.NoResponse, ex.MaxErrorRateExceeded)
+
+
+def is_transient(exc: BaseException, idempotent: bool) -> bool:
+    if not isinstance(exc, TRANSIENT):
+        return False
+    return idempotent or not getattr(exc, "in_doubt", False)
+
+
+def _detail(exc: ex.AerospikeError) -> str:
+    msg = getattr(exc, "msg", None) or (exc.args[1] if len(exc.args) > 1 else "")
+    return f"[{getattr(exc, 'code', '?')}] {msg}".strip()
+
+
+def map_error(exc: ex.AerospikeError, operation: str, where: str) -> IgnisError:
+    """One `ignis.errors` exception for an Aerospike error raised by `operation` on `where`."""
+    detail = _detail(exc)
+    doubt = " (the write may or may not have been applied)" if getattr(exc, "in_doubt", False) else ""
+    if isinstance(exc, ex.NamespaceNotFound):
+        return StoreError(f"aerospike {operation} on {where}: the namespace does not exist on the cluster; "
+                          f"add it to aerospike.conf or point the store URL at an existing one {detail}")
+    if isinstance(exc, ex.ForbiddenError):
+        return StoreError(f"aerospike {operation} on {where}: the server refused the write; a record TTL is "
+                          "refused when the namespace has nsup-period 0 (set nsup-period, e.g. 120) "
+                          f"{detail}")
+    if isinstance(exc, ex.RecordTooBig):
+        return InvalidInputError(f"aerospike {operation} on {where}: record too big for the namespace "
+                                 f"(max-record-size / write-block-size, 1 MiB by default); publish a smaller "
+                                 f"payload {detail}")
+    if isinstance(exc, ex.BinNameError):
+        return InvalidInputError(f"aerospike {operation} on {where}: bin name too long (Aerospike allows 15 "
+                                 f"characters) {detail}")
+    if isinstance(exc, ex.ServerFull):
+        return StoreFull(f"aerospike {operation} on {where}: the namespace is full (stop-writes or device "
+                         f"full) {detail}")
+    if isinstance(exc, ex.AdminError | ex.SecurityNotEnabled):
+        return StoreUnavailable(f"aerospike {operation} on {where}: authentication or authorization failed "
+                                f"(check IGNIS_AEROSPIKE_USER / IGNIS_AEROSPIKE_PASSWORD and the user's roles) "
+                                f"{detail}")
+    if isinstance(exc, ex.TLSError):
+        return StoreUnavailable(f"aerospike {operation} on {where}: TLS handshake failed (check tls_name, "
+                                f"CA file, client cert/key) {detail}")
+    if isinstance(exc, ex.TimeoutError):
+        return StoreUnavailable(f"aerospike {operation} on {where}: timed out{doubt} {detail}")
+    if isinstance(exc, ex.ClientError | ex.ClusterError | ex.ClusterChangeError):
+        return StoreUnavailable(f"aerospike {operation} on {where}: cluster unreachable or unstable{doubt} "
+                                f"{detail}")
+    if isinstance(exc, ex.IndexError):
+        return StoreError(f"aerospike {operation} on {where}: secondary index error {detail}")
+    return StoreError(f"aerospike {operation} on {where}: failed{doubt} {detail}")

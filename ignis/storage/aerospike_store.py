@@ -1,0 +1,729 @@
+"""The production backend: `Storage` on Aerospike with the exact layout of DESIGN §3.
+
+Layout (names from `ignis.names`): queue records in `{farm}_{client}_ignis_queues` (key = queue name,
+sendKey, STRING index `{set}_active` on bin `active`); message records in `{client}_data_set` keyed
+`{magazine}_SHARD_{n}_{slot}` with the envelope bins; shard pointers in `{client}_meta_set` keyed
+`{magazine}_SHARD_{n}_METADATA` (bins LOAD_POINTER, FIRE_POINTER); the farm-wide `{farm}_ignis_system`
+set holds the sweeper epoch counter, the clients registry (one record, map bin `clients`) and leases.
+
+Atomicity from single-record operations, one round trip each:
+* load: one `operate` on the meta record (increment LOAD_POINTER by n, read it back) allocates n slots,
+  then the data records are written (one `put`, or one `batch_write`). A crash in between leaves a hole.
+  If the increment fails *in doubt* it is repeated: the slot numbers come only from an increment's
+  answer, so a repeat can at worst leave the first increment's slots as holes (skipped and counted by
+  fire), never give one slot to two messages.
+* claim: one `operate` on the meta record guarded by the filter `FIRE_POINTER < LOAD_POINTER`, writing
+  FIRE = min(FIRE + k, LOAD) by expression and reading the old and new value: distinct callers always
+  get distinct slots. An in-doubt claim is not repeated: slots it may have taken are recovered by the
+  sweeper (unstamped records below the fire pointer) — duplication, never loss. Then one update-only
+  `operate` (one slot) or `batch_write` (several) stamps fireTS, bumps attempts and reads the records;
+  a missing record is a hole in the same call.
+* sweep pointers: one `operate` fenced by the filter `sweepEpoch <= epoch` that writes each pointer as
+  max(stored, new) by map expression (forward-only), adds to the counter and stores the epoch.
+
+Acks that stay acked. Community Edition has no durable deletes: a plainly deleted record comes back
+after a cold restart. `ack_mode=auto` asks the server for its edition: Enterprise -> deletes with
+`durable_delete`; Community -> a *tombstone*: the record is replaced (update-only) by the single bin
+`deletedAt` keeping its original TTL ("don't update"), so it disappears when the message would have
+expired anyway and a restart finds the newer tombstone, not the message. Every read path (claim, read,
+peek, stamp_unfired, pointers, purge, queue registry) treats a tombstone as absent. Queue deletion and
+magazine purges use the same mechanism.
+
+Retries: tenacity repeats transient errors of reads and idempotent writes; a non-idempotent write
+(increment) is repeated only when the client says the server surely did not apply it (`in_doubt`
+False), except where a repeat is harmless by design: the load pointer (at worst a hole), the sweeper
+epoch (at worst a gap) and the fire stamp (at worst one extra attempt counted — better than leaving a
+claimed message to the sweeper). Not repeated when in doubt: the claim (its slots are recovered by the
+sweeper), the sweep update (its counter is not idempotent), the lease compare-and-set.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+import aerospike
+from aerospike import exception as ex
+from aerospike_helpers import expressions as exp
+from aerospike_helpers.batch.records import BatchRecords, Write
+from aerospike_helpers.expressions import arithmetic
+from aerospike_helpers.expressions import map as exp_map
+from aerospike_helpers.operations import expression_operations as expr_ops
+from aerospike_helpers.operations import map_operations as map_ops
+from aerospike_helpers.operations import operations as ops
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_fixed
+
+from ignis import names
+from ignis.envelope import (
+    ATTEMPTS,
+    CODEC,
+    FIRE_TS,
+    HEADERS,
+    HISTORY,
+    LOADED_AT,
+    MSG_ID,
+    PARTITION_KEY,
+    PAYLOAD,
+    REASON,
+    Envelope,
+    now_ms,
+)
+from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch, StoreError
+from ignis.metrics import STORAGE_CALLS, STORAGE_RETRIES
+from ignis.storage.aerospike_config import AerospikeSettings, load_settings
+from ignis.storage.aerospike_errors import is_transient, map_error
+from ignis.storage.base import (
+    ACTIVE,
+    CREATED_AT,
+    FIRE_POINTER,
+    LOAD_POINTER,
+    RUNTIME_BINS,
+    SIDELINE_SWEEP,
+    SIDELINE_SWEPT,
+    SWEEP_EPOCH,
+    SWEEP_POINTERS,
+    SWEPT_COUNTER,
+    Claimed,
+    LeaseRecord,
+    MagazineKind,
+    QueueRecord,
+    ShardPointers,
+    SlotRef,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TOMBSTONE = "deletedAt"  # the one bin of a tombstoned record (Community Edition acks and deletes)
+EPOCH_KEY, EPOCH_BIN = "sweeperEpoch", "epoch"
+CLIENTS_KEY, CLIENTS_BIN = "clients", "clients"
+LEASE_PREFIX = "lease:"
+LEASE_BINS = ("holder", "acquired_ms", "renewed_ms", "duration_s", "transitions")
+CLAIM_FROM = "claimFrom"  # expression-read result: the fire pointer before the claim
+ENVELOPE_BINS = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, REASON, HISTORY, FIRE_TS, ATTEMPTS)
+BATCH_CHUNK = 5000  # keys per batch call in peeks and purges
+MAX_BIN_NAME = 15
+RECORD_OVERHEAD = 128  # record header + key + per-bin overhead estimate, for the size pre-check
+
+_NOT_TOMBSTONED = exp.Not(exp.BinExists(TOMBSTONE)).compile()
+_CLAIM_GUARD = exp.LT(exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER)).compile()
+_READ_ENVELOPE = [ops.read(b) for b in ENVELOPE_BINS]
+_MISSING = (ex.RecordNotFound, ex.FilteredOut)
+
+
+def _connect(config: dict[str, Any]) -> Any:
+    """The real client. Tests replace this module attribute to plug in the emulator."""
+    client = aerospike.client(config)  # recent clients connect here already
+    return client if client.is_connected() else client.connect()
+
+
+client_factory: Callable[[dict[str, Any]], Any] = _connect
+
+
+class _Shared:
+    """What every clientId view of one store shares: the client, settings, edition and retry policy."""
+
+    def __init__(self, client: Any, settings: AerospikeSettings, owns_client: bool) -> None:
+        self.client = client
+        self.settings = settings
+        self.owns_client = owns_client
+        self.closed = False
+        self.lock = threading.Lock()
+        self.views: dict[str, AerospikeStore] = {}
+        self.durable_delete = self._detect_durable_delete()
+
+    def _detect_durable_delete(self) -> bool:
+        mode = self.settings.ack_mode
+        if mode != "auto":
+            return mode == "durable-delete"
+        STORAGE_CALLS.labels("edition").inc()
+        try:
+            answers = self.client.info_all("edition")
+        except ex.AerospikeError as exc:
+            raise map_error(exc, "edition check", self.settings.redacted_url("?", "?")) from None
+        texts = [str(answer[1] if isinstance(answer, tuple) else answer) for answer in (answers or {}).values()]
+        # Every node must be Enterprise: a Community node would silently drop the durable flag's promise.
+        return bool(texts) and all("enterprise" in t.lower() for t in texts)
+
+
+class AerospikeStore:
+    """`Storage` on Aerospike. Thread-safe (the client is); one instance per (farmId, clientId)."""
+
+    def __init__(self, settings: AerospikeSettings, *, farm_id: str = "local", client_id: str = "default",
+                 client: Any = None, _shared: _Shared | None = None) -> None:
+        self.farm_id = names.check_id("farmId", farm_id)
+        self.client_id = names.check_id("clientId", client_id)
+        self._ns = settings.namespace
+        self._queue_set = names.queue_set(farm_id, client_id)
+        self._index_name = names.active_index(farm_id, client_id)
+        self._data_set = names.data_set(client_id)
+        self._meta_set = names.meta_set(client_id)
+        self._system_set = names.system_set(farm_id)
+        self._url = settings.redacted_url(farm_id, client_id)
+        self._owner = _shared is None  # views made by with_client share the owner's connection
+        if _shared is None:
+            owns = client is None
+            if client is None:
+                try:
+                    client = client_factory(settings.client_config())
+                except ex.AerospikeError as exc:
+                    raise map_error(exc, "connect", self._url) from None
+            try:
+                _shared = _Shared(client, settings, owns)
+            except BaseException:
+                if owns:
+                    client.close()  # do not leak the connection pool of a store that failed to open
+                raise
+        self._shared = _shared
+        self._client = _shared.client
+        self._durable = _shared.durable_delete
+        s = settings
+        self._retrying = Retrying(stop=stop_after_attempt(max(s.retries, 1)), wait=wait_fixed(s.retry_sleep_ms / 1000),
+                                  reraise=True)
+        self._counters: dict[str, Any] = {}
+        self._claim_exprs: dict[int, list] = {}
+        ttl_keep = {"ttl": aerospike.TTL_DONT_UPDATE}
+        self._meta_keep = ttl_keep
+        self._meta_never = {"ttl": aerospike.TTL_NEVER_EXPIRE}
+        wp = {"commit_level": aerospike.POLICY_COMMIT_LEVEL_ALL, "key": aerospike.POLICY_KEY_SEND}
+        self._wp = wp
+        self._update = {**wp, "exists": aerospike.POLICY_EXISTS_UPDATE}
+        self._update_live = {**self._update, "expressions": _NOT_TOMBSTONED}
+        self._replace_live = {**wp, "exists": aerospike.POLICY_EXISTS_REPLACE, "expressions": _NOT_TOMBSTONED}
+        self._durable_remove = {**wp, "durable_delete": True}
+        failure = self._create_index()
+        if failure is not None:
+            # A producer or consumer whose user may read and write but not manage indexes still works;
+            # only listing queues needs the index, and the operator (sindex-admin role) creates it.
+            if not isinstance(failure[0], ex.RoleViolation):
+                if self._owner:
+                    self.close()
+                raise failure[1]
+            log.warning("%s: cannot create index %s (no privilege); list_queues needs it: create it with a "
+                        "user holding sindex-admin (the operator does)", self._url, self._index_name)
+
+    # ---- plumbing ------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def client(self) -> Any:
+        """The raw Aerospike client (for tools and tests)."""
+        return self._client
+
+    @property
+    def durable_deletes(self) -> bool:
+        """True: acks are durable deletes (Enterprise); False: tombstones (Community)."""
+        return self._durable
+
+    def __repr__(self) -> str:
+        return f"AerospikeStore({self._url}, acks={'durable-delete' if self._durable else 'tombstone'})"
+
+    def with_client(self, client_id: str) -> AerospikeStore:
+        if client_id == self.client_id:
+            return self
+        with self._shared.lock:
+            view = self._shared.views.get(client_id)
+        if view is None:
+            view = AerospikeStore(self._shared.settings, farm_id=self.farm_id, client_id=client_id,
+                                  _shared=self._shared)
+            with self._shared.lock:
+                view = self._shared.views.setdefault(client_id, view)
+        return view
+
+    def close(self) -> None:
+        shared = self._shared
+        if not self._owner:
+            return  # a view: the owner closes the connection
+        with shared.lock:
+            if shared.closed:
+                return
+            shared.closed = True
+        if shared.owns_client:
+            shared.client.close()
+
+    def key(self, set_name: str, key: str) -> tuple[str, str, str]:
+        return (self._ns, set_name, key)
+
+    def _data_key(self, ref: SlotRef) -> tuple[str, str, str]:
+        return (self._ns, self._data_set, names.data_key(ref[0], ref[1], ref[2]))
+
+    def _meta_key(self, magazine: str, shard: int) -> tuple[str, str, str]:
+        return (self._ns, self._meta_set, names.meta_key(magazine, shard))
+
+    def _call(self, operation: str, fn: Callable[..., T], *args: Any, idempotent: bool = True, **kwargs: Any) -> T:
+        """One storage round trip, counted; transient errors repeated where safe (see module doc).
+        Aerospike errors propagate raw so callers can branch on expected ones (not found, filtered)."""
+        counter = self._counters.get(operation)
+        if counter is None:
+            counter = self._counters[operation] = STORAGE_CALLS.labels(operation)
+        counter.inc()
+        try:
+            return fn(*args, **kwargs)
+        except ex.AerospikeError as exc:
+            if self._shared.settings.retries == 0 or not is_transient(exc, idempotent):
+                raise
+
+        def again() -> T:
+            STORAGE_RETRIES.labels(operation).inc()
+            counter.inc()
+            return fn(*args, **kwargs)
+
+        retrying = self._retrying.copy(retry=retry_if_exception(lambda e: is_transient(e, idempotent)))
+        return retrying(again)
+
+    def _fail(self, exc: ex.AerospikeError, operation: str, set_name: str) -> Exception:
+        return map_error(exc, operation, f"{self._url} set {set_name!r}")
+
+    @staticmethod
+    def _tombstoned(bins: Mapping[str, Any] | None) -> bool:
+        return bins is None or TOMBSTONE in bins
+
+    @staticmethod
+    def _envelope(bins: Mapping[str, Any]) -> Envelope:
+        envelope = Envelope.from_bins(dict(bins))
+        if not isinstance(envelope.payload, bytes):
+            envelope.payload = bytes(envelope.payload)  # the client may hand blobs back as bytearray
+        return envelope
+
+    def _check_size(self, magazine: str, bins: Mapping[str, Any]) -> None:
+        payload = bins.get(PAYLOAD) or b""
+        size = RECORD_OVERHEAD + len(payload) + sum(len(k) + len(repr(v)) for k, v in bins.items() if k != PAYLOAD)
+        limit = self._shared.settings.max_record_bytes
+        if size > limit:
+            raise InvalidInputError(
+                f"message for magazine {magazine!r} needs a record of about {size} bytes; the Aerospike "
+                f"namespace {self._ns!r} accepts at most {limit} bytes per record (max-record-size): publish "
+                f"a smaller payload ({len(payload)} bytes now)")
+
+    # ---- queue registry ---------------------------------------------------------------------
+    def ensure_index(self) -> None:
+        failure = self._create_index()
+        if failure is not None:
+            raise failure[1]
+
+    def _create_index(self) -> tuple[ex.AerospikeError, StoreError] | None:
+        """None when the index exists afterwards, else (the Aerospike error, the error to raise)."""
+        try:
+            self._call("ensure_index", self._client.index_string_create, self._ns, self._queue_set, ACTIVE,
+                       self._index_name)
+        except ex.IndexFoundError:
+            pass  # already exists: the normal case after the first start
+        except ex.AerospikeError as exc:
+            return exc, StoreError(f"cannot create secondary index {self._index_name!r} on "
+                                   f"{self._ns}.{self._queue_set}.{ACTIVE}: "
+                                   f"{map_error(exc, 'index create', self._url)}")
+        return None
+
+    def apply_queue(self, name: str, config: Mapping[str, Any], ttl_seconds: int) -> bool:
+        clobbered = RUNTIME_BINS.intersection(config)
+        if clobbered:
+            raise InvalidInputError(f"queue config may not set runtime bins: {', '.join(sorted(clobbered))}")
+        for bin_name in config:
+            if len(bin_name) > MAX_BIN_NAME:
+                raise InvalidInputError(f"bin name {bin_name!r} is longer than {MAX_BIN_NAME} characters "
+                                        "(an Aerospike limit)")
+        key = self.key(self._queue_set, name)
+        ttl = {"ttl": ttl_seconds if ttl_seconds > 0 else aerospike.TTL_NEVER_EXPIRE}
+        update = {**config, ACTIVE: "true"}
+        try:
+            for _ in range(5):  # each step fails only when a concurrent writer changed the record
+                created = {**config, CREATED_AT: now_ms(), ACTIVE: "true", SWEEP_POINTERS: {}, SIDELINE_SWEEP: {},
+                           SWEPT_COUNTER: 0, SIDELINE_SWEPT: 0, SWEEP_EPOCH: 0}
+                try:
+                    self._call("apply_queue", self._client.put, key, created, ttl,
+                               {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE})
+                    return True
+                except ex.RecordExistsError:
+                    pass
+                try:  # update: config bins only, runtime bins untouched
+                    self._call("apply_queue", self._client.put, key, update, ttl, self._update_live)
+                    return False
+                except ex.RecordNotFound:
+                    continue  # expired or deleted meanwhile: create it
+                except ex.FilteredOut:
+                    pass
+                try:  # a tombstone of a deleted queue: replace it by a fresh record
+                    self._call("apply_queue", self._client.put, key, created, ttl,
+                               {**self._wp, "exists": aerospike.POLICY_EXISTS_REPLACE,
+                                "expressions": exp.BinExists(TOMBSTONE).compile()})
+                    return True
+                except _MISSING:
+                    continue
+            raise StoreError(f"apply of queue {name!r} kept racing with concurrent writers; try again")
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "apply_queue", self._queue_set) from None
+
+    def get_queue(self, name: str) -> QueueRecord | None:
+        try:
+            _, _, bins = self._call("get_queue", self._client.get, self.key(self._queue_set, name))
+        except ex.RecordNotFound:
+            return None
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "get_queue", self._queue_set) from None
+        return None if self._tombstoned(bins) else QueueRecord(name, dict(bins))
+
+    def list_queues(self, active: bool | None = True) -> list[QueueRecord]:
+        flags = ["true", "false"] if active is None else ["true" if active else "false"]
+        found = []
+        for flag in flags:
+            def run(flag: str = flag) -> list[Any]:
+                query = self._client.query(self._ns, self._queue_set)
+                query.where(aerospike.predicates.equals(ACTIVE, flag))
+                return query.results()
+
+            try:
+                records = self._call("list_queues", run)
+            except ex.AerospikeError as exc:
+                raise self._fail(exc, "list_queues", self._queue_set) from None
+            for key, _, bins in records:
+                if key[2] is None:
+                    log.warning("queue record without a stored key in %s (written without sendKey); skipped",
+                                self._queue_set)
+                elif not self._tombstoned(bins):
+                    found.append(QueueRecord(key[2], dict(bins)))
+        return sorted(found, key=lambda r: r.name)
+
+    def set_queue_active(self, name: str, active: bool) -> bool:
+        try:
+            self._call("set_queue_active", self._client.put, self.key(self._queue_set, name),
+                       {ACTIVE: "true" if active else "false"}, self._meta_keep, self._update_live)
+            return True
+        except _MISSING:
+            return False
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "set_queue_active", self._queue_set) from None
+
+    def delete_queue(self, name: str) -> bool:
+        try:
+            return self._remove_one("delete_queue", self.key(self._queue_set, name))
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "delete_queue", self._queue_set) from None
+
+    def next_epoch(self) -> int:
+        # Repeating an in-doubt increment is safe here: it can only skip an epoch, and epochs need to be
+        # increasing, not dense.
+        try:
+            _, _, bins = self._call("next_epoch", self._client.operate, self.key(self._system_set, EPOCH_KEY),
+                                    [ops.increment(EPOCH_BIN, 1), ops.read(EPOCH_BIN)], self._meta_never, self._wp)
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "next_epoch", self._system_set) from None
+        return int(bins[EPOCH_BIN])
+
+    def advance_sweep(
+        self, name: str, kind: MagazineKind, epoch: int, pointers: Mapping[int, int], swept: int
+    ) -> None:
+        pointer_bin, counter_bin = (SWEEP_POINTERS, SWEPT_COUNTER) if kind == "main" else (SIDELINE_SWEEP,
+                                                                                             SIDELINE_SWEPT)
+        merged: Any = exp.MapBin(pointer_bin)
+        for shard, pointer in pointers.items():  # forward-only: each entry becomes max(stored, new)
+            label, value = names.shard_label(shard), int(pointer)
+            stored = exp_map.MapGetByKey(None, aerospike.MAP_RETURN_VALUE, exp.ResultType.INTEGER, label, merged)
+            count = exp_map.MapGetByKey(None, aerospike.MAP_RETURN_COUNT, exp.ResultType.INTEGER, label, merged)
+            merged = exp_map.MapPut(None, None, label,
+                                    exp.Cond(exp.Eq(count, 0), value, arithmetic.Max(stored, value)), merged)
+        operations = [ops.write(SWEEP_EPOCH, epoch)]
+        if pointers:
+            operations.append(expr_ops.expression_write(pointer_bin, merged.compile()))
+        if swept:
+            operations.append(ops.increment(counter_bin, swept))
+        fence = exp.And(exp.Not(exp.BinExists(TOMBSTONE)), exp.LE(exp.IntBin(SWEEP_EPOCH), epoch)).compile()
+        key = self.key(self._queue_set, name)
+        try:
+            # Not repeated when in doubt: the pointers are idempotent but the counter is not. The sweeper
+            # sees the error and re-sweeps next pass; the re-sweep of a swept range changes nothing.
+            self._call("advance_sweep", self._client.operate, key, operations, self._meta_keep,
+                       {**self._update, "expressions": fence}, idempotent=False)
+        except ex.RecordNotFound:
+            raise QueueNotFound(name, self.client_id) from None
+        except ex.FilteredOut:
+            current = self.get_queue(name)
+            if current is None:
+                raise QueueNotFound(name, self.client_id) from None
+            raise StaleEpoch(name, epoch, int(current.bins.get(SWEEP_EPOCH, 0))) from None
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "advance_sweep", self._queue_set) from None
+
+    # ---- farm-wide system records -------------------------------------------------------------
+    def register_client(self, client_id: str) -> None:
+        client_id = names.check_id("clientId", client_id)
+        policy = {"map_write_flags": aerospike.MAP_WRITE_FLAGS_CREATE_ONLY | aerospike.MAP_WRITE_FLAGS_NO_FAIL}
+        try:  # one map put, create-only: idempotent, so safe to repeat; no read-modify-write
+            self._call("register_client", self._client.operate, self.key(self._system_set, CLIENTS_KEY),
+                       [map_ops.map_put(CLIENTS_BIN, client_id, now_ms(), policy)], self._meta_never, self._wp)
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "register_client", self._system_set) from None
+
+    def list_clients(self) -> list[str]:
+        try:
+            _, _, bins = self._call("list_clients", self._client.get, self.key(self._system_set, CLIENTS_KEY))
+        except ex.RecordNotFound:
+            return []
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "list_clients", self._system_set) from None
+        return sorted((bins or {}).get(CLIENTS_BIN) or {})
+
+    def get_lease(self, name: str) -> LeaseRecord | None:
+        try:
+            _, meta, bins = self._call("get_lease", self._client.get, self.key(self._system_set, LEASE_PREFIX + name))
+        except ex.RecordNotFound:
+            return None
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "get_lease", self._system_set) from None
+        return LeaseRecord(*(bins[b] for b in LEASE_BINS), version=meta["gen"])
+
+    def replace_lease(self, name: str, lease: LeaseRecord, expected_version: int) -> LeaseRecord | None:
+        writes = [ops.write(b, getattr(lease, b)) for b in LEASE_BINS]
+        if expected_version == 0:
+            meta, policy = self._meta_never, {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE}
+        else:  # compare-and-set on the record generation
+            meta = {**self._meta_never, "gen": expected_version}
+            policy = {**self._update, "gen": aerospike.POLICY_GEN_EQ}
+        try:
+            _, stored_meta, _ = self._call("replace_lease", self._client.operate,
+                                           self.key(self._system_set, LEASE_PREFIX + name), writes, meta, policy,
+                                           idempotent=False)
+        except (ex.RecordExistsError, ex.RecordGenerationError, ex.RecordNotFound):
+            return None
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "replace_lease", self._system_set) from None
+        return LeaseRecord(lease.holder, lease.acquired_ms, lease.renewed_ms, lease.duration_s, lease.transitions,
+                           stored_meta["gen"])
+
+    # ---- magazine primitives ----------------------------------------------------------------
+    def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
+        if not items:
+            return []
+        bins_list = [envelope.to_bins() for _, envelope in items]
+        for bins in bins_list:
+            self._check_size(magazine, bins)
+        counts: dict[int, int] = {}
+        for shard, _ in items:
+            counts[shard] = counts.get(shard, 0) + 1
+        try:
+            # Allocate: one increment per shard. Also create FIRE_POINTER (claim's guard needs it) and
+            # drop a purge tombstone, so a purged-then-reused magazine starts clean.
+            next_slot: dict[int, int] = {}
+            for shard, n in counts.items():
+                _, _, got = self._call("load", self._client.operate, self._meta_key(magazine, shard),
+                                       [ops.increment(LOAD_POINTER, n), ops.increment(FIRE_POINTER, 0),
+                                        ops.write(TOMBSTONE, None), ops.read(LOAD_POINTER)],
+                                       self._meta_never, self._wp)
+                next_slot[shard] = int(got[LOAD_POINTER]) - n + 1
+            refs = []
+            for shard, _ in items:
+                refs.append(SlotRef(magazine, shard, next_slot[shard]))
+                next_slot[shard] += 1
+            meta = {"ttl": ttl_seconds if ttl_seconds > 0 else aerospike.TTL_NEVER_EXPIRE}
+            # Create-or-replace: the slot is ours (fresh from the increment); replacing also clears the
+            # tombstone a purged magazine may have left at this key. Repeating it is harmless.
+            policy = {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE}
+            if len(refs) == 1:
+                self._call("load", self._client.put, self._data_key(refs[0]), bins_list[0], meta, policy)
+            else:
+                pairs = zip(refs, bins_list, strict=True)
+                batch = BatchRecords([Write(self._data_key(ref), [ops.write(k, v) for k, v in bins.items()],
+                                            meta=meta, policy=policy) for ref, bins in pairs])
+                done = self._call("load", self._client.batch_write, batch) or batch
+                failed = [r for r in done.batch_records if r.result != 0]
+                if failed:
+                    raise StoreError(f"aerospike load into {magazine!r}: {len(failed)} of {len(refs)} message "
+                                     f"records were not written (first error code {failed[0].result}); the "
+                                     "publish failed and those slots stay holes")
+            return refs
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "load", self._data_set) from None
+
+    def _claim_ops(self, k: int) -> list[dict[str, Any]]:
+        cached = self._claim_exprs.get(k)
+        if cached is None:
+            advanced = arithmetic.Min(arithmetic.Add(exp.IntBin(FIRE_POINTER), k), exp.IntBin(LOAD_POINTER))
+            cached = [expr_ops.expression_read(CLAIM_FROM, exp.IntBin(FIRE_POINTER).compile()),
+                      expr_ops.expression_write(FIRE_POINTER, advanced.compile()),
+                      ops.read(FIRE_POINTER)]
+            if len(self._claim_exprs) < 1024:
+                self._claim_exprs[k] = cached
+        return cached
+
+    def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True
+              ) -> list[Claimed]:
+        if max_slots <= 0:
+            return []
+        try:
+            try:
+                _, _, got = self._call("claim", self._client.operate, self._meta_key(magazine, shard),
+                                       self._claim_ops(max_slots), self._meta_keep,
+                                       {**self._update, "expressions": _CLAIM_GUARD}, idempotent=False)
+            except _MISSING:  # no meta record, or FIRE == LOAD: drained
+                return []
+            first, last = int(got[CLAIM_FROM]) + 1, int(got[FIRE_POINTER])
+            refs = [SlotRef(magazine, shard, slot) for slot in range(first, last + 1)]
+            stamp = [ops.write(FIRE_TS, now_ms_), *([ops.increment(ATTEMPTS, 1)] if count_attempt else []),
+                     *_READ_ENVELOPE]
+            if len(refs) == 1:
+                try:
+                    _, _, bins = self._call("claim", self._client.operate, self._data_key(refs[0]), stamp,
+                                            self._meta_keep, self._update_live)
+                    return [Claimed(refs[0], self._envelope(bins))]
+                except _MISSING:
+                    return [Claimed(refs[0], None)]
+            batch = BatchRecords([Write(self._data_key(ref), stamp, meta=self._meta_keep, policy=self._update_live)
+                                  for ref in refs])
+            done = self._call("claim", self._client.batch_write, batch) or batch
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "claim", self._meta_set) from None
+        out = []
+        for ref, record in zip(refs, done.batch_records, strict=True):
+            if record.result == 0 and record.record is not None:
+                out.append(Claimed(ref, self._envelope(record.record[2])))
+            elif record.result in (2, 27):  # not found (hole or expired) / filtered out (tombstone)
+                out.append(Claimed(ref, None))
+            else:
+                raise StoreError(f"aerospike claim of {ref}: stamping the record failed with code {record.result}; "
+                                 "the slot is claimed and the sweeper will recover it")
+        return out
+
+    def _batch_get(self, operation: str, keys: list[tuple[str, str, str]]) -> list[dict[str, Any] | None]:
+        out: list[dict[str, Any] | None] = []
+        for start in range(0, len(keys), BATCH_CHUNK):
+            done = self._call(operation, self._client.batch_read, keys[start:start + BATCH_CHUNK])
+            for record in done.batch_records:
+                bins = record.record[2] if record.result == 0 and record.record is not None else None
+                out.append(None if self._tombstoned(bins) else bins)
+        return out
+
+    def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
+        if not refs:
+            return []
+        try:
+            found = self._batch_get("read", [self._data_key(ref) for ref in refs])
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "read", self._data_set) from None
+        return [None if bins is None else self._envelope(bins) for bins in found]
+
+    def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
+        refs = [SlotRef(magazine, shard, slot) for slot in range(max(first, 1), last + 1)]
+        if not refs:
+            return []
+        try:
+            found = self._batch_get("peek", [self._data_key(ref) for ref in refs])
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "peek", self._data_set) from None
+        return [(ref, self._envelope(bins)) for ref, bins in zip(refs, found, strict=True) if bins is not None]
+
+    def _remove_one(self, operation: str, key: tuple[str, str, str]) -> bool:
+        """Delete so it stays deleted: a durable delete, or a tombstone. True if it was present."""
+        try:
+            if self._durable:
+                self._call(operation, self._client.remove, key, policy=self._durable_remove)
+            else:
+                self._call(operation, self._client.put, key, {TOMBSTONE: now_ms()}, self._meta_keep,
+                           self._replace_live)
+            return True
+        except _MISSING:
+            return False
+
+    def _remove_many(self, operation: str, keys: list[tuple[str, str, str]]) -> int:
+        present = 0
+        for start in range(0, len(keys), BATCH_CHUNK):
+            chunk = keys[start:start + BATCH_CHUNK]
+            if self._durable:
+                done = self._call(operation, self._client.batch_remove, chunk,
+                                  policy_batch_remove={"durable_delete": True})
+            else:
+                tomb = [ops.write(TOMBSTONE, now_ms())]
+                batch = BatchRecords([Write(key, tomb, meta=self._meta_keep, policy=self._replace_live)
+                                      for key in chunk])
+                done = self._call(operation, self._client.batch_write, batch) or batch
+            for record in done.batch_records:
+                if record.result == 0:
+                    present += 1
+                elif record.result not in (2, 27):
+                    raise StoreError(f"aerospike {operation} of {record.key[2]!r}: failed with code {record.result}")
+        return present
+
+    def delete(self, refs: Sequence[SlotRef]) -> int:
+        if not refs:
+            return 0
+        try:
+            if len(refs) == 1:
+                return int(self._remove_one("delete", self._data_key(refs[0])))
+            return self._remove_many("delete", [self._data_key(ref) for ref in refs])
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "delete", self._data_set) from None
+
+    def stamp_unfired(self, ref: SlotRef, now_ms_: int) -> Envelope | None:
+        # Create-only expression write with "no fail": stamps only a record that has no fireTS yet.
+        stamp = expr_ops.expression_write(FIRE_TS, exp.Val(now_ms_).compile(),
+                                          aerospike.EXP_WRITE_CREATE_ONLY | aerospike.EXP_WRITE_POLICY_NO_FAIL)
+        try:
+            _, _, bins = self._call("stamp_unfired", self._client.operate, self._data_key(ref),
+                                    [stamp, *_READ_ENVELOPE], self._meta_keep, self._update_live)
+        except _MISSING:
+            return None
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "stamp_unfired", self._data_set) from None
+        return self._envelope(bins)
+
+    def pointers(self, magazine: str, shards: int) -> dict[int, ShardPointers]:
+        if shards <= 0:
+            return {}
+        try:
+            found = self._batch_get("pointers", [self._meta_key(magazine, shard) for shard in range(shards)])
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "pointers", self._meta_set) from None
+        return {shard: ShardPointers(int((bins or {}).get(LOAD_POINTER, 0)), int((bins or {}).get(FIRE_POINTER, 0)))
+                for shard, bins in enumerate(found)}
+
+    def purge_magazine(self, magazine: str) -> int:
+        """Find the magazine's shards by a scan of the meta set (small: one record per shard), delete data
+        slots 1..LOAD_POINTER of each, then the meta records. Deletes stay deleted (durable/tombstone)."""
+        prefix, suffix = names.magazine_prefix(magazine), "_METADATA"
+
+        def scan() -> list[Any]:
+            query = self._client.query(self._ns, self._meta_set)
+            query.select(LOAD_POINTER, TOMBSTONE)
+            return query.results()
+
+        try:
+            shards: dict[int, int] = {}
+            for key, _, bins in self._call("purge_magazine", scan):
+                user_key = key[2]
+                if not isinstance(user_key, str) or not user_key.startswith(prefix) or not user_key.endswith(suffix):
+                    continue
+                shard_text = user_key[len(prefix):-len(suffix)]
+                if shard_text.isdigit() and not self._tombstoned(bins):
+                    shards[int(shard_text)] = int(bins.get(LOAD_POINTER, 0))
+            removed = 0
+            for shard, load in sorted(shards.items()):
+                keys = [self._data_key(SlotRef(magazine, shard, slot)) for slot in range(1, load + 1)]
+                removed += self._remove_many("purge_magazine", keys)
+            self._remove_many("purge_magazine", [self._meta_key(magazine, shard) for shard in sorted(shards)])
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "purge_magazine", self._data_set) from None
+        return removed
+
+
+def open_aerospike(location: str, params: dict[str, str], *, farm_id: str, client_id: str) -> AerospikeStore:
+    """An AerospikeStore from the parts of an `aerospike://` URL (see `ignis.storage.open_store`)."""
+    userinfo, at, hostpart = location.rpartition("@")
+    hosts, _, namespace = (hostpart if at else location).partition("/")
+    overrides: dict[str, Any] = dict(params)
+    config_file = overrides.pop("config", None)
+    unknown = sorted(set(overrides) - set(AerospikeSettings.model_fields))
+    if unknown:
+        raise InvalidInputError(f"aerospike store URL: unknown option(s) {', '.join(unknown)}")
+    if hosts:
+        overrides["hosts"] = hosts
+    if namespace.strip("/"):
+        overrides["namespace"] = namespace.strip("/")
+    if at:
+        user, _, password = userinfo.partition(":")
+        overrides["user"] = unquote(user)
+        if password:
+            overrides["password"] = unquote(password)
+    return AerospikeStore(load_settings(overrides, config_file), farm_id=farm_id, client_id=client_id)

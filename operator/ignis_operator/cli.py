@@ -1,0 +1,105 @@
+"""`ignis operator`: the kopf operator against the current cluster, or (with --manifests DIR) the same
+reconciler over manifest files without a cluster. Registered on the `ignis` app by ignis/cli/app.py."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ignis.cli.render import OutputFormat, emit_json, emit_line
+from ignis.errors import StoreError
+from ignis.probes import ProbeServer
+from ignis.storage import Storage, open_store
+
+log = logging.getLogger(__name__)
+
+EXIT_INVALID = 2  # the CLI's "bad input" code: some manifest was not applied
+
+
+def _open_store(ctx: typer.Context) -> tuple[Storage, str]:
+    state: Any = ctx.find_root().obj  # ignis.cli.app.State (not imported: app imports this module)
+    settings = state.settings()
+    store = open_store(settings.store, farm_id=settings.farm_id, client_id=settings.client_id)
+    return store, settings.client_id
+
+
+def _store_ready(store: Storage) -> tuple[bool, str]:
+    try:
+        store.list_clients()
+    except StoreError as exc:
+        return False, f"store unreachable: {exc}"
+    return True, f"store {store.url} reachable"
+
+
+def operator_command(
+    ctx: typer.Context,
+    namespace: Annotated[list[str] | None, typer.Option(
+        "--namespace", "-n", help="watch only this namespace (repeat for several) [default: every namespace]")] = None,
+    port: Annotated[int, typer.Option(help="port of /metrics, /healthz and /readyz (0 = any free port)")] = 9090,
+    manifests: Annotated[Path | None, typer.Option(
+        "--manifests", file_okay=False, dir_okay=True, help="run without a cluster: sync IgnisQueue manifests "
+        "from this directory (re-read on change)")] = None,
+    once: Annotated[bool, typer.Option("--once", help="with --manifests: one pass, print the results, exit "
+                                       "(exit code 2 if any manifest was not applied)")] = False,
+    interval: Annotated[float, typer.Option(help="with --manifests: seconds between checks for changed files")] = 2.0,
+    output: Annotated[OutputFormat, typer.Option("--output", "-o", case_sensitive=False,
+                                                 help="--once result format")] = OutputFormat.TABLE,
+) -> None:
+    """Run the IgnisQueue operator: sync IgnisQueue objects into queue records, keep status, apply
+    deletionPolicy on deletion, repair drift.
+
+    With `--manifests DIR` the same reconciler runs over manifest files instead of a cluster (embedded
+    mode): a removed file applies the queue's deletionPolicy; an invalid one is reported and skipped."""
+    if once and manifests is None:
+        raise typer.BadParameter("--once needs --manifests DIR", param_hint="--once")
+    store, client_id = _open_store(ctx)
+    try:
+        if manifests is not None:
+            _run_manifests(store, manifests, client_id, port=port, once=once, interval=interval, output=output)
+        else:
+            _run_kopf(store, namespace or [], port=port)
+    finally:
+        store.close()
+
+
+def _run_manifests(store: Storage, directory: Path, client_id: str, *, port: int, once: bool, interval: float,
+                   output: OutputFormat) -> None:
+    from ignis_operator.embedded import ManifestSync
+
+    sync = ManifestSync(store, directory, default_client_id=client_id)
+    if once:
+        results = sync.sync_once()
+        if output is OutputFormat.JSON:
+            emit_json([r.as_dict() for r in results])
+        else:
+            for r in results:
+                emit_line(f"{'ok  ' if r.ready else 'FAIL'} {r.client_id or '-'}/{r.name} [{r.reason}] {r.message}"
+                          f" ({r.source})")
+        if not all(r.ready for r in results):
+            raise typer.Exit(EXIT_INVALID)
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with ProbeServer(port=port, ready=lambda: _store_ready(store)) as probes:
+        log.warning("ignis operator: syncing manifests from %s; probes and metrics on port %d", directory,
+                    probes.port)
+        sync.run(stop, interval=interval)
+
+
+def _run_kopf(store: Storage, namespaces: list[str], *, port: int) -> None:
+    import kopf
+
+    from ignis_operator.handlers import OperatorContext, build_registry, configure
+
+    registry = build_registry(OperatorContext(store))
+    settings = kopf.OperatorSettings()
+    configure(settings)
+    with ProbeServer(port=port, ready=lambda: _store_ready(store)):
+        kopf.run(registry=registry, settings=settings, standalone=True, clusterwide=not namespaces,
+                 namespaces=namespaces)

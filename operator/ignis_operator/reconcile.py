@@ -1,0 +1,202 @@
+"""The reconciler as plain functions over a `Storage`: what kopf (handlers.py) and the manifest-file
+mode (embedded.py) both run. Nothing here knows about Kubernetes API calls.
+
+Ownership: the operator is the only writer of declared queues' records, but two IgnisQueue objects
+(or two manifest files) may claim the same (clientId, queue). The claim is recorded on the queue
+record itself, in the extra bin `owner` ({uid, ref, since}), so every operator replica and the
+embedded mode see the same answer. The older claim wins; an inactive record (a Retained deletion)
+is a released claim. The bin is not a config bin: QueueSpec.from_bins ignores it and drift repair
+compares config bins only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ignis import names
+from ignis.errors import InvalidSpecError
+from ignis.queue import Queue
+from ignis.spec import API_VERSION, KIND, DeletionPolicy, QueueSpec
+from ignis.storage.base import Storage
+
+log = logging.getLogger(__name__)
+
+OWNER_BIN = "owner"
+
+# Condition reasons (CamelCase, as Kubernetes conventions want).
+SYNCED = "Synced"
+INVALID_SPEC = "InvalidSpec"
+CONFLICT = "Conflict"
+STORE_UNAVAILABLE = "StoreUnavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who declares a queue: an IgnisQueue object (uid, namespace/name, creation time) or a manifest file."""
+
+    uid: str
+    ref: str
+    since_ms: int
+
+    def as_bin(self) -> dict[str, Any]:
+        return {"uid": self.uid, "ref": self.ref, "since": self.since_ms}
+
+    @classmethod
+    def from_bin(cls, value: Any) -> Owner | None:
+        if not isinstance(value, Mapping) or not value.get("uid"):
+            return None
+        return cls(str(value["uid"]), str(value.get("ref", "")), int(value.get("since", 0) or 0))
+
+    def precedes(self, other: Owner) -> bool:
+        """The older claim wins; the uid breaks a tie so every replica agrees."""
+        return (self.since_ms, self.uid) < (other.since_ms, other.uid)
+
+
+APPLIED = "applied"
+REMOVED = "removed"
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    """The outcome of syncing one queue declaration (`action` applied) or of its removal (removed)."""
+
+    name: str
+    client_id: str | None
+    ready: bool
+    reason: str
+    message: str
+    created: bool = False
+    diff: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # bin -> (stored, declared); drift repaired
+    source: str | None = None
+    action: str = APPLIED
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "clientId": self.client_id, "ready": self.ready, "reason": self.reason,
+                "message": self.message, "created": self.created, "source": self.source, "action": self.action,
+                "diff": {k: {"stored": a, "declared": b} for k, (a, b) in self.diff.items()}}
+
+
+def spec_from_object(name: str, namespace: str | None, spec: Mapping[str, Any], source: str | None = None
+                     ) -> QueueSpec:
+    """The QueueSpec of an IgnisQueue object (clientId defaults to the namespace). Raises InvalidSpecError."""
+    metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
+    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": dict(spec)}
+    return QueueSpec.from_manifest(doc, source)
+
+
+def parse_k8s_time(text: str | None) -> int:
+    """creationTimestamp (RFC 3339) to epoch ms; 0 when absent."""
+    if not text:
+        return 0
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def config_drift(stored: Mapping[str, Any] | None, declared: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Config bins whose stored value differs from the declaration (all of them when the record is gone)."""
+    stored = stored or {}
+    return {k: (stored.get(k), v) for k, v in declared.items() if stored.get(k) != v}
+
+
+def sync_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_client_id: str | None = None
+               ) -> SyncResult:
+    """Create or update the queue record of `spec` (runtime bins untouched), register its clientId, and
+    report. Idempotent: a second run over an unchanged store writes the same bins and reports no drift.
+    Store errors propagate (the caller decides about retries)."""
+    client_id = spec.client_id or default_client_id or store.client_id
+    s = store if client_id == store.client_id else store.with_client(client_id)
+    current = s.get_queue(spec.name)
+    declared = spec.config_bins()
+    if current is not None:
+        holder = Owner.from_bin(current.bins.get(OWNER_BIN))
+        if holder is not None and holder.uid != owner.uid and current.active and holder.precedes(owner):
+            return SyncResult(spec.name, client_id, False, CONFLICT,
+                              f"queue {spec.name!r} of clientId {client_id!r} is already declared by {holder.ref} "
+                              f"(the older declaration wins); rename this queue or delete one of them")
+        stored_shards = int(current.bins.get("shards", 0) or 0)
+        if spec.shards < stored_shards:
+            return SyncResult(spec.name, client_id, False, INVALID_SPEC,
+                              f"shards={spec.shards}: shards may grow, never shrink (queue {spec.name!r} has "
+                              f"{stored_shards} in the store)")
+        if holder is not None and holder.uid == owner.uid:
+            owner = Owner(owner.uid, owner.ref, holder.since_ms)  # a claim keeps its age across re-syncs
+    diff = config_drift(current.bins if current else None, declared)
+    s.register_client(client_id)  # so the sweeper finds this client's queue set
+    created = s.apply_queue(spec.name, {**declared, OWNER_BIN: owner.as_bin()}, spec.record_ttl_seconds)
+    if created:
+        s.ensure_index()  # a new clientId has a new queue set, and the set its own index
+    if created:
+        message = f"queue record created ({spec.shards} shards)"
+    elif diff:
+        message = "queue record updated: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(diff.items()))
+    else:
+        message = "queue record in sync"
+    return SyncResult(spec.name, client_id, True, SYNCED, message, created=created, diff={} if created else diff)
+
+
+def finalize_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_client_id: str | None = None) -> str:
+    """Apply the deletion policy of a declaration that goes away. Only the owner of the record acts (a
+    Conflict loser going away must not touch the winner's queue). Returns what was done, for logs/events."""
+    client_id = spec.client_id or default_client_id or store.client_id
+    s = store if client_id == store.client_id else store.with_client(client_id)
+    current = s.get_queue(spec.name)
+    if current is None:
+        return f"queue {spec.name!r} has no record; nothing to do"
+    holder = Owner.from_bin(current.bins.get(OWNER_BIN))
+    if holder is not None and holder.uid != owner.uid:
+        return f"queue {spec.name!r} is owned by {holder.ref}; left untouched"
+    if spec.deletion_policy is DeletionPolicy.DELETE:
+        removed = sum(s.purge_magazine(m) for m in (spec.name, names.sideline_of(spec.name), names.dead_of(spec.name)))
+        s.delete_queue(spec.name)
+        return f"queue {spec.name!r} deleted with {removed} messages (deletionPolicy Delete)"
+    s.set_queue_active(spec.name, False)
+    return f"queue {spec.name!r} deactivated, data kept (deletionPolicy Retain)"
+
+
+def queue_figures(store: Storage, spec: QueueSpec, *, default_client_id: str | None = None) -> dict[str, int]:
+    """Live figures for the status: depth, inFlight, sidelined, dead."""
+    client_id = spec.client_id or default_client_id or store.client_id
+    s = store if client_id == store.client_id else store.with_client(client_id)
+    stats = Queue(s, spec).stats(in_flight=True)
+    return {"depth": stats.depth, "inFlight": stats.in_flight or 0, "sidelined": stats.sidelined, "dead": stats.dead}
+
+
+# ---- status ------------------------------------------------------------------------------------------
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(conditions: list[dict[str, Any]] | None, type_: str, status: bool, reason: str, message: str,
+                  *, generation: int | None = None, now: str | None = None) -> list[dict[str, Any]]:
+    """A new conditions list with `type_` set; lastTransitionTime changes only when the status does."""
+    result = [dict(c) for c in (conditions or []) if c.get("type") != type_]
+    previous = next((c for c in conditions or [] if c.get("type") == type_), None)
+    value = "True" if status else "False"
+    since = previous.get("lastTransitionTime") if previous and previous.get("status") == value else None
+    condition = {"type": type_, "status": value, "reason": reason, "message": message,
+                 "lastTransitionTime": since or now or now_rfc3339()}
+    if generation is not None:
+        condition["observedGeneration"] = generation
+    result.append(condition)
+    return sorted(result, key=lambda c: c["type"])
+
+
+def status_for(result: SyncResult, old_status: Mapping[str, Any] | None, generation: int | None) -> dict[str, Any]:
+    """The status patch for a sync outcome: Synced says whether the store holds the declaration,
+    Ready whether the queue is usable as declared."""
+    conditions = list((old_status or {}).get("conditions") or [])
+    conditions = set_condition(conditions, "Synced", result.ready, result.reason, result.message, generation=generation)
+    conditions = set_condition(conditions, "Ready", result.ready, result.reason, result.message, generation=generation)
+    status: dict[str, Any] = {"conditions": conditions}
+    if generation is not None:
+        status["observedGeneration"] = generation
+    if result.client_id:
+        status["clientId"] = result.client_id
+    return status
+
+
+def invalid(name: str, exc: InvalidSpecError, client_id: str | None = None, source: str | None = None) -> SyncResult:
+    return SyncResult(name, client_id, False, INVALID_SPEC, "; ".join(exc.problems), source=source)

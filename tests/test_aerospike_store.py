@@ -1,0 +1,400 @@
+"""Aerospike-only behaviour on the emulator: client policies, calls per operation, acks that survive a
+cold restart of Community Edition, retries and in-doubt writes, error mapping, credential redaction."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aerospike
+import pytest
+from aerospike import exception as ex
+from prometheus_client import REGISTRY, generate_latest
+from support.aerospike_emulator import EmulatedServer
+
+from ignis import Ignis, QueueSpec
+from ignis.envelope import Envelope, now_ms
+from ignis.errors import InvalidInputError, StoreError, StoreFull, StoreUnavailable
+from ignis.storage import SlotRef, aerospike_store, open_store
+from ignis.storage.aerospike_errors import map_error
+from ignis.storage.aerospike_store import AerospikeStore
+
+URL = "aerospike://emulator:3000/test?farm=f1&client=c1"
+SECRET = "s3cr3t-Pa55"
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> EmulatedServer:
+    server = EmulatedServer()
+    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    return server
+
+
+@pytest.fixture
+def make(server: EmulatedServer) -> Iterator[Callable[..., AerospikeStore]]:
+    opened: list[AerospikeStore] = []
+
+    def open_(url: str = URL) -> AerospikeStore:
+        store = open_store(url)
+        assert isinstance(store, AerospikeStore)
+        opened.append(store)
+        return store
+
+    yield open_
+    for store in opened:
+        store.close()
+
+
+def calls(operation: str) -> float:
+    return REGISTRY.get_sample_value("ignis_storage_calls_total", {"operation": operation}) or 0.0
+
+
+def retries(operation: str) -> float:
+    return REGISTRY.get_sample_value("ignis_storage_retries_total", {"operation": operation}) or 0.0
+
+
+def env(msg_id: str = "m") -> Envelope:
+    return Envelope(b"x", msg_id, now_ms())
+
+
+# ---- client policies --------------------------------------------------------------------------------
+def test_client_policies_follow_the_design(server: EmulatedServer, make) -> None:
+    make("aerospike://h1:3000,h2:3100/test?farm=f1&client=c1&max_conns_per_node=7&thread_pool_size=3")
+    config = server.configs[0]
+    assert config["hosts"] == [("h1", 3000), ("h2", 3100)]
+    write = config["policies"]["write"]
+    assert write["commit_level"] == aerospike.POLICY_COMMIT_LEVEL_ALL
+    assert write["key"] == aerospike.POLICY_KEY_SEND
+    assert write["replica"] == config["policies"]["read"]["replica"] == aerospike.POLICY_REPLICA_SEQUENCE
+    assert write["max_retries"] == 0  # tenacity retries, and only where safe
+    assert config["max_conns_per_node"] == 7 and config["thread_pool_size"] == 3
+
+
+# ---- cost per message -------------------------------------------------------------------------------
+def test_storage_calls_per_operation(server: EmulatedServer, make) -> None:
+    with Ignis(make()) as ignis:
+        ignis.apply(QueueSpec.build(name="orders", handlerType="orders", shards=1))
+        q = ignis.queue("orders")
+        q.fire()  # warm-up: the consumer's first shard-pointer read
+
+        def cost(action: Callable[[], Any]) -> tuple[int, int]:
+            before_metric = sum(calls(op) for op in ("load", "claim", "delete", "pointers", "read"))
+            before_server = sum(server.calls.values())
+            action()
+            metric = sum(calls(op) for op in ("load", "claim", "delete", "pointers", "read")) - before_metric
+            return int(metric), sum(server.calls.values()) - before_server
+
+        publish_metric, publish_real = cost(lambda: q.publish("one"))
+        assert publish_metric == publish_real <= 2
+        fired: list[Any] = []
+        fire_metric, fire_real = cost(lambda: fired.append(q.fire()))
+        assert fired[0] is not None and fire_metric == fire_real <= 2
+        ack_metric, ack_real = cost(fired[0].ack)
+        assert ack_metric == ack_real == 1
+
+        q.publish_many(range(50))
+        batch = q.fire_many(50)
+        assert len(batch) == 50
+        batch_metric, batch_real = cost(lambda: q.ack(batch))
+        assert batch_metric == batch_real == 1  # 1/N per message
+
+
+# ---- acks that stay acked -----------------------------------------------------------------------------
+def test_community_plain_delete_comes_back_after_a_cold_restart(server: EmulatedServer, make) -> None:
+    """The hazard itself, so the tests below prove something: a plain delete is undone by a restart."""
+    store = make()
+    key = ("test", "c1_data_set", "x")
+    store.client.put(key, {"a": 1})
+    store.client.remove(key)
+    server.cold_restart()
+    assert store.client.get(key)[2] == {"a": 1}
+
+
+def test_community_acks_are_tombstones_that_survive_a_cold_restart(server: EmulatedServer, make) -> None:
+    store = make()
+    assert not store.durable_deletes
+    refs = store.load("q", [(0, env("a")), (0, env("b")), (0, env("c"))], 600)
+    claimed = store.claim("q", 0, 3, now_ms())
+    assert store.delete([claimed[0].ref]) == 1  # single ack
+    assert store.delete([c.ref for c in claimed[1:]]) == 2  # batched ack
+    raw = server.raw("test", "c1_data_set", "q_SHARD_0_1")
+    assert raw is not None and set(raw.bins) == {"deletedAt"}  # payload gone, TTL kept
+    server.cold_restart()
+    assert store.read(refs) == [None, None, None]
+    assert store.peek("q", 0, 1, 3) == []
+    assert store.stamp_unfired(refs[0], now_ms()) is None
+    assert store.delete(refs) == 0
+
+
+def test_tombstoned_slot_is_a_hole_for_claim(server: EmulatedServer, make) -> None:
+    store = make()
+    refs = store.load("q", [(0, env("a")), (0, env("b"))], 600)
+    store.delete([refs[0]])  # e.g. a sweeper moved it while unclaimed
+    claimed = store.claim("q", 0, 2, now_ms())
+    assert claimed[0].envelope is None and claimed[1].envelope.msg_id == "b"
+    assert server.raw("test", "c1_data_set", "q_SHARD_0_1").bins.keys() == {"deletedAt"}  # not stamped
+
+
+def test_enterprise_acks_are_durable_deletes(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = EmulatedServer(edition="enterprise")
+    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    store = open_store(URL)
+    assert store.durable_deletes
+    refs = store.load("q", [(0, env("a")), (0, env("b"))], 600)
+    assert store.delete(refs) == 2
+    assert server.raw("test", "c1_data_set", "q_SHARD_0_1") is None
+    server.cold_restart()
+    assert store.read(refs) == [None, None]
+    store.close()
+
+
+def test_durable_delete_on_community_is_a_clear_error(server: EmulatedServer, make) -> None:
+    store = make(URL + "&ack_mode=durable-delete")
+    ref = store.load("q", [(0, env())], 600)[0]
+    with pytest.raises(StoreError, match="aerospike delete"):
+        store.delete([ref])
+
+
+def test_deleted_queue_and_purged_magazine_stay_gone_and_can_be_reused(server: EmulatedServer, make) -> None:
+    store = make()
+    store.apply_queue("orders", {"handlerType": "h", "shards": 2}, 3600)
+    store.load("orders", [(0, env("a")), (1, env("b"))], 600)
+    assert store.purge_magazine("orders") == 2
+    assert store.delete_queue("orders") is True and store.delete_queue("orders") is False
+    server.cold_restart()
+    assert store.get_queue("orders") is None and store.list_queues(None) == []
+    assert [(p.load, p.fire) for p in store.pointers("orders", 2).values()] == [(0, 0), (0, 0)]
+    assert store.peek("orders", 0, 1, 5) == [] and store.claim("orders", 0, 5, now_ms()) == []
+    # Re-declared and reused: a fresh record, slots from 1 again.
+    assert store.apply_queue("orders", {"handlerType": "h2", "shards": 2}, 3600) is True
+    assert store.get_queue("orders").bins["sweptCounter"] == 0
+    assert store.load("orders", [(0, env("new"))], 600) == [SlotRef("orders", 0, 1)]
+    assert [c.envelope.msg_id for c in store.claim("orders", 0, 5, now_ms())] == ["new"]
+
+
+# ---- retries and in-doubt writes ---------------------------------------------------------------------
+def test_transient_read_errors_are_retried(server: EmulatedServer, make) -> None:
+    store = make()
+    store.apply_queue("orders", {"handlerType": "h"}, 60)
+    before = retries("get_queue")
+    server.fail_next("get", ex.TimeoutError, times=2)
+    assert store.get_queue("orders") is not None
+    assert retries("get_queue") - before == 2
+
+
+def test_retries_give_up_with_a_clear_error(server: EmulatedServer, make) -> None:
+    store = make()
+    server.fail_next("get", ex.TimeoutError, times=10)
+    with pytest.raises(StoreUnavailable, match=r"get_queue .*timed out"):
+        store.get_queue("orders")
+
+
+def test_in_doubt_claim_is_not_repeated(server: EmulatedServer, make) -> None:
+    store = make()
+    store.load("q", [(0, env("a")), (0, env("b"))], 600)
+    server.fail_next("operate", ex.TimeoutError, apply_first=True)  # applied, reply lost
+    with pytest.raises(StoreUnavailable, match="may or may not have been applied"):
+        store.claim("q", 0, 1, now_ms())
+    assert store.pointers("q", 1)[0].fire == 1  # exactly one claim happened: nobody else gets slot 1
+    assert [c.ref.slot for c in store.claim("q", 0, 5, now_ms())] == [2]
+
+
+def test_claim_failed_for_sure_is_repeated(server: EmulatedServer, make) -> None:
+    store = make()
+    store.load("q", [(0, env("a"))], 600)
+    server.fail_next("operate", ex.TimeoutError)  # in_doubt False: the server did nothing
+    assert [c.envelope.msg_id for c in store.claim("q", 0, 1, now_ms())] == ["a"]
+
+
+def test_in_doubt_load_increment_leaves_a_hole_never_a_shared_slot(server: EmulatedServer, make) -> None:
+    store = make()
+    server.fail_next("operate", ex.TimeoutError, apply_first=True)
+    refs = store.load("q", [(0, env("a"))], 600)
+    assert refs == [SlotRef("q", 0, 2)]  # slot 1 was allocated by the lost reply: a hole
+    claimed = store.claim("q", 0, 5, now_ms())
+    assert [(c.ref.slot, c.envelope and c.envelope.msg_id) for c in claimed] == [(1, None), (2, "a")]
+
+
+def test_in_doubt_sweep_update_is_not_repeated(server: EmulatedServer, make) -> None:
+    store = make()
+    store.apply_queue("orders", {"handlerType": "h"}, 60)
+    epoch = store.next_epoch()
+    server.fail_next("operate", ex.TimeoutError, apply_first=True)
+    with pytest.raises(StoreUnavailable):
+        store.advance_sweep("orders", "main", epoch, {0: 5}, 5)
+    assert store.get_queue("orders").bins["sweptCounter"] == 5  # applied once, not twice
+
+
+# ---- error mapping ---------------------------------------------------------------------------------------
+def test_missing_namespace(server: EmulatedServer, make) -> None:
+    with pytest.raises(StoreError, match="namespace does not exist"):
+        make("aerospike://emulator:3000/nope?farm=f1&client=c1")
+
+
+def test_ttl_refused_without_nsup_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = EmulatedServer(nsup_period=0)
+    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    store = open_store(URL)
+    with pytest.raises(StoreError, match="nsup-period"):
+        store.apply_queue("orders", {"handlerType": "h"}, 60)
+    store.close()
+
+
+def test_record_too_big_on_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = EmulatedServer(max_record_bytes=4096)  # a namespace smaller than the configured limit
+    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    store = open_store(URL)
+    with pytest.raises(InvalidInputError, match="record too big"):
+        store.load("q", [(0, Envelope(b"x" * 8000, "m", now_ms()))], 60)
+    store.close()
+
+
+def test_unreachable_cluster(server: EmulatedServer, make) -> None:
+    server.reachable = False
+    with pytest.raises(StoreUnavailable, match="cluster unreachable"):
+        make()
+
+
+@pytest.mark.parametrize(("error", "match"), [
+    (ex.NotAuthenticated, "authentication"), (ex.TLSError, "TLS"), (ex.ServerFull, "full"),
+    (ex.DeviceOverload, "failed"),
+])
+def test_server_errors_map_to_ignis_errors(server: EmulatedServer, make, error, match: str) -> None:
+    store = make(URL + "&retries=0")
+    server.fail_next("get", error)
+    with pytest.raises(StoreError, match=match):
+        store.get_queue("orders")
+
+
+def test_index_errors_other_than_already_exists_are_reported(server: EmulatedServer, make) -> None:
+    store = make()
+    store.ensure_index()  # exists: fine
+    server.fail_next("index_string_create", ex.IndexOOM)
+    with pytest.raises(StoreError, match="cannot create secondary index 'f1_c1_ignis_queues_active'"):
+        store.ensure_index()
+
+
+# ---- credentials ----------------------------------------------------------------------------------------
+def test_credentials_never_leak(server: EmulatedServer, make, caplog: pytest.LogCaptureFixture,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    caplog.set_level(logging.DEBUG)
+    store = make(f"aerospike://admin:{SECRET}@emulator:3000/test?farm=f1&client=c1")
+    assert server.configs[-1]["user"] == "admin" and server.configs[-1]["password"] == SECRET  # used...
+    texts = [store.url, repr(store), str(store._shared.settings), repr(store._shared.settings)]
+    server.fail_next("get", ex.InvalidPassword)
+    with pytest.raises(StoreError) as failure:
+        store.get_queue("orders")
+    texts.append(str(failure.value))
+    server.reachable = False
+    with pytest.raises(StoreUnavailable) as unreachable:
+        open_store(f"aerospike://admin:{SECRET}@emulator:3000/test")
+    texts.append(str(unreachable.value))
+    monkeypatch.setenv("IGNIS_AEROSPIKE_PASSWORD", SECRET)
+    with pytest.raises(InvalidInputError) as bad_setting:
+        open_store("aerospike://emulator:99999/test")
+    texts.append(str(bad_setting.value))
+    for bad_url in (f"aerospike://admin:{SECRET}@h/test?x", f"aerospik://admin:{SECRET}@h/test"):
+        with pytest.raises(InvalidInputError) as bad:
+            open_store(bad_url)
+        texts.append(str(bad.value))
+    texts += [record.getMessage() for record in caplog.records]
+    texts.append(generate_latest(REGISTRY).decode())
+    assert all(SECRET not in text for text in texts)  # ...and shown nowhere
+    assert "admin" not in store.url
+
+
+# ---- the emulator follows the server ----------------------------------------------------------------------
+def test_emulator_generation_ttl_and_exists_policies(server: EmulatedServer) -> None:
+    client = server.client({})
+    key = ("test", "s", "k")
+    client.put(key, {"a": 1}, {"ttl": 100})
+    _, meta, _ = client.get(key)
+    assert meta["gen"] == 1 and 99 <= meta["ttl"] <= 100
+    client.put(key, {"b": 2}, {"ttl": aerospike.TTL_DONT_UPDATE})
+    _, meta, bins = client.get(key)
+    assert meta["gen"] == 2 and 99 <= meta["ttl"] <= 100 and bins == {"a": 1, "b": 2}
+    with pytest.raises(ex.RecordExistsError):
+        client.put(key, {"a": 1}, policy={"exists": aerospike.POLICY_EXISTS_CREATE})
+    with pytest.raises(ex.RecordNotFound):
+        client.put(("test", "s", "other"), {"a": 1}, policy={"exists": aerospike.POLICY_EXISTS_UPDATE})
+    with pytest.raises(ex.RecordGenerationError):
+        client.put(key, {"a": 3}, {"gen": 1}, {"gen": aerospike.POLICY_GEN_EQ})
+    client.put(key, {"c": 3}, {"ttl": -1}, {"exists": aerospike.POLICY_EXISTS_REPLACE})
+    _, meta, bins = client.get(key)
+    assert bins == {"c": 3} and meta["ttl"] == -1
+    with pytest.raises(ex.BinNameError):
+        client.put(key, {"x" * 16: 1})
+    with pytest.raises(ex.NamespaceNotFound):
+        client.get(("nope", "s", "k"))
+
+
+def test_emulator_refuses_what_it_does_not_emulate(server: EmulatedServer) -> None:
+    from aerospike_helpers import expressions as exp
+
+    client = server.client({})
+    client.put(("test", "s", "k"), {"a": "text"})
+    regex = exp.CmpRegex(0, "t.*", exp.StrBin("a")).compile()
+    with pytest.raises(NotImplementedError, match="expression op"):
+        client.get(("test", "s", "k"), {"expressions": regex})
+
+
+def test_client_views_share_one_connection(server: EmulatedServer, make) -> None:
+    store = make()
+    view = store.with_client("other-app")
+    assert store.with_client("other-app") is view and view.client is store.client
+    assert store.with_client(store.client_id) is store
+    view.apply_queue("orders", {"handlerType": "h"}, 60)
+    assert store.get_queue("orders") is None and view.get_queue("orders") is not None
+    view.close()  # a view leaves the shared connection open
+    assert store.client.is_connected() and store.get_queue("orders") is None
+    store.close()
+    assert not store.client.is_connected()
+
+
+def test_enterprise_purge_and_queue_delete_are_durable(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = EmulatedServer(edition="enterprise")
+    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    store = open_store(URL)
+    store.apply_queue("orders", {"handlerType": "h"}, 3600)
+    store.load("orders", [(0, env("a")), (0, env("b")), (1, env("c"))], 600)
+    assert store.purge_magazine("orders") == 3
+    assert store.delete_queue("orders") is True
+    server.cold_restart()
+    assert store.get_queue("orders") is None and store.peek("orders", 0, 1, 5) == []
+    assert server.raw("test", "c1_meta_set", "orders_SHARD_0_METADATA") is None
+    store.close()
+
+
+@pytest.mark.parametrize(("error", "kind", "match"), [
+    (ex.NamespaceNotFound, StoreError, "namespace does not exist"),
+    (ex.ForbiddenError, StoreError, "nsup-period"),
+    (ex.RecordTooBig, InvalidInputError, "record too big"),
+    (ex.BinNameError, InvalidInputError, "bin name too long"),
+    (ex.ServerFull, StoreFull, "full"),
+    (ex.InvalidPassword, StoreUnavailable, "authentication"),
+    (ex.TLSError, StoreUnavailable, "TLS"),
+    (ex.TimeoutError, StoreUnavailable, "timed out"),
+    (ex.ConnectionError, StoreUnavailable, "cluster unreachable"),
+    (ex.IndexOOM, StoreError, "secondary index"),
+    (ex.UDFError, StoreError, "failed"),
+])
+def test_every_aerospike_error_maps_to_an_ignis_error(error, kind, match: str) -> None:
+    exc = error(error.code, "server says no", "file.c", 1, False)
+    exc.code, exc.msg, exc.in_doubt = error.code, "server says no", False
+    mapped = map_error(exc, "load", "aerospike://h:3000/test set 'c_data_set'")
+    assert type(mapped) is kind and re.search(match, str(mapped))
+    assert "load" in str(mapped) and "c_data_set" in str(mapped) and "server says no" in str(mapped)
+
+
+def test_a_user_without_index_privilege_can_still_publish(server: EmulatedServer, make,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    server.fail_next("index_string_create", ex.RoleViolation)
+    store = make()  # opens, with a warning naming what is missing
+    assert "sindex-admin" in caplog.text
+    assert store.load("q", [(0, env())], 60) == [SlotRef("q", 0, 1)]
+    server.fail_next("index_string_create", ex.IndexOOM)
+    with pytest.raises(StoreError, match="cannot create secondary index"):
+        make("aerospike://emulator:3000/test?farm=f2&client=c2")  # any other index error stops the open
+    assert not server.clients[-1].is_connected()  # and the failed open leaks no connection

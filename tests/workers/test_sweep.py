@@ -1,0 +1,281 @@
+"""The sweep rules of DESIGN §4, each with a test that fails if the rule is broken. Backend-generic
+(the `store` fixture) except where a test must forge a record state through lmdb internals."""
+
+from __future__ import annotations
+
+import pytest
+from ignis_workers.sweeper import LeadershipLost, Sweeper
+from sweeper_helpers import FaultStore
+
+from ignis import names
+from ignis.errors import StaleEpoch
+from ignis.storage.base import SWEEP_POINTERS, SWEPT_COUNTER, SlotRef
+
+SWEEP_S = 300
+
+
+def sweeper(store, clock, **kw) -> Sweeper:
+    epoch = store.next_epoch()
+    return Sweeper(store, epoch_source=lambda: epoch, clock=clock, threads=4, **kw)
+
+
+def pointer(store, queue: str, kind: str = "main", shard: int = 0) -> int | None:
+    record = store.get_queue(queue)
+    return record.sweep_pointers(kind).get(names.shard_label(shard))
+
+
+def present(store, magazine: str, shard: int = 0, upto: int = 10_000) -> list[int]:
+    return [ref.slot for ref, _ in store.peek(magazine, shard, 1, upto)]
+
+
+def test_never_touches_unfired_or_recently_fired(store, declare, clock):
+    q = declare()
+    q.publish_many([b"m%d" % i for i in range(10)])
+    fired = q.fire_many(4)
+    assert len(fired) == 4
+    s = sweeper(store, clock)
+    report = s.sweep_queue(store.client_id, q.name)
+    assert report.moved == 0 and report.ok
+    assert present(store, q.name) == list(range(1, 11))
+    assert q.sideline.pending() == 0
+    # A sweepDuration later the fired ones are abandoned: swept; the unfired ones are above the fire
+    # pointer and never looked at.
+    clock.advance(SWEEP_S + 1)
+    report = s.sweep_queue(store.client_id, q.name)
+    assert report.main.moved == 4
+    assert present(store, q.name) == list(range(5, 11))
+    assert pointer(store, q.name) == 5  # the next slot to examine = fire pointer + 1
+    assert all(env.fire_ts is None for _, env in store.peek(q.name, 0, 5, 10))
+    assert sorted(env.msg_id for _, env in q.sideline.browse()) == sorted(m.id for m in fired)
+    assert all(env.reason == "swept" for _, env in q.sideline.browse())
+
+
+def test_stops_at_the_time_boundary(store, declare, clock):
+    q = declare()
+    q.publish_many([b"m%d" % i for i in range(6)])
+    t0 = clock.now
+    store.claim(q.name, 0, 3, t0)  # slots 1-3 fired at t0
+    store.claim(q.name, 0, 3, t0 + 200_000)  # slots 4-6 fired 200 s later
+    clock.now = t0 + SWEEP_S * 1000 + 100_000  # cutoff = t0 + 100 s: between the two groups
+    report = sweeper(store, clock).sweep_queue(store.client_id, q.name)
+    assert report.main.moved == 3
+    assert present(store, q.name) == [4, 5, 6]
+    assert pointer(store, q.name) == 4
+
+
+def test_acked_slots_are_passed_and_counter_counts_moves_only(store, declare, clock):
+    q = declare()
+    q.publish_many([b"m%d" % i for i in range(5)])
+    msgs = q.fire_many(5)
+    q.ack([msgs[0], msgs[2], msgs[4]])
+    clock.advance(SWEEP_S + 1)
+    report = sweeper(store, clock).sweep_queue(store.client_id, q.name)
+    assert (report.main.moved, report.main.examined) == (2, 5)
+    record = store.get_queue(q.name)
+    assert record.bins[SWEPT_COUNTER] == 2
+    assert record.bins[SWEEP_POINTERS] == {"SHARD_0": 6}
+
+
+def _unstamp(store, ref: SlotRef) -> None:
+    """Forge a record below the fire pointer without fireTS (a write that landed after its slot was
+    skipped as a hole) — lmdb writes load+data in one transaction, so only its internals can."""
+    from ignis.storage.lmdb_store import _DATA_HEADER
+
+    key = store._data_key(ref)
+    with store._env.env.begin(write=True) as txn:
+        raw = txn.get(key, db=store._data)
+        expire_at, _, attempts = _DATA_HEADER.unpack_from(raw)
+        txn.put(key, _DATA_HEADER.pack(expire_at, 0, attempts) + raw[_DATA_HEADER.size:], db=store._data)
+
+
+def test_unstamped_record_is_stamped_not_swept_then_swept_one_sweep_duration_later(store, declare, clock, backend):
+    if backend.name != "lmdb":
+        pytest.skip("forges a record state through lmdb internals")
+    q = declare()
+    q.publish_many([b"a", b"b", b"c"])
+    store.claim(q.name, 0, 3, clock.now - 10 * SWEEP_S * 1000)  # all three fired long ago
+    _unstamp(store, SlotRef(q.name, 0, 2))
+    s = sweeper(store, clock)
+    report = s.sweep_queue(store.client_id, q.name)
+    # slot 1 is abandoned: swept; slot 2 has no fireTS: stamped with now and it is the boundary, so
+    # slot 3 (abandoned too) waits behind it.
+    assert (report.main.moved, report.main.stamped) == (1, 1)
+    assert present(store, q.name) == [2, 3]
+    assert store.read([SlotRef(q.name, 0, 2)])[0].fire_ts == clock.now
+    assert pointer(store, q.name) == 2
+    # Not "fired at 0": a second sweep at the same time still leaves it alone.
+    assert s.sweep_queue(store.client_id, q.name).moved == 0
+    clock.advance(SWEEP_S - 1)
+    assert s.sweep_queue(store.client_id, q.name).moved == 0
+    clock.advance(2)
+    report = s.sweep_queue(store.client_id, q.name)
+    assert report.main.moved == 2
+    assert present(store, q.name) == []
+    assert pointer(store, q.name) == 4
+
+
+def test_crash_between_copy_and_delete_duplicates_never_loses(store, declare, clock):
+    q = declare()
+    q.publish_many([b"m%d" % i for i in range(5)])
+    ids = {m.id for m in q.fire_many(5)}
+    clock.advance(SWEEP_S + 1)
+    faulty = FaultStore(store)
+    faulty.fail["delete"] = 1
+    s = sweeper(faulty, clock)
+    report = s.sweep_queue(store.client_id, q.name)
+    assert report.main.failed_shards == [0] and not report.ok
+    assert present(store, q.name) == [1, 2, 3, 4, 5]  # originals kept
+    assert pointer(store, q.name) in (None, 1)  # the pointer did not pass them
+    assert q.sideline.pending() == 5  # the copies landed
+    report = s.sweep_queue(store.client_id, q.name)
+    assert report.main.moved == 5 and report.ok
+    assert present(store, q.name) == []
+    sidelined = [env.msg_id for _, env in q.sideline.browse()]
+    assert len(sidelined) == 10 and set(sidelined) == ids  # every message twice: duplicated, none lost
+
+
+def test_failed_copy_keeps_originals_and_pointer(store, declare, clock):
+    q = declare()
+    q.publish_many([b"m%d" % i for i in range(3)])
+    q.fire_many(3)
+    clock.advance(SWEEP_S + 1)
+    faulty = FaultStore(store)
+    faulty.fail["load"] = 1
+    report = sweeper(faulty, clock).sweep_queue(store.client_id, q.name)
+    assert report.main.failed_shards == [0]
+    assert present(store, q.name) == [1, 2, 3] and q.sideline.pending() == 0
+    assert pointer(store, q.name) in (None, 1)
+
+
+def test_rerun_changes_nothing(store, declare, clock):
+    q = declare(shards=3)
+    q.publish_many([b"m%d" % i for i in range(30)])
+    q.ack(q.fire_many(5))
+    q.fire_many(10)
+    clock.advance(SWEEP_S + 1)
+    q.fire_many(5)  # fired in real time, which the advanced test clock sees as abandoned too
+    s = sweeper(store, clock)
+    first = s.sweep_queue(store.client_id, q.name)
+    assert first.main.moved == 15
+    before = store.get_queue(q.name).bins
+    side = sorted(env.msg_id for _, env in q.sideline.browse(1000))
+    again = s.sweep_queue(store.client_id, q.name)
+    assert again.moved == 0 and again.main.examined == 0
+    assert store.get_queue(q.name).bins == before
+    assert sorted(env.msg_id for _, env in q.sideline.browse(1000)) == side
+
+
+def test_sideline_threshold_uses_twice_the_shovel_interval(store, declare, clock):
+    q = declare(shovel={"concurrency": 1, "intervalSeconds": 1000})  # 2 x 1000 s > sweepDuration 300 s
+    q.sideline.load([q.envelope(b"x"), q.envelope(b"y")])
+    store.claim(q.sideline.name, 0, 1, clock.now)  # the shovel claimed slot 1 and (say) died
+    s = sweeper(store, clock)
+    clock.advance(SWEEP_S + 1)  # past sweepDuration but within 2 x shovelInterval: still in flight
+    assert s.sweep_queue(store.client_id, q.name).sideline.moved == 0
+    assert present(store, q.sideline.name) == [1, 2]
+    clock.advance(2000 - SWEEP_S)
+    report = s.sweep_queue(store.client_id, q.name)
+    assert report.sideline.moved == 1
+    assert present(store, q.sideline.name) == [2, 3]  # re-appended at the sideline's tail
+    assert pointer(store, q.name, "sideline") == 2
+    tail = store.read([SlotRef(q.sideline.name, 0, 3)])[0]
+    assert tail.fire_ts is None and tail.reason == "swept"
+
+
+def test_sideline_threshold_uses_sweep_duration_when_smaller(store, declare, clock):
+    q = declare(shovel={"concurrency": 1, "intervalSeconds": 10})
+    q.sideline.load([q.envelope(b"x")])
+    store.claim(q.sideline.name, 0, 1, clock.now)
+    s = sweeper(store, clock)
+    clock.advance(100)  # past 2 x shovelInterval, not past sweepDuration
+    assert s.sweep_queue(store.client_id, q.name).sideline.moved == 0
+    clock.advance(SWEEP_S)
+    assert s.sweep_queue(store.client_id, q.name).sideline.moved == 1
+
+
+def test_failure_on_one_shard_or_queue_does_not_stop_the_others(store, declare, clock):
+    a = declare("alpha", shards=3)
+    b = declare("beta", shards=1)
+    for q in (a, b):
+        q.publish_many([b"m%d" % i for i in range(9)])
+        q.fire_many(9)
+    clock.advance(SWEEP_S + 1)
+    faulty = FaultStore(store)
+    faulty.when["peek"] = lambda magazine, shard, *_: magazine == "alpha" and shard == 1
+    reports = {r.queue: r for r in sweeper(faulty, clock).sweep_all()}
+    assert reports["alpha"].main.failed_shards == [1]
+    assert reports["alpha"].main.moved == 6  # shards 0 and 2
+    assert reports["beta"].ok and reports["beta"].main.moved == 9
+    assert present(store, "alpha", 1) != []
+
+
+def test_sweep_all_covers_every_client(store, declare, clock):
+    from ignis import Ignis, QueueSpec
+
+    q = declare("alpha")
+    other = Ignis(store.with_client("billing"))
+    other.apply(QueueSpec.build(name="invoices", handlerType="x", shards=1, sweepDurationSeconds=300))
+    qb = other.queue("invoices")
+    for queue in (q, qb):
+        queue.publish(b"p")
+        queue.fire()
+    clock.advance(SWEEP_S + 1)
+    reports = sweeper(store, clock).sweep_all()
+    assert sorted((r.client_id, r.queue, r.moved) for r in reports) == [
+        ("billing", "invoices", 1), (store.client_id, "alpha", 1)]
+
+
+def test_stale_epoch_stops_the_sweep(store, declare, clock):
+    q = declare()
+    q.publish_many([b"m%d" % i for i in range(4)])
+    q.fire_many(4)
+    clock.advance(SWEEP_S + 1)
+    old = store.next_epoch()
+    newer = store.next_epoch()
+    store.advance_sweep(q.name, "main", newer, {}, 0)  # the new leader has written this queue
+    with pytest.raises(StaleEpoch):
+        Sweeper(store, epoch_source=lambda: old, clock=clock, threads=2).sweep_all()
+    assert pointer(store, q.name) is None
+
+
+def test_lost_guard_stops_before_the_next_batch(store, declare, clock):
+    q = declare()
+    q.publish_many([b"m%d" % i for i in range(10)])
+    q.fire_many(10)
+    clock.advance(SWEEP_S + 1)
+    batches = []
+
+    def guard() -> bool:
+        batches.append(1)
+        return len(batches) <= 2
+
+    s = sweeper(store, clock, batch_size=3, guard=guard)
+    with pytest.raises(LeadershipLost):
+        s.sweep_queue(store.client_id, q.name)
+    assert pointer(store, q.name) == 7  # two batches of three done, then it stopped
+    assert present(store, q.name) == [7, 8, 9, 10]
+
+
+def test_batches_cover_a_long_range(store, declare, clock):
+    q = declare()
+    q.publish_many([b"m%d" % i for i in range(2500)])
+    msgs = q.fire_many(2500)
+    q.ack(msgs[:1200])
+    clock.advance(SWEEP_S + 1)
+    report = sweeper(store, clock).sweep_queue(store.client_id, q.name)
+    assert (report.main.moved, report.main.examined) == (1300, 2500)
+    assert q.sideline.pending() == 1300
+
+
+def test_no_epoch_means_no_sweep(store, declare, clock):
+    q = declare()
+    q.publish(b"x")
+    q.fire()
+    clock.advance(SWEEP_S + 1)
+
+    def no_epoch() -> int:
+        raise LeadershipLost("not leading")
+
+    with pytest.raises(LeadershipLost):
+        Sweeper(store, epoch_source=no_epoch, clock=clock, threads=1).sweep_all()
+    assert present(store, q.name) == [1]

@@ -1,0 +1,94 @@
+"""`ignis sweep`, `ignis sideline shovel`, `ignis sideline redrive` and `ignis sweeper`'s settings
+errors, through the installed console script in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ignis_workers.election import LEASE_NAME
+
+from ignis import Ignis, QueueSpec
+from ignis.envelope import now_ms
+from ignis.storage.base import LeaseRecord
+
+IGNIS = Path(sys.executable).parent / "ignis"
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"lmdb://{tmp_path}/store?durability=fast"
+
+
+def ignis(url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(IGNIS), "--store", url, *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> Any:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def client(url: str):
+    with Ignis(url) as c:
+        c.apply(QueueSpec.build(name="orders", handlerType="orders", shards=2, maxDeliveries=2))
+        yield c
+
+
+def test_sweep_moves_abandoned_claims_and_prints_json(url: str, client: Ignis):
+    q = client.queue("orders")
+    q.publish_many([b"a", b"b", b"c", b"d"])
+    q.fire_many(2)  # fresh claims: not abandoned
+    assert as_json(ignis(url, "sweep", "orders", "-o", "json"))["main"]["moved"] == 0
+    for shard in (0, 1):
+        client.store.claim("orders", shard, 10, now_ms() - 3_600_000)  # claimed an hour ago
+    doc = as_json(ignis(url, "sweep", "orders", "-o", "json"))
+    assert doc["main"]["moved"] == 2 and doc["queue"] == "orders"
+    table = ignis(url, "sweep", "orders")
+    assert table.returncode == 0 and "main" in table.stdout
+
+
+def test_sweep_unknown_queue_exits_3(url: str, client: Ignis):
+    result = ignis(url, "sweep", "nope")
+    assert result.returncode == 3 and result.stderr.startswith("error: queue 'nope' not found")
+
+
+def test_sweep_refuses_while_a_sweeper_leads_unless_forced(url: str, client: Ignis):
+    now = now_ms()
+    client.store.replace_lease(LEASE_NAME, LeaseRecord("pod-7", now, now, 60), 0)
+    result = ignis(url, "sweep", "orders")
+    assert result.returncode == 1 and "pod-7" in result.stderr and "--force" in result.stderr
+    assert ignis(url, "sweep", "orders", "--force").returncode == 0
+
+
+def test_shovel_then_redrive_dead_letters(url: str, client: Ignis):
+    q = client.queue("orders")
+    tired = q.envelope(b"tired")
+    tired.attempts = 2
+    q.sideline.load([q.envelope(b"fresh").for_transfer("rejected", 1), tired.for_transfer("rejected", 1)])
+    doc = as_json(ignis(url, "sideline", "shovel", "orders", "-o", "json"))
+    assert (doc["moved"], doc["dead_lettered"]) == (1, 1)
+    text = ignis(url, "sideline", "redrive", "orders", "--from", "dead")
+    assert text.returncode == 0 and text.stdout.startswith("moved 1 message(s) from the dead of orders")
+    assert q.dead.pending() == 0 and q.main.pending() == 2
+
+
+def test_sweeper_rejects_bad_settings_with_one_line(url: str):
+    result = ignis(url, "sweeper", env={"IGNIS_SWEEPER_THREADS": "0"})
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: invalid sweeper settings: IGNIS_SWEEPER_THREADS=")
+
+
+def test_sweeper_kubernetes_lease_outside_a_cluster_is_a_clear_error(url: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    result = ignis(url, "sweeper", "--lease", "kubernetes", "--port", "-1")
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("Service host/port is not set.")
+    assert result.stderr.startswith("error: lease=kubernetes needs an in-cluster service account")

@@ -1,0 +1,27 @@
+"""Prometheus metrics of the sweeper (DESIGN §7). Dead letters reuse the core's
+`ignis_dead_lettered_total`; everything here is the sweeper's own."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+SWEPT = Counter("ignis_swept", "Abandoned messages re-homed to the sideline by the sweeper",
+                ["queue", "magazine"])
+SWEEP_EXAMINED = Counter("ignis_sweep_examined", "Slots the sweeper examined", ["queue", "magazine"])
+STAMPED = Counter("ignis_sweep_stamped", "Unfired records below the fire pointer stamped by the sweeper "
+                  "(stranded writes or claims in progress)", ["queue", "magazine"])
+SWEEP_FAILURES = Counter("ignis_sweep_failures", "Sweeps of one queue magazine that failed",
+                         ["queue", "magazine"])
+SWEEP_DURATION = Histogram("ignis_sweep_duration_seconds", "Duration of one sweep of one queue magazine",
+                           ["queue", "magazine"],
+                           buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300))
+SHOVELLED = Counter("ignis_shovelled", "Messages moved from the sideline (or dead letters) back to main",
+                    ["queue", "magazine"])
+SHOVEL_FAILURES = Counter("ignis_shovel_failures", "Shovel passes of one queue that failed", ["queue"])
+LEADER = Gauge("ignis_sweeper_leader", "1 while this process leads the sweeper election")
+LEADER_TRANSITIONS = Counter("ignis_sweeper_leader_transitions", "Times this process won or lost leadership",
+                             ["outcome"])
+QUEUE_DEPTH = Gauge("ignis_queue_depth", "Unclaimed messages in the main magazine", ["queue"])
+QUEUE_IN_FLIGHT = Gauge("ignis_queue_in_flight", "Delivered, unsettled messages", ["queue"])
+QUEUE_SIDELINED = Gauge("ignis_queue_sidelined", "Messages waiting in the sideline", ["queue"])
+QUEUE_DEAD = Gauge("ignis_queue_dead", "Messages in the dead-letter magazine", ["queue"])

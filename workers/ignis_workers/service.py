@@ -1,0 +1,302 @@
+"""The sweeper service (`ignis sweeper`): leader election, the sweep loop, the shovel loop, metrics and
+probes, in one process.
+
+    service = SweeperService(store, SweeperSettings(), clock=None)
+    service.run(stop)          # blocks until the threading.Event `stop` is set; releases the lease
+
+Threads: the elector runs in its own asyncio loop; a sweep loop runs `Sweeper.sweep_all` every
+`sweep_interval_seconds` on the 64-thread pool; a shovel loop runs each active queue's shovel every
+`shovelInterval` (its own seconds, 0 = every second) on a small pool. Both loops do anything only
+while this process leads: on winning the lease the service takes a new fencing epoch from the store,
+every pointer write carries it, and losing the lease (or a StaleEpoch from the store) stops the work
+before its next batch. The probe server answers /metrics, /healthz and /readyz (= the store answers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ignis.envelope import now_ms
+from ignis.errors import InvalidInputError, StaleEpoch
+from ignis.probes import ProbeServer
+from ignis.queue import Queue
+from ignis.spec import QueueSpec
+from ignis.storage.base import Storage
+from ignis_workers.election import LEASE_NAME, KubeLease, LeaderElector, LeaseBackend, StoreLease
+from ignis_workers.metrics import QUEUE_DEAD, QUEUE_DEPTH, QUEUE_IN_FLIGHT, QUEUE_SIDELINED
+from ignis_workers.shovel import Shovel
+from ignis_workers.sweeper import LeadershipLost, Sweeper
+
+log = logging.getLogger(__name__)
+
+
+class SweeperSettings(BaseSettings):
+    """Every knob of the sweeper process; environment prefix IGNIS_SWEEPER_ (e.g.
+    IGNIS_SWEEPER_SWEEP_INTERVAL_SECONDS=30)."""
+
+    model_config = SettingsConfigDict(env_prefix="IGNIS_SWEEPER_", extra="ignore")
+
+    sweep_interval_seconds: float = Field(60.0, gt=0, description="time between sweep passes")
+    threads: int = Field(64, ge=1, le=1024, description="sweep pool size (one task per queue)")
+    batch_size: int = Field(1000, ge=1, le=100_000, description="slots read per sweep batch")
+    shovel_tick_seconds: float = Field(1.0, gt=0, description="how often due shovels are looked for")
+    shovel_threads: int = Field(16, ge=1, le=256, description="queues shovelled at the same time")
+    shovel_budget: int = Field(10_000, ge=1, description="messages one shovel pass of one queue may move")
+    refresh_gauges: bool = Field(True, description="refresh depth/in-flight/sideline/dead gauges each pass")
+    lease: Literal["store", "kubernetes"] = Field("store", description="lease backend")
+    lease_name: str = Field(LEASE_NAME, min_length=1)
+    lease_namespace: str | None = Field(None, description="namespace of the Lease (default: the pod's)")
+    lease_duration_seconds: float = Field(15.0, gt=0)
+    renew_deadline_seconds: float = Field(10.0, gt=0)
+    retry_period_seconds: float = Field(2.0, gt=0)
+    identity: str | None = Field(None, description="candidate id (default: host-pid-random)")
+    probe_host: str = "0.0.0.0"
+    probe_port: int = Field(9090, ge=-1, le=65535, description="/metrics, /healthz, /readyz; 0 = any, -1 = off")
+    clock_offset_seconds: float = Field(0.0, description="demos/tests: shift the sweeper's clock")
+    clock_rate: float = Field(1.0, gt=0, description="demos: run the sweeper's clock this many times faster")
+
+
+def load_sweeper_settings(**overrides: Any) -> SweeperSettings:
+    """Settings from the environment plus overrides; a bad value is an InvalidInputError naming it."""
+    try:
+        return SweeperSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = [f"IGNIS_SWEEPER_{'_'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}"
+                    for e in exc.errors(include_url=False)]
+        raise InvalidInputError("invalid sweeper settings: " + "; ".join(problems)) from None
+
+
+def scaled_clock(offset_seconds: float = 0.0, rate: float = 1.0) -> Callable[[], int]:
+    """Epoch ms, shifted and/or sped up from now (identity when offset 0 and rate 1)."""
+    if offset_seconds == 0 and rate == 1:
+        return now_ms
+    start = now_ms()
+    return lambda: start + int(offset_seconds * 1000) + int((now_ms() - start) * rate)
+
+
+def _pod_namespace() -> str:
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            return f.read().strip()
+    except OSError:
+        return "default"
+
+
+class SweeperService:
+    def __init__(self, store: Storage, settings: SweeperSettings | None = None, *,
+                 clock: Callable[[], int] | None = None,
+                 lease_backend: Callable[[], LeaseBackend] | None = None) -> None:
+        self.store = store
+        self.settings = s = settings or SweeperSettings()
+        self.clock = clock or scaled_clock(s.clock_offset_seconds, s.clock_rate)
+        self._lease_backend = lease_backend
+        self._epoch: int | None = None
+        self.elector: LeaderElector | None = None
+        self.passes = 0
+        self.sweeper = Sweeper(store, epoch_source=self._current_epoch, clock=self.clock, threads=s.threads,
+                               batch_size=s.batch_size, guard=self.leading)
+        self.shovel = Shovel(store, budget=s.shovel_budget, clock=self.clock, guard=self.leading)
+        self._wake = threading.Event()  # set when leadership is won: sweep at once
+        self.probes: ProbeServer | None = None  # set while run() serves them
+        self._elector_error: Exception | None = None
+
+    # ---- leadership ----------------------------------------------------------------------------------
+    def leading(self) -> bool:
+        return self._epoch is not None and self.elector is not None and self.elector.is_leading()
+
+    def _current_epoch(self) -> int:
+        epoch = self._epoch
+        if epoch is None:
+            raise LeadershipLost("no epoch: this process does not lead")
+        return epoch
+
+    def _on_started(self) -> None:
+        self._epoch = self.store.next_epoch()
+        log.info("leading with epoch %d", self._epoch, extra={"epoch": self._epoch, "event": "leading",
+                                                               "identity": self._identity()})
+        self._wake.set()
+
+    def _on_stopped(self) -> None:
+        log.info("not leading", extra={"epoch": self._epoch, "event": "stopped", "identity": self._identity()})
+        self._epoch = None
+
+    def _identity(self) -> str | None:
+        return self.elector.identity if self.elector else None
+
+    def ready(self) -> tuple[bool, str]:
+        try:
+            self.store.list_clients()
+        except Exception as exc:
+            return False, f"store {self.store.url} unreachable: {type(exc).__name__}: {exc}"
+        role = "leader" if self.leading() else "standby"
+        return True, f"ok ({role}, store {self.store.url})"
+
+    # ---- the process ----------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Campaign, sweep and shovel until `stop` is set; then release the lease and return."""
+        s = self.settings
+        if self._lease_backend is None and s.lease == "kubernetes":
+            self._load_kube_config()  # fail fast, before any thread starts, with a one-line error
+        probes = None
+        if s.probe_port >= 0:
+            probes = self.probes = ProbeServer(s.probe_host, s.probe_port, ready=self.ready).start()
+            log.info("probes on port %d", probes.port, extra={"port": probes.port})
+        elector_thread = threading.Thread(target=self._run_elector, args=(stop,), name="ignis-elector")
+        elector_thread.start()
+        loops = [threading.Thread(target=self._sweep_loop, args=(stop,), name="ignis-sweep-loop"),
+                 threading.Thread(target=self._shovel_loop, args=(stop,), name="ignis-shovel-loop")]
+        for t in loops:
+            t.start()
+        try:
+            while not stop.wait(0.5):  # a timed wait lets signal handlers run promptly
+                pass
+        finally:
+            stop.set()
+            self._wake.set()
+            elector_thread.join()  # releases the lease
+            for t in loops:
+                t.join()
+            self.sweeper.close()
+            if probes is not None:
+                probes.stop()
+            log.info("sweeper stopped", extra={"event": "exit"})
+        if self._elector_error is not None:
+            raise self._elector_error
+
+    def _make_backend(self) -> LeaseBackend:
+        if self._lease_backend is not None:
+            return self._lease_backend()
+        if self.settings.lease == "store":
+            return StoreLease(self.store, self.settings.lease_name)
+        from kubernetes_asyncio import client
+
+        return KubeLease(client.ApiClient(), self.settings.lease_namespace or _pod_namespace(),
+                         self.settings.lease_name)
+
+    @staticmethod
+    def _load_kube_config() -> None:
+        from kubernetes_asyncio import config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException as exc:
+            raise InvalidInputError(f"lease=kubernetes needs an in-cluster service account: {exc}") from None
+
+    def _run_elector(self, stop: threading.Event) -> None:
+        s = self.settings
+
+        async def main() -> None:
+            astop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            threading.Thread(target=lambda: (stop.wait(), loop.call_soon_threadsafe(astop.set)),
+                             daemon=True, name="ignis-stop-bridge").start()
+            self.elector = LeaderElector(
+                self._make_backend(), s.identity, lease_duration=s.lease_duration_seconds,
+                renew_deadline=s.renew_deadline_seconds, retry_period=s.retry_period_seconds,
+                on_started=self._on_started, on_stopped=self._on_stopped)
+            await self.elector.run(astop)
+
+        try:
+            asyncio.run(main())
+        except Exception as exc:
+            log.exception("elector failed; stopping")
+            self._elector_error = exc
+            stop.set()
+
+    def _guarded(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except StaleEpoch as exc:
+            log.warning("stale epoch, stepping down: %s", exc, extra={"event": "stale_epoch"})
+            if self.elector is not None:
+                self.elector.step_down()
+        except LeadershipLost as exc:
+            log.info("%s stopped: %s", what, exc)
+        except Exception:
+            log.exception("%s failed", what)
+        return None
+
+    def _sweep_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._wake.wait(self.settings.sweep_interval_seconds)
+            self._wake.clear()
+            if stop.is_set() or not self.leading():
+                continue
+            epoch = self._epoch
+            started = time.time()
+            reports = self._guarded("sweep", self.sweeper.sweep_all)
+            ended = time.time()
+            if reports is None:
+                continue
+            self.passes += 1
+            log.info("sweep pass: %d queue(s), %d moved", len(reports), sum(r.moved for r in reports),
+                     extra={"event": "sweep_pass", "epoch": epoch, "identity": self._identity(),
+                            "started": started, "ended": ended, "queues": len(reports),
+                            "moved": sum(r.moved for r in reports),
+                            "failed": sum(not r.ok for r in reports)})
+            if self.settings.refresh_gauges and self.leading():
+                self._guarded("gauges", self._refresh_gauges)
+
+    def _refresh_gauges(self) -> None:
+        for client_id, name in self.sweeper.active_queues():
+            try:
+                store = self.store if client_id == self.store.client_id else self.store.with_client(client_id)
+                record = store.get_queue(name)
+                if record is None:
+                    continue
+                stats = Queue(store, QueueSpec.from_bins(name, record.bins, client_id)).stats(in_flight=True)
+                QUEUE_DEPTH.labels(name).set(stats.depth)
+                QUEUE_IN_FLIGHT.labels(name).set(stats.in_flight or 0)
+                QUEUE_SIDELINED.labels(name).set(stats.sidelined)
+                QUEUE_DEAD.labels(name).set(stats.dead)
+            except Exception as exc:
+                log.warning("gauges of %s/%s: %s: %s", client_id, name, type(exc).__name__, exc)
+
+    def _shovel_loop(self, stop: threading.Event) -> None:
+        due: dict[tuple[str, str], float] = {}
+        busy: set[tuple[str, str]] = set()
+        lock = threading.Lock()
+        with ThreadPoolExecutor(self.settings.shovel_threads, thread_name_prefix="ignis-shovel") as pool:
+            while not stop.wait(self.settings.shovel_tick_seconds):
+                if not self.leading():
+                    due.clear()  # a new leader starts every queue's schedule afresh
+                    continue
+                queues = self._guarded("shovel scan", self._shovel_queues)
+                for key, interval in (queues or {}).items():
+                    now = time.monotonic()
+                    with lock:
+                        if key in busy or due.get(key, 0) > now:
+                            continue
+                        busy.add(key)
+                    due[key] = now + max(interval, 1)
+
+                    def one(key: tuple[str, str] = key) -> None:
+                        try:
+                            report = self.shovel.shovel_queue(*key)
+                            if report.moved or report.dead_lettered:
+                                log.info("shovelled %s/%s: %d back, %d dead", key[0], key[1], report.moved,
+                                         report.dead_lettered, extra={"event": "shovel", **report.as_dict()})
+                        finally:
+                            with lock:
+                                busy.discard(key)
+
+                    pool.submit(one)
+
+    def _shovel_queues(self) -> dict[tuple[str, str], int]:
+        """(client, queue) -> shovel interval seconds, for active queues whose shovel is on."""
+        out = {}
+        for client_id in self.store.list_clients():
+            store = self.store if client_id == self.store.client_id else self.store.with_client(client_id)
+            for record in store.list_queues(True):
+                if int(record.bins.get("shovelConcur", 0) or 0) > 0:
+                    out[(client_id, record.name)] = int(record.bins.get("shovelInterval", 0) or 0)
+        return out

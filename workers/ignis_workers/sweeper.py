@@ -1,0 +1,272 @@
+"""The sweep (DESIGN §4): re-home messages that a consumer claimed and never settled.
+
+    sweeper = Sweeper(store, epoch_source=lambda: epoch, clock=now_ms, threads=64)
+    reports = sweeper.sweep_all()                  # every active queue of every client of the farm
+    report = sweeper.sweep_queue("default", "orders")
+
+Per queue magazine and shard, from the stored sweep pointer (the NEXT slot to examine; absent = 1) up
+to the fire pointer, in batches of `batch_size` slots:
+
+* absent record → already acked: pass;
+* no fireTS → a claim whose stamp is a moment away or a write that landed after its slot was skipped
+  as a hole: stamp it (only if still unstamped) and stop there, so it is swept one sweepDuration later
+  and a live claim is never disturbed;
+* fireTS ≥ cutoff → stop (time boundary);
+* otherwise copy to the sideline (reason `swept`) and only then delete from main.
+
+After each batch the shard's pointer and the swept counter are advanced in one fenced, forward-only
+store call carrying the leader's epoch: a stale leader gets StaleEpoch and stops at once. The main
+magazine's cutoff is `now - sweepDuration`; the sideline is swept into its own tail with
+`min(now - sweepDuration, now - 2 x shovelInterval)` (a message the shovel just claimed is in flight).
+A failure on one shard or magazine is counted and logged and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ignis import names
+from ignis.envelope import now_ms
+from ignis.errors import QueueNotFound, StaleEpoch
+from ignis.magazine import Magazine
+from ignis.queue import Queue
+from ignis.spec import QueueSpec
+from ignis.storage.base import MagazineKind, Storage
+from ignis_workers.metrics import STAMPED, SWEEP_DURATION, SWEEP_EXAMINED, SWEEP_FAILURES, SWEPT
+
+log = logging.getLogger(__name__)
+
+SWEEP_BATCH_SIZE = 1000
+PARALLEL_FACTOR = 64
+SWEPT_REASON = "swept"
+
+
+class LeadershipLost(Exception):
+    """The guard said this process no longer leads: stop sweeping at once."""
+
+
+@dataclass
+class MagazineSweep:
+    """What one sweep of one magazine of a queue did."""
+
+    examined: int = 0  # slots passed (acked, swept) — the pointer advance
+    moved: int = 0  # records copied to the sideline and deleted here
+    stamped: int = 0  # unfired records stamped (time boundary set)
+    failed_shards: list[int] = field(default_factory=list)
+    error: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class SweepReport:
+    client_id: str
+    queue: str
+    main: MagazineSweep = field(default_factory=MagazineSweep)
+    sideline: MagazineSweep = field(default_factory=MagazineSweep)
+    error: str | None = None  # the queue could not be swept at all
+
+    @property
+    def moved(self) -> int:
+        return self.main.moved + self.sideline.moved
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not any(m.error or m.failed_shards for m in (self.main, self.sideline))
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Sweeper:
+    """Sweeps queues on a fixed thread pool, one task per queue. Thread-safe.
+
+    `epoch_source()` gives the fencing epoch of the current leadership; `guard()` is asked before every
+    batch and raising LeadershipLost when it says False; `clock()` is epoch milliseconds."""
+
+    def __init__(self, store: Storage, *, epoch_source: Callable[[], int], clock: Callable[[], int] = now_ms,
+                 threads: int = PARALLEL_FACTOR, batch_size: int = SWEEP_BATCH_SIZE,
+                 guard: Callable[[], bool] = lambda: True) -> None:
+        if threads < 1 or batch_size < 1:
+            raise ValueError(f"threads={threads} and batch_size={batch_size} must both be at least 1")
+        self.store = store
+        self.epoch_source = epoch_source
+        self.clock = clock
+        self.threads = threads
+        self.batch_size = batch_size
+        self.guard = guard
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    # ---- pool --------------------------------------------------------------------------------------
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ignis-sweep")
+            return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _store_for(self, client_id: str) -> Storage:
+        return self.store if client_id == self.store.client_id else self.store.with_client(client_id)
+
+    def active_queues(self) -> list[tuple[str, str]]:
+        """(clientId, queue) of every active queue of the farm: the client registry, then each client's
+        active-index query."""
+        found = []
+        for client_id in self.store.list_clients():
+            found.extend((client_id, r.name) for r in self._store_for(client_id).list_queues(True))
+        return found
+
+    def run_on_pool(self, tasks: list[tuple[str, str]], fn: Callable[[str, str], Any]) -> list[Any]:
+        """Run fn(client, queue) for each task on the pool; re-raise StaleEpoch/LeadershipLost (after
+        cancelling what has not started) so a deposed leader stops at once."""
+        pool = self._executor()
+        futures: list[Future[Any]] = [pool.submit(fn, c, q) for c, q in tasks]
+        results = []
+        stop: BaseException | None = None
+        for f in futures:
+            try:
+                results.append(f.result())
+            except (StaleEpoch, LeadershipLost) as exc:
+                stop = stop or exc
+                for other in futures:
+                    other.cancel()
+            except Exception:  # the per-queue function already isolates failures; belt and braces
+                log.exception("sweeper task failed")
+        if stop is not None:
+            raise stop
+        return results
+
+    # ---- sweep ---------------------------------------------------------------------------------------
+    def sweep_all(self) -> list[SweepReport]:
+        """One pass over every active queue of the farm."""
+        return self.run_on_pool(self.active_queues(), self.sweep_queue)
+
+    def sweep_queue(self, client_id: str, queue_name: str) -> SweepReport:
+        """Sweep one queue: main, then the sideline. Raises StaleEpoch / LeadershipLost (stop leading);
+        any other failure is in the report."""
+        report = SweepReport(client_id, queue_name)
+        try:
+            store = self._store_for(client_id)
+            record = store.get_queue(queue_name)
+            if record is None:
+                raise QueueNotFound(queue_name, client_id)
+            queue = Queue(store, QueueSpec.from_bins(queue_name, record.bins, client_id))
+            epoch = self.epoch_source()
+        except (StaleEpoch, LeadershipLost):
+            raise
+        except Exception as exc:
+            log.error("sweep of %s/%s failed: %s", client_id, queue_name, exc)
+            SWEEP_FAILURES.labels(queue_name, "main").inc()
+            report.error = f"{type(exc).__name__}: {exc}"
+            return report
+        now = self.clock()
+        sweep_ms = int(record.bins.get("sweepDuration", queue.spec.sweep_duration_seconds * 1000))
+        shovel_ms = int(record.bins.get("shovelInterval", 0) or 0) * 1000
+        main_cutoff = now - sweep_ms
+        sideline_cutoff = min(now - sweep_ms, now - 2 * shovel_ms)
+        for kind, source, cutoff, out in (("main", queue.main, main_cutoff, report.main),
+                                          ("sideline", queue.sideline, sideline_cutoff, report.sideline)):
+            self._sweep_magazine(queue, kind, source, record.sweep_pointers(kind), cutoff, now, epoch, out)
+        return report
+
+    def _sweep_magazine(self, queue: Queue, kind: MagazineKind, source: Magazine, stored: dict[str, int],
+                        cutoff: int, now: int, epoch: int, out: MagazineSweep) -> None:
+        """Rounds over the shards that have work: one window of `batch_size` slots per shard, then one
+        sideline load, one delete and one fenced pointer advance for the whole round (IgnisMQ's shape:
+        a few store calls per round, not per shard)."""
+        started = time.perf_counter()
+        try:
+            pointers = source.pointers()
+            # shard -> [next slot to examine, fire pointer]
+            todo = {}
+            for shard in range(source.shards):
+                pos = max(int(stored.get(names.shard_label(shard), 1)), 1)
+                if pos <= pointers[shard].fire:
+                    todo[shard] = [pos, pointers[shard].fire]
+            while todo:
+                self._round(queue, kind, source, todo, cutoff, now, epoch, out)
+        except (StaleEpoch, LeadershipLost):
+            raise
+        except Exception as exc:
+            self._failed(queue.name, kind, out, None, exc)
+        finally:
+            out.seconds = time.perf_counter() - started
+            SWEEP_DURATION.labels(queue.name, kind).observe(out.seconds)
+
+    def _round(self, queue: Queue, kind: MagazineKind, source: Magazine, todo: dict[int, list[int]], cutoff: int,
+               now: int, epoch: int, out: MagazineSweep) -> None:
+        if not self.guard():
+            raise LeadershipLost(f"stopped sweeping {queue.name}: this process no longer leads")
+        store = queue.store
+        advance: dict[int, int] = {}
+        starts: dict[int, int] = {}
+        abandoned = []
+        for shard, (pos, fire) in list(todo.items()):
+            starts[shard] = pos
+            last = min(fire, pos + self.batch_size - 1)
+            next_pos = last + 1
+            try:
+                for ref, env in store.peek(source.name, shard, pos, last):
+                    if not env.fire_ts:
+                        # Never swept on sight: stamp it (only if still unstamped) and stop there.
+                        if store.stamp_unfired(ref, now) is not None:
+                            out.stamped += 1
+                            STAMPED.labels(queue.name, kind).inc()
+                            next_pos = ref.slot
+                            break
+                        continue  # deleted between peek and stamp: acked, pass
+                    if env.fire_ts >= cutoff:  # time boundary
+                        next_pos = ref.slot
+                        break
+                    abandoned.append((ref, env))
+            except Exception as exc:
+                self._failed(queue.name, kind, out, shard, exc)
+                del todo[shard]
+                continue
+            if next_pos > pos:  # nothing passed: no write, so a re-run over a boundary changes nothing
+                advance[shard] = next_pos
+            if next_pos <= last or next_pos > fire:
+                del todo[shard]  # stopped at a boundary, or reached the fire pointer
+            else:
+                todo[shard][0] = next_pos
+        if abandoned:
+            try:
+                # Copy first, delete only after the copy landed: a crash in between duplicates, never loses.
+                queue.sideline.load([env.for_transfer(SWEPT_REASON, now) for _, env in abandoned])
+                store.delete([ref for ref, _ in abandoned])
+            except Exception as exc:
+                failed = sorted({ref.shard for ref, _ in abandoned})
+                for shard in failed:
+                    self._failed(queue.name, kind, out, shard, exc)
+                    todo.pop(shard, None)
+                    advance.pop(shard, None)  # its pointer must not pass the records still in place
+                abandoned = []
+        if advance:
+            moved = len(abandoned)
+            store.advance_sweep(queue.name, kind, epoch, advance, moved)
+            examined = sum(advance[shard] - starts[shard] for shard in advance)
+            out.examined += examined
+            out.moved += moved
+            SWEEP_EXAMINED.labels(queue.name, kind).inc(examined)
+            if moved:
+                SWEPT.labels(queue.name, kind).inc(moved)
+
+    def _failed(self, queue: str, kind: str, out: MagazineSweep, shard: int | None, exc: Exception) -> None:
+        where = f"{queue}/{kind}" + (f" shard {shard}" if shard is not None else "")
+        log.error("sweep of %s failed: %s: %s", where, type(exc).__name__, exc)
+        SWEEP_FAILURES.labels(queue, kind).inc()
+        if shard is None:
+            out.error = f"{type(exc).__name__}: {exc}"
+        else:
+            out.failed_shards.append(shard)
