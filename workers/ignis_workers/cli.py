@@ -239,10 +239,10 @@ def up(
         for r in bad:
             render.err.print(f"manifest {r.source}: queue {r.name}: {r.reason}: {r.message}", markup=False)
         probe_port = stack.wait_probes()
-        render.err.print(f"ignis up: store {ignis.store.url}; {len(stack.first_sync) - len(bad)} queue(s) synced "
-                         f"from {len(manifests or [])} manifest dir(s); probes "
-                         + (f"on http://localhost:{probe_port}/metrics" if probe_port else "off"), markup=False,
-                         soft_wrap=True)
+        synced = (f"{len(stack.first_sync) - len(bad)} queue(s) synced from {len(manifests or [])} manifest dir(s)"
+                  + (f" (the demo declares {journey.QUEUE} with a manifest file next)" if demo else ""))
+        probes = f"probes on http://localhost:{probe_port}/metrics" if probe_port else "probes off"
+        render.err.print(f"ignis up: store {ignis.store.url}; {synced}; {probes}", markup=False, soft_wrap=True)
         if demo:
             if not stack.wait_leading(2 * settings.lease_duration_seconds):
                 raise _cli_error("the demo's sweeper did not win the lease: another sweeper leads this store")
