@@ -11,7 +11,7 @@ from ignis.queue import Queue, QueueStats
 from ignis.settings import IgnisSettings, load_settings
 from ignis.spec import QueueSpec
 from ignis.storage import Storage, open_store
-from ignis.storage.base import QueueRecord
+from ignis.storage.base import QueueRecord, client_view
 
 
 class Ignis:
@@ -53,9 +53,7 @@ class Ignis:
             self.store.close()
 
     def _store_for(self, client_id: str | None) -> Storage:
-        if client_id is None or client_id == self.store.client_id:
-            return self.store
-        return self.store.with_client(client_id)
+        return self.store if client_id is None else client_view(self.store, client_id)
 
     # ---- registry ----------------------------------------------------------------------------------
     def apply(self, spec: QueueSpec) -> bool:

@@ -222,3 +222,8 @@ class Storage(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def client_view(store: Storage, client_id: str) -> Storage:
+    """`store` itself when it is already scoped to `client_id`, else its view on that clientId."""
+    return store if client_id == store.client_id else store.with_client(client_id)

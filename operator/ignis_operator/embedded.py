@@ -28,7 +28,7 @@ import yaml
 from ignis.errors import InvalidInputError, InvalidSpecError, StoreError
 from ignis.manifest import manifest_files
 from ignis.spec import KIND, QueueSpec
-from ignis.storage.base import Storage
+from ignis.storage.base import Storage, client_view
 from ignis_operator.metrics import QueueStates, timed
 from ignis_operator.reconcile import (
     CONFLICT,
@@ -141,7 +141,7 @@ class ManifestSync:
             log.warning("manifest sync: cannot list clients for removals: %s", exc)
             return results
         for client_id in clients:
-            view = self.store if client_id == self.store.client_id else self.store.with_client(client_id)
+            view = client_view(self.store, client_id)
             try:
                 records = view.list_queues(active=True)
             except StoreError as exc:

@@ -21,7 +21,7 @@ from ignis import names
 from ignis.errors import InvalidSpecError
 from ignis.queue import Queue
 from ignis.spec import API_VERSION, KIND, DeletionPolicy, QueueSpec
-from ignis.storage.base import Storage
+from ignis.storage.base import Storage, client_view
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def sync_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_client_
     report. Idempotent: a second run over an unchanged store writes the same bins and reports no drift.
     Store errors propagate (the caller decides about retries)."""
     client_id = spec.client_id or default_client_id or store.client_id
-    s = store if client_id == store.client_id else store.with_client(client_id)
+    s = client_view(store, client_id)
     current = s.get_queue(spec.name)
     declared = spec.config_bins()
     if current is not None:
@@ -141,7 +141,7 @@ def finalize_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_cli
     """Apply the deletion policy of a declaration that goes away. Only the owner of the record acts (a
     Conflict loser going away must not touch the winner's queue). Returns what was done, for logs/events."""
     client_id = spec.client_id or default_client_id or store.client_id
-    s = store if client_id == store.client_id else store.with_client(client_id)
+    s = client_view(store, client_id)
     current = s.get_queue(spec.name)
     if current is None:
         return f"queue {spec.name!r} has no record; nothing to do"
@@ -159,7 +159,7 @@ def finalize_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_cli
 def queue_figures(store: Storage, spec: QueueSpec, *, default_client_id: str | None = None) -> dict[str, int]:
     """Live figures for the status: depth, inFlight, sidelined, dead."""
     client_id = spec.client_id or default_client_id or store.client_id
-    s = store if client_id == store.client_id else store.with_client(client_id)
+    s = client_view(store, client_id)
     stats = Queue(s, spec).stats(in_flight=True)
     return {"depth": stats.depth, "inFlight": stats.in_flight or 0, "sidelined": stats.sidelined, "dead": stats.dead}
 

@@ -30,7 +30,7 @@ from ignis.errors import InvalidInputError, StaleEpoch
 from ignis.probes import ProbeServer
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
-from ignis.storage.base import Storage
+from ignis.storage.base import Storage, client_view
 from ignis_workers.election import LEASE_NAME, KubeLease, LeaderElector, LeaseBackend, StoreLease
 from ignis_workers.metrics import QUEUE_DEAD, QUEUE_DEPTH, QUEUE_IN_FLIGHT, QUEUE_SIDELINED
 from ignis_workers.shovel import Shovel
@@ -249,7 +249,7 @@ class SweeperService:
     def _refresh_gauges(self) -> None:
         for client_id, name in self.sweeper.active_queues():
             try:
-                store = self.store if client_id == self.store.client_id else self.store.with_client(client_id)
+                store = client_view(self.store, client_id)
                 record = store.get_queue(name)
                 if record is None:
                     continue
@@ -295,7 +295,7 @@ class SweeperService:
         """(client, queue) -> shovel interval seconds, for active queues whose shovel is on."""
         out = {}
         for client_id in self.store.list_clients():
-            store = self.store if client_id == self.store.client_id else self.store.with_client(client_id)
+            store = client_view(self.store, client_id)
             for record in store.list_queues(True):
                 if int(record.bins.get("shovelConcur", 0) or 0) > 0:
                     out[(client_id, record.name)] = int(record.bins.get("shovelInterval", 0) or 0)

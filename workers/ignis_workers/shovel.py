@@ -28,7 +28,7 @@ from ignis.magazine import Magazine
 from ignis.metrics import DEAD_LETTERED
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
-from ignis.storage.base import Claimed, Storage
+from ignis.storage.base import Claimed, Storage, client_view
 from ignis_workers.metrics import SHOVEL_FAILURES, SHOVELLED
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class Shovel:
             raise InvalidInputError(f"shovel source {source!r}: must be 'sideline' or 'dead'")
         report = ShovelReport(client_id, queue_name, source)
         try:
-            store = self.store if client_id == self.store.client_id else self.store.with_client(client_id)
+            store = client_view(self.store, client_id)
             record = store.get_queue(queue_name)
             if record is None:
                 raise QueueNotFound(queue_name, client_id)

@@ -37,7 +37,7 @@ from ignis.errors import QueueNotFound, StaleEpoch
 from ignis.magazine import Magazine
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
-from ignis.storage.base import MagazineKind, Storage
+from ignis.storage.base import MagazineKind, Storage, client_view
 from ignis_workers.metrics import STAMPED, SWEEP_DURATION, SWEEP_EXAMINED, SWEEP_FAILURES, SWEPT
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class Sweeper:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _store_for(self, client_id: str) -> Storage:
-        return self.store if client_id == self.store.client_id else self.store.with_client(client_id)
+        return client_view(self.store, client_id)
 
     def active_queues(self) -> list[tuple[str, str]]:
         """(clientId, queue) of every active queue of the farm: the client registry, then each client's
