@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
+from support.polling import http_get
 
 from ignis import metrics  # noqa: F401  (registers the core metrics)
 from ignis.probes import ProbeServer
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+    return http_get(f"http://127.0.0.1:{port}{path}")
 
 
 def test_metrics_health_and_readiness() -> None:

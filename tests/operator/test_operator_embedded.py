@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from admission import ROOT
 from ignis_operator.embedded import ManifestSync
 from ignis_operator.reconcile import CONFLICT, INVALID_SPEC, OWNER_BIN, REMOVED
+from support.polling import wait_for
 
 from ignis.cli.app import run
 from ignis.errors import InvalidInputError
@@ -142,12 +142,6 @@ def test_missing_directory_is_a_clear_error(lmdb: Storage, tmp_path: Path) -> No
         ManifestSync(lmdb, tmp_path / "nope")
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
 
 def test_run_picks_up_changes_and_repairs_drift(lmdb: Storage, manifests: Path) -> None:
     sync = ManifestSync(lmdb, manifests, resync_seconds=0.2)
@@ -155,11 +149,11 @@ def test_run_picks_up_changes_and_repairs_drift(lmdb: Storage, manifests: Path) 
     thread = threading.Thread(target=sync.run, args=(stop,), kwargs={"interval": 0.05}, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: active(lmdb) == ["audit", "events", "orders"])
+        wait_for(lambda: active(lmdb) == ["audit", "events", "orders"])
         write(manifests, "new.yaml", "fresh")
-        wait_until(lambda: "fresh" in active(lmdb))
+        wait_for(lambda: "fresh" in active(lmdb))
         lmdb.delete_queue("audit")  # drift: restored by the periodic resync without any file change
-        wait_until(lambda: "audit" in active(lmdb))
+        wait_for(lambda: "audit" in active(lmdb))
     finally:
         stop.set()
         thread.join(timeout=10)

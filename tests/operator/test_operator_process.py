@@ -10,8 +10,6 @@ import signal
 import socket
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -20,6 +18,7 @@ import yaml
 from ignis_operator.emulation import declare_resources
 from ignis_operator.handlers import GROUP, PLURAL, VERSION
 from kmock import KubernetesEmulator
+from support.polling import http_get
 
 from ignis.storage import open_store
 
@@ -32,14 +31,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return 0, ""
 
 
 async def test_operator_process_end_to_end(kmock: KubernetesEmulator, tmp_path: Path) -> None:
@@ -82,11 +73,11 @@ async def test_operator_process_end_to_end(kmock: KubernetesEmulator, tmp_path: 
                 await asyncio.sleep(0.1)
         finally:
             store.close()
-        status, text = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/healthz")
+        status, text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/healthz")
         assert status == 200
-        status, text = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/readyz")
+        status, text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz")
         assert status == 200 and "reachable" in text
-        status, text = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/metrics")
+        status, text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
         assert status == 200 and 'ignis_operator_reconciles_total{result="Synced"}' in text
     finally:
         if proc.returncode is None:
@@ -106,7 +97,7 @@ async def test_manifest_mode_process(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 60
         while True:
-            status, text = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/metrics")
+            status, text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
             if status == 200 and text.count('ignis_operator_queues{state="Synced"} 3.0'):
                 break
             if proc.returncode is not None:
@@ -114,7 +105,7 @@ async def test_manifest_mode_process(tmp_path: Path) -> None:
                 pytest.fail(f"the operator exited early:\n{output.decode()[-3000:]}")
             assert time.monotonic() < deadline, f"metrics never showed 3 synced queues:\n{text[-2000:]}"
             await asyncio.sleep(0.1)
-        status, text = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/readyz")
+        status, text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz")
         assert status == 200
     finally:
         if proc.returncode is None:

@@ -4,32 +4,19 @@ metrics, and releases the lease when stopped."""
 from __future__ import annotations
 
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from ignis_workers.election import LEASE_NAME
 from ignis_workers.service import SweeperService, load_sweeper_settings, scaled_clock
+from support.polling import http_get, wait_for
 
 from ignis import Ignis, QueueSpec
 from ignis.storage import open_store
 
 
-def wait_for(predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-    return value
-
-
 def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+    return http_get(f"http://127.0.0.1:{port}{path}")
 
 
 def test_service_leads_sweeps_shovels_and_releases(tmp_path: Path):

@@ -11,12 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ignis_workers.election import LEASE_NAME
+from support.polling import wait_for
 
 from ignis import Ignis, QueueSpec
 from ignis.storage import open_store
@@ -83,14 +84,6 @@ def with_resume(proc: subprocess.Popen[bytes]) -> None:
     os.kill(proc.pid, signal.SIGCONT)
 
 
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 30.0, step: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
@@ -132,29 +125,29 @@ def assert_one_sweeper_at_a_time(passes: list[dict[str, Any]]) -> None:
 def test_three_sweepers_one_leads_sigkill_and_sigterm_hand_over(sweepers: Sweepers, queue: Any):
     for who in ("s1", "s2", "s3"):
         sweepers.start(who)
-    first = wait_for("a leader", lambda: sweepers.holder())
+    first = wait_for(lambda: sweepers.holder(), what="a leader")
     abandon(queue, 50)
-    wait_for("the leader's sweep", lambda: queue.sideline.pending() >= 50)
+    wait_for(lambda: queue.sideline.pending() >= 50, what="the leader's sweep")
     time.sleep(1.0)
     assert {p["who"] for p in sweepers.passes()} == {first}  # the standbys never swept
 
     sweepers.procs[first].kill()  # SIGKILL: no release, the lease must expire
     killed_at = time.monotonic()
-    second = wait_for("a new leader", lambda: (h := sweepers.holder()) not in ("", first) and h)
+    second = wait_for(lambda: (h := sweepers.holder()) not in ("", first) and h, what="a new leader")
     sigkill_handover = time.monotonic() - killed_at
     # The standbys saw the last renewal at most one retry period late, then wait out the lease.
     assert sigkill_handover < LEASE_S + 3 * RETRY_S + 1.0, sigkill_handover
     abandon(queue, 20)
-    wait_for("the second leader's sweep", lambda: queue.sideline.pending() >= 70)
+    wait_for(lambda: queue.sideline.pending() >= 70, what="the second leader's sweep")
 
     sweepers.procs[second].send_signal(signal.SIGTERM)  # releases the lease on the way out
     termed_at = time.monotonic()
-    third = wait_for("the last leader", lambda: (h := sweepers.holder()) not in ("", first, second) and h)
+    third = wait_for(lambda: (h := sweepers.holder()) not in ("", first, second) and h, what="the last leader")
     sigterm_handover = time.monotonic() - termed_at
     assert sigterm_handover < 2.0, sigterm_handover
     assert sweepers.procs[second].wait(10) == 0
     abandon(queue, 5)
-    wait_for("the third leader's sweep", lambda: queue.sideline.pending() >= 75)
+    wait_for(lambda: queue.sideline.pending() >= 75, what="the third leader's sweep")
 
     passes = sweepers.passes()
     assert next(p["who"] for p in passes if p["moved"]) == first
@@ -168,25 +161,25 @@ def test_three_sweepers_one_leads_sigkill_and_sigterm_hand_over(sweepers: Sweepe
 
 def test_paused_leader_cannot_write_a_stale_pointer(sweepers: Sweepers, queue: Any):
     a = sweepers.start("a")
-    wait_for("a to lead", lambda: sweepers.holder() == "a")
+    wait_for(lambda: sweepers.holder() == "a", what="a to lead")
     abandon(queue, 10)
-    wait_for("a's sweep", lambda: queue.sideline.pending() >= 10)
+    wait_for(lambda: queue.sideline.pending() >= 10, what="a's sweep")
     epoch_a = sweepers.store.get_queue("orders").bins[SWEEP_EPOCH]
     sweepers.start("b")
     a.send_signal(signal.SIGSTOP)
     try:
-        wait_for("b to take over", lambda: sweepers.holder() == "b", timeout=LEASE_S * 4)
+        wait_for(lambda: sweepers.holder() == "b", timeout=LEASE_S * 4, what="b to take over")
         abandon(queue, 10)
-        wait_for("b's sweep", lambda: queue.sideline.pending() >= 20)
+        wait_for(lambda: queue.sideline.pending() >= 20, what="b's sweep")
         epoch_b = sweepers.store.get_queue("orders").bins[SWEEP_EPOCH]
         assert epoch_b > epoch_a
         abandon(queue, 10)  # work that a, on waking, would love to sweep with its old epoch
     finally:
         a.send_signal(signal.SIGCONT)
     resumed = time.time()
-    wait_for("a to notice", lambda: any(e.get("event") == "stopped" and e.get("identity") == "a"
-                                        for e in sweepers.events("a")))
-    wait_for("the new work swept", lambda: queue.sideline.pending() >= 30)
+    wait_for(lambda: any(e.get("event") == "stopped" and e.get("identity") == "a"
+                                        for e in sweepers.events("a")), what="a to notice")
+    wait_for(lambda: queue.sideline.pending() >= 30, what="the new work swept")
     time.sleep(1.0)
     assert sweepers.holder() == "b"
     assert sweepers.store.get_queue("orders").bins[SWEEP_EPOCH] == epoch_b

@@ -8,8 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,20 +16,13 @@ from ignis_workers import journey
 from ignis_workers.election import LEASE_NAME
 from ignis_workers.service import load_sweeper_settings
 from ignis_workers.stack import EmbeddedStack
+from support.polling import http_get, wait_for
 
 from ignis import Ignis, QueueSpec
 from ignis.errors import InvalidInputError
 
 IGNIS = Path(sys.executable).parent / "ignis"
 
-
-def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def write_manifest(directory: Path, name: str, **spec: object) -> None:
@@ -54,12 +45,11 @@ def test_stack_syncs_manifests_on_change_sweeps_and_serves_probes(tmp_path: Path
             assert ignis.spec("orders").shards == 2
             assert stack.wait_leading(10)
             port = stack.wait_probes()
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-                assert b"ignis_sweeper_leader 1.0" in resp.read()
+            assert "ignis_sweeper_leader 1.0" in http_get(f"http://127.0.0.1:{port}/metrics")[1]
 
             write_manifest(manifests, "orders", shards=4)  # an edit is picked up without a restart
             write_manifest(manifests, "events")
-            assert wait_until(lambda: ignis.store.get_queue("events") is not None
+            assert wait_for(lambda: ignis.store.get_queue("events") is not None
                               and ignis.spec("orders").shards == 4)
         # Stopping released the lease: the next sweeper does not wait out the lease duration.
         lease = ignis.store.get_lease(LEASE_NAME)
@@ -75,7 +65,7 @@ def test_two_stacks_on_one_store_one_leads(tmp_path: Path) -> None:
     url = f"lmdb://{tmp_path}/store?durability=fast"
     with (Ignis(url) as a, Ignis(url) as b, EmbeddedStack(a.store, [], settings()) as first,
           EmbeddedStack(b.store, [], settings()) as second):
-        assert wait_until(lambda: first.sweeper.leading() or second.sweeper.leading())
+        assert wait_for(lambda: first.sweeper.leading() or second.sweeper.leading())
         time.sleep(1.0)  # several renewals: still exactly one leader
         assert first.sweeper.leading() != second.sweeper.leading()
 
@@ -115,7 +105,7 @@ def test_up_runs_until_sigterm_and_releases_the_lease(tmp_path: Path) -> None:
         line = proc.stderr.readline()
         assert "1 queue(s) synced" in line and "/metrics" in line, line
         with Ignis(url) as ignis:
-            assert wait_until(lambda: (ignis.store.get_lease(LEASE_NAME) or _NoLease).holder != "")
+            assert wait_for(lambda: (ignis.store.get_lease(LEASE_NAME) or _NoLease).holder != "")
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=20) == 0
             assert ignis.store.get_lease(LEASE_NAME).holder == ""
