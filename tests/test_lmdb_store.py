@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -173,3 +175,32 @@ def test_data_records_carry_a_format_version(tmp_path: Path) -> None:
         store.read([ref])
     assert store.read([SlotRef("q", 0, 2)]) == [None]
     store.close()
+
+
+_OPEN_WHILE_WRITING = """
+import sys, threading
+from ignis.storage.lmdb_store import LmdbStore
+store = LmdbStore(sys.argv[1], durability="fast")
+holding, opened = threading.Event(), threading.Event()
+
+def writer():
+    with store._write("test") as txn:  # a write transaction held while another thread opens sets
+        holding.set()
+        opened.wait(1)  # with the bug, this never returns: the opener holds the GIL
+        txn.put(b"k", b"v", db=store._system)
+
+thread = threading.Thread(target=writer)
+thread.start()
+holding.wait()
+threading.Thread(target=lambda: (store.with_client("newcomer"), opened.set()), daemon=True).start()
+thread.join()
+print("ok")
+"""
+
+
+def test_opening_a_clients_sets_while_another_thread_writes_does_not_deadlock(tmp_path: Path) -> None:
+    # py-lmdb's open_db without a transaction begins one while holding the GIL: if another thread holds
+    # the write lock, neither can proceed and the whole process freezes (seen in `ignis operator`).
+    result = subprocess.run([sys.executable, "-c", _OPEN_WHILE_WRITING, str(tmp_path / "store")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

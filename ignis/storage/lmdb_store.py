@@ -226,7 +226,10 @@ class _Environment:
             with self.lock:
                 handle = self.dbs.get(name)
                 if handle is None:
-                    handle = self.env.open_db(name.encode(), create=True)
+                    # In our own write transaction: open_db without one begins it while holding the GIL,
+                    # which deadlocks the process when another thread holds the write lock.
+                    with self.env.begin(write=True) as txn:
+                        handle = self.env.open_db(name.encode(), txn=txn, create=True)
                     self.dbs[name] = handle
         return handle
 
