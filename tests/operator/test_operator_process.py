@@ -80,10 +80,22 @@ async def test_operator_process_end_to_end(kmock: KubernetesEmulator, tmp_path: 
         status, text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
         assert status == 200 and 'ignis_operator_reconciles_total{result="Synced"}' in text
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-        output, _ = await asyncio.wait_for(proc.communicate(), 60)
+        output = await stop(proc)
     assert proc.returncode == 0, output.decode()[-3000:]
+
+
+async def stop(proc: asyncio.subprocess.Process) -> bytes:
+    """SIGTERM the operator and return its output; SIGKILL it (and fail) if it does not stop in time,
+    so a hung operator never outlives the test."""
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        output, _ = await asyncio.wait_for(proc.communicate(), 60)
+    except TimeoutError:
+        proc.kill()
+        output, _ = await proc.communicate()
+        pytest.fail(f"the operator did not stop on SIGTERM:\n{output.decode()[-3000:]}")
+    return output
 
 
 async def test_manifest_mode_process(tmp_path: Path) -> None:
@@ -108,9 +120,7 @@ async def test_manifest_mode_process(tmp_path: Path) -> None:
         status, text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz")
         assert status == 200
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-        output, _ = await asyncio.wait_for(proc.communicate(), 60)
+        output = await stop(proc)
     assert proc.returncode == 0, output.decode()[-3000:]
     store = open_store(store_url)
     try:
