@@ -3,8 +3,10 @@ bounded labels only (queue, magazine, reason, outcome, operation)."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import REGISTRY, Histogram
 from prometheus_client.core import CounterMetricFamily
@@ -14,7 +16,10 @@ from prometheus_client.registry import Collector
 class FastCounter(Collector):
     """A labelled counter whose increments take no lock: each thread adds to its own cell and a scrape
     sums the cells. prometheus_client's Counter takes a lock per `inc`, which is a measurable share of
-    a publish or a fire on the embedded store (several increments per message)."""
+    a publish or a fire on the embedded store (several increments per message).
+
+    `child.tick()` adds one even faster: it is `next()` on an `itertools.count`, one C call that the
+    GIL makes atomic, about a third of `inc()`'s cost; the hot paths (publish, fire, ack) use it."""
 
     def __init__(self, name: str, documentation: str, labelnames: list[str]) -> None:
         self.name = name
@@ -26,12 +31,18 @@ class FastCounter(Collector):
         self._retired: dict[tuple[str, ...], float] = {}
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._children: dict[tuple[str, ...], _Child] = {}  # one per label set, so its ticks are found
         REGISTRY.register(self)
 
     def labels(self, *values: str) -> _Child:
         if len(values) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
-        return _Child(self, tuple(str(v) for v in values))
+        key = tuple(str(v) for v in values)
+        with self._lock:
+            child = self._children.get(key)
+            if child is None:
+                child = self._children[key] = _Child(self, key)
+        return child
 
     def _cell(self) -> dict[tuple[str, ...], float]:
         cell: dict[tuple[str, ...], float] = {}
@@ -51,6 +62,11 @@ class FastCounter(Collector):
                         self._retired[key] = self._retired.get(key, 0) + value
             self._cells = live
             totals = dict(self._retired)
+            children = list(self._children.values())
+        for child in children:
+            ticks = child.ticks()
+            if ticks:
+                totals[child._key] = totals.get(child._key, 0) + ticks
         for _, cell in live:
             for key, value in cell.copy().items():  # dict.copy is atomic under the GIL
                 totals[key] = totals.get(key, 0) + value
@@ -64,12 +80,19 @@ class FastCounter(Collector):
 
 
 class _Child:
-    __slots__ = ("_key", "_local", "_parent")
+    __slots__ = ("_count", "_key", "_local", "_parent", "tick")
 
     def __init__(self, parent: FastCounter, key: tuple[str, ...]) -> None:
         self._parent = parent
         self._local = parent._local
         self._key = key
+        self._count = itertools.count()
+        self.tick: Callable[[], int] = functools.partial(next, self._count)  # += 1, atomic, no lock
+
+    def ticks(self) -> int:
+        """How many times tick() ran. A count shows its next value only in its repr ("count(N)"), and
+        reading it there does not advance it."""
+        return int(repr(self._count)[6:-1])
 
     def inc(self, amount: float = 1) -> None:
         if amount < 0:

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ignis import names
-from ignis.envelope import CODEC_BYTES, Envelope, encode_payload, new_message_id, new_message_ids, now_ms
+from ignis.envelope import (
+    Envelope,
+    NewMessages,
+    encode_payload,
+    new_message_id,
+    new_message_ids,
+    now_ms,
+)
 from ignis.errors import AlreadySettled, InvalidInputError, PayloadTooLarge
 from ignis.magazine import Magazine
 from ignis.metrics import ACKED, DEAD_LETTERED, DELIVERED, IGNORED, PUBLISHED, SIDELINE_REFUSED, SIDELINED
@@ -156,6 +163,7 @@ class Queue:
         # Dead letters are kept for the queue's lifetime so people have time to look at them.
         self.dead = magazine(names.dead_of(spec.name), "dead", spec.queue_expiry_seconds)
         self._published = PUBLISHED.labels(spec.name)
+        self._published_tick = self._published.tick
         self._delivered = DELIVERED.labels(spec.name)
         self._acked = ACKED.labels(spec.name)
 
@@ -193,16 +201,20 @@ class Queue:
                 headers: Mapping[str, str] | None = None) -> MessageRef:
         """Store one message durably (per the store's durability mode) and return its reference.
         A given `key` always maps to the same shard, which keeps per-key order within the shard."""
+        at = now_ms()
         if id is None and key is None and headers is None and type(payload) is bytes:  # the common case, lean
             if len(payload) > self.max_payload_bytes:
                 raise PayloadTooLarge(len(payload), self.max_payload_bytes, self.name)
-            at = now_ms()
-            env = Envelope(payload, new_message_id(at), at)
+            msg_id = new_message_id(at)
+            batch = _new_tuple(NewMessages, ((payload,), (msg_id,), None, at, None, None))
         else:
-            env = self.envelope(payload, id=id, key=key, headers=headers)
-        ref = self.main.load_one(env)
-        self._published.inc()
-        return _new_tuple(MessageRef, (env.msg_id, ref))
+            shared_headers = self._check_options(id, key, headers)
+            data, codec = self._encode(payload)
+            msg_id = id or new_message_id(at)
+            batch = _new_tuple(NewMessages, ((data,), (msg_id,), (codec,), at, shared_headers, key))
+        ref = self.main.load_new(batch)[0]
+        self._published_tick()
+        return _new_tuple(MessageRef, (msg_id, ref))
 
     def publish_many(self, payloads: Iterable[Any], *, key: str | None = None,
                      headers: Mapping[str, str] | None = None) -> list[MessageRef]:
@@ -210,13 +222,17 @@ class Queue:
         written, so a bad one leaves the queue unchanged; on lmdb the whole call is one transaction."""
         shared_headers = self._check_options(None, key, headers)
         limit = self.max_payload_bytes
-        encoded = [(p, CODEC_BYTES) if type(p) is bytes and len(p) <= limit else self._encode(p) for p in payloads]
-        ids = new_message_ids(len(encoded))
-        at = now_ms()
-        envelopes = [Envelope(data, msg_id, at, codec, shared_headers, key)
-                     for (data, codec), msg_id in zip(encoded, ids, strict=True)]
-        refs = self.main.load(envelopes)
-        self._published.inc(len(envelopes))
+        data = payloads if type(payloads) is list else list(payloads)
+        codecs: list[str] | None = None
+        if not all(type(p) is bytes and len(p) <= limit for p in data):  # not all plain bytes: encode
+            encoded = [self._encode(p) for p in data]
+            data = [d for d, _ in encoded]
+            codecs = [c for _, c in encoded]
+        if not data:
+            return []
+        ids = new_message_ids(len(data))
+        refs = self.main.load_new(_new_tuple(NewMessages, (data, ids, codecs, now_ms(), shared_headers, key)))
+        self._published.inc(len(ids))
         return [_new_tuple(MessageRef, pair) for pair in zip(ids, refs, strict=True)]
 
     # ---- pull consume ----------------------------------------------------------------------------

@@ -34,6 +34,30 @@ def test_fast_counter_counts_every_increment_across_threads() -> None:
     REGISTRY.unregister(counter)
 
 
+def test_fast_counter_ticks_add_to_increments_and_are_never_lost() -> None:
+    counter = FastCounter("ignis_test_fast_counter_ticks", "test", ["queue"])
+    assert counter.labels("a") is counter.labels("a")  # one child per label set: its ticks are found
+    a = counter.labels("a")
+    start = threading.Barrier(8)
+
+    def work() -> None:
+        tick = counter.labels("a").tick
+        start.wait()  # all threads tick at once, so a lost update would show
+        for _ in range(50000):
+            tick()
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    a.inc(5)
+    assert a.ticks() == 400000
+    assert REGISTRY.get_sample_value("ignis_test_fast_counter_ticks_total", {"queue": "a"}) == 400005
+    assert REGISTRY.get_sample_value("ignis_test_fast_counter_ticks_total", {"queue": "b"}) is None
+    REGISTRY.unregister(counter)
+
+
 def test_fast_counter_rejects_bad_use() -> None:
     counter = FastCounter("ignis_test_fast_counter_bad", "test", ["queue"])
     try:

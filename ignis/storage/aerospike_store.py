@@ -69,6 +69,7 @@ from ignis.envelope import (
     PAYLOAD,
     REASON,
     Envelope,
+    NewMessages,
     now_ms,
 )
 from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch, StoreError
@@ -89,9 +90,11 @@ from ignis.storage.base import (
     Claimed,
     LeaseRecord,
     MagazineKind,
+    Placement,
     QueueRecord,
     ShardPointers,
     SlotRef,
+    load_new_as_envelopes,
 )
 
 log = logging.getLogger(__name__)
@@ -495,6 +498,11 @@ class AerospikeStore:
                            stored_meta["gen"])
 
     # ---- magazine primitives ----------------------------------------------------------------
+    def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
+                 ) -> list[SlotRef]:
+        # One record object per message either way: the envelope path costs nothing extra here.
+        return load_new_as_envelopes(self, magazine, batch, placement, ttl_seconds)
+
     def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
         if not items:
             return []

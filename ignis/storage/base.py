@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
-from ignis.envelope import Envelope
+from ignis.envelope import Envelope, NewMessages
 
 MagazineKind = Literal["main", "sideline"]
 
@@ -54,6 +54,25 @@ class SlotRef(NamedTuple):
             return cls(magazine, int(shard), int(slot))
         except ValueError:
             raise ValueError(f"message reference {text!r} is not MAGAZINE/SHARD/SLOT") from None
+
+
+# Which shard each message of a NewMessages batch goes to: (shard, batch indices in slot order).
+Placement = Sequence[tuple[int, Sequence[int]]]
+
+
+def load_new_as_envelopes(store: Storage, magazine: str, batch: NewMessages, placement: Placement,
+                          ttl_seconds: int) -> list[SlotRef]:
+    """`Storage.load_new` through `Storage.load`, for a backend that writes one record object per
+    message anyway."""
+    order = [index for _, indices in placement for index in indices]
+    if sorted(order) != list(range(len(batch.ids))):
+        raise ValueError(f"placement must name each of the {len(batch.ids)} messages exactly once")
+    refs = store.load(magazine, [(shard, batch.envelope(i)) for shard, indices in placement for i in indices],
+                      ttl_seconds)
+    by_index: list[SlotRef] = [refs[0]] * len(order)
+    for index, ref in zip(order, refs, strict=True):
+        by_index[index] = ref
+    return by_index
 
 
 class Claimed(NamedTuple):
@@ -185,6 +204,14 @@ class Storage(Protocol):
     def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
         """Append each (shard, envelope): advance the shard's load pointer, write the data record with
         TTL. Several items are one group commit where the backend can. Returns the slots in order."""
+        ...
+
+    def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
+                 ) -> list[SlotRef]:
+        """Publish: append new messages, as `load` does. `placement` lists (shard, indices into the
+        batch): each index exactly once, in the order the shard's slots are taken. Records expire
+        `ttl_seconds` after the batch's loadedAt (publish sets it to now). Returns the slots in batch
+        order."""
         ...
 
     def claim(self, magazine: str, shard: int, max_slots: int, now_ms: int, count_attempt: bool = True

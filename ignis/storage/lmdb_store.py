@@ -35,6 +35,7 @@ from ignis.envelope import (
     PARTITION_KEY,
     REASON,
     Envelope,
+    NewMessages,
     now_ms,
 )
 from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch, StoreError, StoreFull, StoreUnavailable
@@ -53,6 +54,7 @@ from ignis.storage.base import (
     Claimed,
     LeaseRecord,
     MagazineKind,
+    Placement,
     QueueRecord,
     ShardPointers,
     SlotRef,
@@ -114,6 +116,33 @@ def _pack_data(envelope: Envelope, expire_at: int) -> bytes:
                    _CODEC_IDS[envelope.codec], _HAS_EXTRAS, len(msg_id)),
         msg_id, _PAYLOAD_LEN.pack(len(payload)), payload, _PACK(extras),
     ))
+
+
+def _pack_new(batch: NewMessages, expire_at: int) -> list[bytes]:
+    """The data records of newly published messages (fireTS 0, attempts 0): the batch's shared
+    headers and key are packed once, not per message."""
+    ids, payloads, at = batch.ids, batch.payloads, batch.loaded_at
+    if len(ids) == 1 and batch.codecs is None and batch.headers is None and batch.key is None:  # publish()
+        raw_id, payload = ids[0].encode(), payloads[0]
+        return [_plain_head(len(raw_id)).pack(expire_at, 0, 0, _FORMAT, at, 0, 0, len(raw_id), raw_id,
+                                              len(payload)) + payload]
+    extras = {name: value for name, value in ((HEADERS, batch.headers), (PARTITION_KEY, batch.key))
+              if value is not None and value != {}}
+    if batch.codecs is None and not extras and len(set(map(len, ids))) == 1 and "".join(ids).isascii():
+        # Generated ids: one length, ASCII, so one struct packs header, id and payload length.
+        id_length = len(ids[0])
+        head = _plain_head(id_length).pack
+        return [head(expire_at, 0, 0, _FORMAT, at, 0, 0, id_length, msg_id.encode(), len(payload)) + payload
+                for msg_id, payload in zip(ids, payloads, strict=True)]
+    tail = _PACK(extras) if extras else b""
+    flags = _HAS_EXTRAS if extras else 0
+    codecs = batch.codecs or [CODEC_BYTES] * len(ids)
+    values = []
+    for msg_id, payload, codec in zip(ids, payloads, codecs, strict=True):
+        raw_id = msg_id.encode()
+        values.append(b"".join((_DATA.pack(expire_at, 0, 0, _FORMAT, at, _CODEC_IDS[codec], flags, len(raw_id)),
+                                raw_id, _PAYLOAD_LEN.pack(len(payload)), payload, tail)))
+    return values
 
 
 @functools.cache
@@ -533,10 +562,10 @@ class LmdbStore:
             raise StoreUnavailable(f"lmdb store at {self._env.path} is closed" if self._closed else
                                    f"lmdb store at {self._env.path} was opened before this process forked; "
                                    "open it again in this process (LMDB handles do not survive fork)")
-        counter = self._calls.get(operation)
-        if counter is None:
-            counter = self._calls[operation] = STORAGE_CALLS.labels(operation)
-        counter.inc()
+        tick = self._calls.get(operation)
+        if tick is None:
+            tick = self._calls[operation] = STORAGE_CALLS.labels(operation).tick
+        tick()
         return self._env.env.begin(write=write)
 
     def _keys(self, magazine: str, shard: int) -> tuple[bytes, bytes]:
@@ -593,6 +622,41 @@ class LmdbStore:
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
         return refs
+
+    def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
+                 ) -> list[SlotRef]:
+        # Records expire ttl_seconds after loadedAt, which publish sets to now.
+        values = _pack_new(batch, _expire_at(ttl_seconds, batch.loaded_at))
+        data_db, meta_db, pack_meta = self._data, self._meta, _META.pack
+        try:
+            with self._begin("load", True) as txn:
+                if len(values) == 1:  # one publish: no lists, no cursor
+                    shard = placement[0][0]
+                    meta_key, prefix = self._keys(magazine, shard)
+                    raw = txn.get(meta_key, db=meta_db)
+                    _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+                    load += 1
+                    txn.put(prefix + b"%d" % load, values[0], db=data_db)
+                    txn.put(meta_key, pack_meta(0, load, fire), db=meta_db)
+                    return [_new_ref(SlotRef, (magazine, shard, load))]
+                # A shard's records go in together, in slot order: neighbouring keys, so each insert
+                # finds its B-tree page already at hand, and putmulti loops in C.
+                refs: list[Any] = [None] * len(values)
+                putmulti = txn.cursor(db=data_db).putmulti
+                for shard, indices in placement:
+                    meta_key, prefix = self._keys(magazine, shard)
+                    raw = txn.get(meta_key, db=meta_db)
+                    _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+                    first = load + 1
+                    load += len(indices)
+                    putmulti([(prefix + b"%d" % slot, values[index])
+                              for slot, index in zip(range(first, load + 1), indices, strict=True)])
+                    for slot, index in zip(range(first, load + 1), indices, strict=True):
+                        refs[index] = _new_ref(SlotRef, (magazine, shard, slot))
+                    txn.put(meta_key, pack_meta(0, load, fire), db=meta_db)
+                return refs
+        except lmdb.Error as exc:
+            raise self._map_error(exc) from None
 
     def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True
               ) -> list[Claimed]:
