@@ -122,10 +122,6 @@ def _pack_new(batch: NewMessages, expire_at: int) -> list[bytes]:
     """The data records of newly published messages (fireTS 0, attempts 0): the batch's shared
     headers and key are packed once, not per message."""
     ids, payloads, at = batch.ids, batch.payloads, batch.loaded_at
-    if len(ids) == 1 and batch.codecs is None and batch.headers is None and batch.key is None:  # publish()
-        raw_id, payload = ids[0].encode(), payloads[0]
-        return [_plain_head(len(raw_id)).pack(expire_at, 0, 0, _FORMAT, at, 0, 0, len(raw_id), raw_id,
-                                              len(payload)) + payload]
     extras = {name: value for name, value in ((HEADERS, batch.headers), (PARTITION_KEY, batch.key))
               if value is not None and value != {}}
     if batch.codecs is None and not extras and len(set(map(len, ids))) == 1 and "".join(ids).isascii():
@@ -566,7 +562,7 @@ class LmdbStore:
         if tick is None:
             tick = self._calls[operation] = STORAGE_CALLS.labels(operation).tick
         tick()
-        return self._env.env.begin(write=write)
+        return self._env.env.begin(None, None, write)  # positional: py-lmdb parses keywords slowly
 
     def _keys(self, magazine: str, shard: int) -> tuple[bytes, bytes]:
         """(meta key, data-key prefix) of a shard, built once: a delivered message needs them twice."""
@@ -626,26 +622,40 @@ class LmdbStore:
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
                  ) -> list[SlotRef]:
         # Records expire ttl_seconds after loadedAt, which publish sets to now.
-        values = _pack_new(batch, _expire_at(ttl_seconds, batch.loaded_at))
+        at = batch.loaded_at
+        expire_at = at + ttl_seconds * 1000 if ttl_seconds > 0 else 0
         data_db, meta_db, pack_meta = self._data, self._meta, _META.pack
-        try:
-            with self._begin("load", True) as txn:
-                if len(values) == 1:  # one publish: no lists, no cursor
-                    shard = placement[0][0]
-                    meta_key, prefix = self._keys(magazine, shard)
-                    raw = txn.get(meta_key, db=meta_db)
+        if len(batch.ids) == 1:  # one publish: no lists, no cursor
+            if batch.codecs is None and batch.headers is None and batch.key is None:  # plain bytes, inline
+                raw_id, payload = batch.ids[0].encode(), batch.payloads[0]
+                value = _plain_head(len(raw_id)).pack(expire_at, 0, 0, _FORMAT, at, 0, 0, len(raw_id), raw_id,
+                                                      len(payload)) + payload
+            else:
+                value = _pack_new(batch, expire_at)[0]
+            shard = placement[0][0]
+            meta_key, prefix = self._keys(magazine, shard)
+            try:
+                with self._begin("load", True) as txn:
+                    # Positional arguments (get: key, default, db; put: key, value, dupdata, overwrite,
+                    # append, db): py-lmdb's keyword parsing costs about 0.1 µs a call.
+                    raw = txn.get(meta_key, None, meta_db)
                     _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
                     load += 1
-                    txn.put(prefix + b"%d" % load, values[0], db=data_db)
-                    txn.put(meta_key, pack_meta(0, load, fire), db=meta_db)
-                    return [_new_ref(SlotRef, (magazine, shard, load))]
+                    txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
+                    txn.put(meta_key, pack_meta(0, load, fire), True, True, False, meta_db)
+            except lmdb.Error as exc:
+                raise self._map_error(exc) from None
+            return [_new_ref(SlotRef, (magazine, shard, load))]
+        values = _pack_new(batch, expire_at)
+        try:
+            with self._begin("load", True) as txn:
                 # A shard's records go in together, in slot order: neighbouring keys, so each insert
                 # finds its B-tree page already at hand, and putmulti loops in C.
                 refs: list[Any] = [None] * len(values)
                 putmulti = txn.cursor(db=data_db).putmulti
                 for shard, indices in placement:
                     meta_key, prefix = self._keys(magazine, shard)
-                    raw = txn.get(meta_key, db=meta_db)
+                    raw = txn.get(meta_key, None, meta_db)
                     _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
                     first = load + 1
                     load += len(indices)
@@ -653,7 +663,7 @@ class LmdbStore:
                               for slot, index in zip(range(first, load + 1), indices, strict=True)])
                     for slot, index in zip(range(first, load + 1), indices, strict=True):
                         refs[index] = _new_ref(SlotRef, (magazine, shard, slot))
-                    txn.put(meta_key, pack_meta(0, load, fire), db=meta_db)
+                    txn.put(meta_key, pack_meta(0, load, fire), True, True, False, meta_db)
                 return refs
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
@@ -666,7 +676,7 @@ class LmdbStore:
         meta_key, prefix = self._keys(magazine, shard)
         try:
             with self._begin("claim", True) as txn:
-                meta = txn.get(meta_key, db=self._meta)
+                meta = txn.get(meta_key, None, self._meta)  # positional: see load_new
                 if meta is None:
                     return []
                 _, load, fire = _META.unpack(meta)
@@ -676,17 +686,17 @@ class LmdbStore:
                 get, put, data_db = txn.get, txn.put, self._data
                 for slot in range(fire + 1, fire + count + 1):
                     key = prefix + b"%d" % slot
-                    raw = get(key, db=data_db)
+                    raw = get(key, None, data_db)
                     if raw is not None:
                         expire_at, _, attempts = header.unpack_from(raw)
                         if expire_at and expire_at <= now_ms_:
-                            txn.delete(key, db=data_db)
+                            txn.delete(key, b"", data_db)
                             raw = None
                         else:  # stamp fireTS and attempts in the fixed header: no msgpack in the txn
                             raw = header.pack(expire_at, now_ms_, attempts + bump) + raw[header_size:]
-                            put(key, raw, db=data_db)
+                            put(key, raw, True, True, False, data_db)
                     raws.append((slot, raw))
-                put(meta_key, _META.pack(0, load, fire + count), db=self._meta)
+                put(meta_key, _META.pack(0, load, fire + count), True, True, False, self._meta)
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
         return [_new_ref(Claimed, (_new_ref(SlotRef, (magazine, shard, slot)),
@@ -723,7 +733,7 @@ class LmdbStore:
             with self._begin("delete", True) as txn:
                 delete, data_db, data_key = txn.delete, self._data, self._data_key
                 for ref in refs:
-                    present += delete(data_key(ref), db=data_db)  # an expired, unpurged record counts too
+                    present += delete(data_key(ref), b"", data_db)  # an expired, unpurged record counts too
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
         return present
