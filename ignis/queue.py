@@ -7,6 +7,7 @@ re-homes it later), so a failure duplicates but never loses.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -56,6 +57,9 @@ class MessageRef(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.ref}#{self.id}"
+
+
+_new_message_ref = functools.partial(_new_tuple, MessageRef)  # MessageRef from an (id, ref) pair
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +232,8 @@ class Queue:
         limit = self.max_payload_bytes
         data = payloads if type(payloads) is list else list(payloads)
         codecs: list[str] | None = None
-        if not all(type(p) is bytes and len(p) <= limit for p in data):  # not all plain bytes: encode
+        # (map/set/max: C-level loops; a generator would run a Python frame per message)
+        if data and (set(map(type, data)) != {bytes} or max(map(len, data)) > limit):  # not all plain bytes
             encoded = [self._encode(p) for p in data]
             data = [d for d, _ in encoded]
             codecs = [c for _, c in encoded]
@@ -237,7 +242,7 @@ class Queue:
         ids = new_message_ids(len(data))
         refs = self.main.load_new(_new_tuple(NewMessages, (data, ids, codecs, now_ms(), shared_headers, key)))
         self._published.inc(len(ids))
-        return [_new_tuple(MessageRef, pair) for pair in zip(ids, refs, strict=True)]
+        return list(map(_new_message_ref, zip(ids, refs, strict=True)))  # C-level loop, no frame per message
 
     # ---- pull consume ----------------------------------------------------------------------------
     def fire(self) -> Message | None:

@@ -20,6 +20,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from itertools import repeat
 from typing import Any, TypeVar
 
 import lmdb
@@ -66,6 +67,7 @@ _HEADER = struct.Struct(">Q")  # every record starts with its expire-at, epoch m
 _DATA_HEADER = struct.Struct(">QQI")  # data records: expire-at, fireTS, attempts
 _META = struct.Struct(">QQQ")  # shard meta records: expire-at, LOAD_POINTER, FIRE_POINTER
 _new_ref = tuple.__new__  # builds SlotRef / Claimed NamedTuples without their slower generated __init__
+_new_slot_ref = functools.partial(tuple.__new__, SlotRef)  # SlotRef from a (magazine, shard, slot) tuple
 _PACK = msgpack.Packer(use_bin_type=True).pack
 DURABILITY_MODES = ("fsync", "fast")
 EPOCH_KEY = b"sweeperEpoch"
@@ -652,17 +654,23 @@ class LmdbStore:
                 # A shard's records go in together, in slot order: neighbouring keys, so each insert
                 # finds its B-tree page already at hand, and putmulti loops in C.
                 refs: list[Any] = [None] * len(values)
+                # Per message only C-level calls (map, zip, putmulti): zip hands putmulti one reused
+                # tuple, so a batch allocates no pair or key-building objects for the GC to track.
                 putmulti = txn.cursor(db=data_db).putmulti
                 for shard, indices in placement:
                     meta_key, prefix = self._keys(magazine, shard)
                     raw = txn.get(meta_key, None, meta_db)
                     _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
-                    first = load + 1
-                    load += len(indices)
-                    putmulti([(prefix + b"%d" % slot, values[index])
-                              for slot, index in zip(range(first, load + 1), indices, strict=True)])
-                    for slot, index in zip(range(first, load + 1), indices, strict=True):
-                        refs[index] = _new_ref(SlotRef, (magazine, shard, slot))
+                    slots = range(load + 1, load + 1 + len(indices))
+                    load = slots.stop - 1
+                    key_format = prefix.replace(b"%", b"%%") + b"%d"  # prefix + slot, as one C call
+                    putmulti(zip(map(key_format.__mod__, slots), map(values.__getitem__, indices), strict=True))
+                    shard_refs = map(_new_slot_ref, zip(repeat(magazine), repeat(shard), slots))
+                    if type(indices) is range:  # round-robin placement: one slice assignment
+                        refs[indices.start:indices.stop:indices.step] = shard_refs
+                    else:
+                        for index, ref in zip(indices, shard_refs, strict=True):
+                            refs[index] = ref
                     txn.put(meta_key, pack_meta(0, load, fire), True, True, False, meta_db)
                 return refs
         except lmdb.Error as exc:
