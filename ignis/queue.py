@@ -214,13 +214,13 @@ class Queue:
             if len(payload) > self.max_payload_bytes:
                 raise PayloadTooLarge(len(payload), self.max_payload_bytes, self.name)
             msg_id = (at << 80 | _getrandbits(80)).to_bytes(16, "big").hex()  # new_message_id(at), inline
-            batch = _new_tuple(NewMessages, ((payload,), (msg_id,), None, at, None, None))
+            ref = self.main.publish_one(payload, msg_id, at)
         else:
             shared_headers = self._check_options(id, key, headers)
             data, codec = self._encode(payload)
             msg_id = id or new_message_id(at)
-            batch = _new_tuple(NewMessages, ((data,), (msg_id,), (codec,), at, shared_headers, key))
-        ref = self.main.load_new(batch)[0]
+            ref = self.main.load_new(_new_tuple(NewMessages, ((data,), (msg_id,), (codec,), at, shared_headers,
+                                                              key)))[0]
         self._published_tick()
         return _new_tuple(MessageRef, (msg_id, ref))
 

@@ -498,6 +498,10 @@ class AerospikeStore:
                            stored_meta["gen"])
 
     # ---- magazine primitives ----------------------------------------------------------------
+    def load_one(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                 ttl_seconds: int) -> SlotRef:
+        return self.load(magazine, [(shard, Envelope(payload, msg_id, loaded_at))], ttl_seconds)[0]
+
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
                  ) -> list[SlotRef]:
         # One record object per message either way: the envelope path costs nothing extra here.

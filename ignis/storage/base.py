@@ -206,6 +206,12 @@ class Storage(Protocol):
         TTL. Several items are one group commit where the backend can. Returns the slots in order."""
         ...
 
+    def load_one(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                 ttl_seconds: int) -> SlotRef:
+        """Publish one new message of plain bytes (no headers, no key) into `shard`: `load_new` for the
+        commonest call there is, without the batch around it. Expires `ttl_seconds` after loaded_at."""
+        ...
+
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
                  ) -> list[SlotRef]:
         """Publish: append new messages, as `load` does. `placement` lists (shard, indices into the

@@ -621,33 +621,31 @@ class LmdbStore:
             raise self._map_error(exc) from None
         return refs
 
+    def load_one(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                 ttl_seconds: int) -> SlotRef:
+        raw_id = msg_id.encode()
+        value = _plain_head(len(raw_id)).pack(loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0, 0, 0,
+                                              _FORMAT, loaded_at, 0, 0, len(raw_id), raw_id, len(payload)) + payload
+        meta_key, prefix = self._keys(magazine, shard)
+        meta_db = self._meta
+        try:
+            with self._begin("load", True) as txn:
+                # Positional arguments (get: key, default, db; put: key, value, dupdata, overwrite,
+                # append, db): py-lmdb's keyword parsing costs about 0.1 µs a call.
+                raw = txn.get(meta_key, None, meta_db)
+                _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+                load += 1
+                txn.put(prefix + b"%d" % load, value, True, True, False, self._data)
+                txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
+        except lmdb.Error as exc:
+            raise self._map_error(exc) from None
+        return _new_ref(SlotRef, (magazine, shard, load))
+
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
                  ) -> list[SlotRef]:
         # Records expire ttl_seconds after loadedAt, which publish sets to now.
-        at = batch.loaded_at
-        expire_at = at + ttl_seconds * 1000 if ttl_seconds > 0 else 0
+        expire_at = batch.loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0
         data_db, meta_db, pack_meta = self._data, self._meta, _META.pack
-        if len(batch.ids) == 1:  # one publish: no lists, no cursor
-            if batch.codecs is None and batch.headers is None and batch.key is None:  # plain bytes, inline
-                raw_id, payload = batch.ids[0].encode(), batch.payloads[0]
-                value = _plain_head(len(raw_id)).pack(expire_at, 0, 0, _FORMAT, at, 0, 0, len(raw_id), raw_id,
-                                                      len(payload)) + payload
-            else:
-                value = _pack_new(batch, expire_at)[0]
-            shard = placement[0][0]
-            meta_key, prefix = self._keys(magazine, shard)
-            try:
-                with self._begin("load", True) as txn:
-                    # Positional arguments (get: key, default, db; put: key, value, dupdata, overwrite,
-                    # append, db): py-lmdb's keyword parsing costs about 0.1 µs a call.
-                    raw = txn.get(meta_key, None, meta_db)
-                    _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
-                    load += 1
-                    txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
-                    txn.put(meta_key, pack_meta(0, load, fire), True, True, False, meta_db)
-            except lmdb.Error as exc:
-                raise self._map_error(exc) from None
-            return [_new_ref(SlotRef, (magazine, shard, load))]
         values = _pack_new(batch, expire_at)
         try:
             with self._begin("load", True) as txn:
