@@ -7,13 +7,12 @@ re-homes it later), so a failure duplicates but never loses.
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from ignis import names
 from ignis.envelope import (
@@ -28,7 +27,7 @@ from ignis.errors import AlreadySettled, InvalidInputError, PayloadTooLarge
 from ignis.magazine import Magazine
 from ignis.metrics import ACKED, DEAD_LETTERED, DELIVERED, IGNORED, PUBLISHED, SIDELINE_REFUSED, SIDELINED
 from ignis.spec import QueueSpec
-from ignis.storage.base import SlotRef, Storage
+from ignis.storage.base import MessageRef, SlotRef, Storage
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +45,7 @@ NACKED = "nacked"
 _UNDECODED = object()
 _time_ns = time.time_ns
 _getrandbits = random.getrandbits
-_new_tuple = tuple.__new__  # builds MessageRef without the NamedTuple's slower generated __init__
-
-
-class MessageRef(NamedTuple):
-    """What publish returns: the message id and where it was stored."""
-
-    id: str
-    ref: SlotRef
-
-    def __str__(self) -> str:
-        return f"{self.ref}#{self.id}"
-
-
-_new_message_ref = functools.partial(_new_tuple, MessageRef)  # MessageRef from an (id, ref) pair
+_new_tuple = tuple.__new__  # builds NewMessages without the NamedTuple's slower generated __init__
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +208,7 @@ class Queue:
             ref = self.main.load_new(_new_tuple(NewMessages, ((data,), (msg_id,), (codec,), at, shared_headers,
                                                               key)))[0]
         self._published_tick()
-        return _new_tuple(MessageRef, (msg_id, ref))
+        return ref
 
     def publish_many(self, payloads: Iterable[Any], *, key: str | None = None,
                      headers: Mapping[str, str] | None = None) -> list[MessageRef]:
@@ -239,10 +225,10 @@ class Queue:
             codecs = [c for _, c in encoded]
         if not data:
             return []
-        ids = new_message_ids(len(data))
-        refs = self.main.load_new(_new_tuple(NewMessages, (data, ids, codecs, now_ms(), shared_headers, key)))
-        self._published.inc(len(ids))
-        return list(map(_new_message_ref, zip(ids, refs, strict=True)))  # C-level loop, no frame per message
+        refs = self.main.load_new(_new_tuple(NewMessages, (data, new_message_ids(len(data)), codecs, now_ms(),
+                                                           shared_headers, key)))
+        self._published.inc(len(refs))
+        return refs
 
     # ---- pull consume ----------------------------------------------------------------------------
     def fire(self) -> Message | None:

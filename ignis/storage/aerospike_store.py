@@ -499,11 +499,11 @@ class AerospikeStore:
 
     # ---- magazine primitives ----------------------------------------------------------------
     def load_one(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
-                 ttl_seconds: int) -> SlotRef:
-        return self.load(magazine, [(shard, Envelope(payload, msg_id, loaded_at))], ttl_seconds)[0]
+                 ttl_seconds: int) -> int:
+        return self.load(magazine, [(shard, Envelope(payload, msg_id, loaded_at))], ttl_seconds)[0].slot
 
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
-                 ) -> list[SlotRef]:
+                 ) -> list[range]:
         # One record object per message either way: the envelope path costs nothing extra here.
         return load_new_as_envelopes(self, magazine, batch, placement, ttl_seconds)
 

@@ -61,18 +61,39 @@ Placement = Sequence[tuple[int, Sequence[int]]]
 
 
 def load_new_as_envelopes(store: Storage, magazine: str, batch: NewMessages, placement: Placement,
-                          ttl_seconds: int) -> list[SlotRef]:
+                          ttl_seconds: int) -> list[range]:
     """`Storage.load_new` through `Storage.load`, for a backend that writes one record object per
     message anyway."""
     order = [index for _, indices in placement for index in indices]
     if sorted(order) != list(range(len(batch.ids))):
         raise ValueError(f"placement must name each of the {len(batch.ids)} messages exactly once")
-    refs = store.load(magazine, [(shard, batch.envelope(i)) for shard, indices in placement for i in indices],
-                      ttl_seconds)
-    by_index: list[SlotRef] = [refs[0]] * len(order)
-    for index, ref in zip(order, refs, strict=True):
-        by_index[index] = ref
-    return by_index
+    refs = iter(store.load(magazine, [(shard, batch.envelope(i)) for shard, indices in placement
+                                      for i in indices], ttl_seconds))
+    slots = []
+    for shard, indices in placement:
+        got = [next(refs) for _ in indices]
+        first = got[0].slot if got else 1
+        if [ref.slot for ref in got] != list(range(first, first + len(got))) or {r.shard for r in got} - {shard}:
+            raise RuntimeError(f"load into {magazine!r} shard {shard} did not return consecutive slots: {got}")
+        slots.append(range(first, first + len(got)))
+    return slots
+
+
+class MessageRef(NamedTuple):
+    """What publish returns: the message id and where it was stored. Flat (not an id and a SlotRef), so
+    a publish_many of thousands builds one object per message, not two."""
+
+    id: str
+    magazine: str
+    shard: int
+    slot: int
+
+    @property
+    def ref(self) -> SlotRef:
+        return SlotRef(self.magazine, self.shard, self.slot)
+
+    def __str__(self) -> str:
+        return f"{self.magazine}/{self.shard}/{self.slot}#{self.id}"
 
 
 class Claimed(NamedTuple):
@@ -207,17 +228,18 @@ class Storage(Protocol):
         ...
 
     def load_one(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
-                 ttl_seconds: int) -> SlotRef:
+                 ttl_seconds: int) -> int:
         """Publish one new message of plain bytes (no headers, no key) into `shard`: `load_new` for the
-        commonest call there is, without the batch around it. Expires `ttl_seconds` after loaded_at."""
+        commonest call there is, without the batch around it. Expires `ttl_seconds` after loaded_at.
+        Returns its slot."""
         ...
 
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
-                 ) -> list[SlotRef]:
-        """Publish: append new messages, as `load` does. `placement` lists (shard, indices into the
-        batch): each index exactly once, in the order the shard's slots are taken. Records expire
-        `ttl_seconds` after the batch's loadedAt (publish sets it to now). Returns the slots in batch
-        order."""
+                 ) -> list[range]:
+        """Publish: append new messages, as `load` does, in one group commit where the backend can.
+        `placement` lists (shard, indices into the batch): each index exactly once, in the order the
+        shard's slots are taken. Records expire `ttl_seconds` after the batch's loadedAt (publish sets
+        it to now). Returns, per placement entry, the consecutive slots its messages got."""
         ...
 
     def claim(self, magazine: str, shard: int, max_slots: int, now_ms: int, count_attempt: bool = True

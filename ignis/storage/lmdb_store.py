@@ -20,7 +20,6 @@ import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from itertools import repeat
 from typing import Any, TypeVar
 
 import lmdb
@@ -67,7 +66,6 @@ _HEADER = struct.Struct(">Q")  # every record starts with its expire-at, epoch m
 _DATA_HEADER = struct.Struct(">QQI")  # data records: expire-at, fireTS, attempts
 _META = struct.Struct(">QQQ")  # shard meta records: expire-at, LOAD_POINTER, FIRE_POINTER
 _new_ref = tuple.__new__  # builds SlotRef / Claimed NamedTuples without their slower generated __init__
-_new_slot_ref = functools.partial(tuple.__new__, SlotRef)  # SlotRef from a (magazine, shard, slot) tuple
 _PACK = msgpack.Packer(use_bin_type=True).pack
 DURABILITY_MODES = ("fsync", "fast")
 EPOCH_KEY = b"sweeperEpoch"
@@ -622,7 +620,7 @@ class LmdbStore:
         return refs
 
     def load_one(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
-                 ttl_seconds: int) -> SlotRef:
+                 ttl_seconds: int) -> int:
         raw_id = msg_id.encode()
         value = _plain_head(len(raw_id)).pack(loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0, 0, 0,
                                               _FORMAT, loaded_at, 0, 0, len(raw_id), raw_id, len(payload)) + payload
@@ -639,10 +637,10 @@ class LmdbStore:
                 txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
-        return _new_ref(SlotRef, (magazine, shard, load))
+        return load
 
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
-                 ) -> list[SlotRef]:
+                 ) -> list[range]:
         # Records expire ttl_seconds after loadedAt, which publish sets to now.
         expire_at = batch.loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0
         data_db, meta_db, pack_meta = self._data, self._meta, _META.pack
@@ -650,27 +648,20 @@ class LmdbStore:
         try:
             with self._begin("load", True) as txn:
                 # A shard's records go in together, in slot order: neighbouring keys, so each insert
-                # finds its B-tree page already at hand, and putmulti loops in C.
-                refs: list[Any] = [None] * len(values)
-                # Per message only C-level calls (map, zip, putmulti): zip hands putmulti one reused
-                # tuple, so a batch allocates no pair or key-building objects for the GC to track.
+                # finds its B-tree page already at hand. Per message only C-level calls (map, zip,
+                # putmulti): zip hands putmulti one reused tuple, so no pair is allocated either.
                 putmulti = txn.cursor(db=data_db).putmulti
+                taken = []
                 for shard, indices in placement:
                     meta_key, prefix = self._keys(magazine, shard)
                     raw = txn.get(meta_key, None, meta_db)
                     _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
                     slots = range(load + 1, load + 1 + len(indices))
-                    load = slots.stop - 1
                     key_format = prefix.replace(b"%", b"%%") + b"%d"  # prefix + slot, as one C call
                     putmulti(zip(map(key_format.__mod__, slots), map(values.__getitem__, indices), strict=True))
-                    shard_refs = map(_new_slot_ref, zip(repeat(magazine), repeat(shard), slots))
-                    if type(indices) is range:  # round-robin placement: one slice assignment
-                        refs[indices.start:indices.stop:indices.step] = shard_refs
-                    else:
-                        for index, ref in zip(indices, shard_refs, strict=True):
-                            refs[index] = ref
-                    txn.put(meta_key, pack_meta(0, load, fire), True, True, False, meta_db)
-                return refs
+                    txn.put(meta_key, pack_meta(0, slots.stop - 1, fire), True, True, False, meta_db)
+                    taken.append(slots)
+                return taken
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
 
