@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY, generate_latest
 from support.aerospike_emulator import EmulatedServer
 
 from ignis import Ignis, QueueSpec
-from ignis.envelope import Envelope, now_ms
+from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.errors import InvalidInputError, StoreError, StoreFull, StoreUnavailable
 from ignis.storage import SlotRef, aerospike_store, open_store
 from ignis.storage.aerospike_errors import map_error
@@ -398,3 +398,14 @@ def test_a_user_without_index_privilege_can_still_publish(server: EmulatedServer
     with pytest.raises(StoreError, match="cannot create secondary index"):
         make("aerospike://emulator:3000/test?farm=f2&client=c2")  # any other index error stops the open
     assert not server.clients[-1].is_connected()  # and the failed open leaks no connection
+
+
+def test_load_new_refuses_a_placement_that_misses_or_repeats_a_message(make) -> None:
+    store = make()
+    batch = NewMessages([b"a", b"b"], ["i0", "i1"], None, now_ms())
+    for placement in ([(0, [0])], [(0, [0, 1]), (1, [1])], [(0, [0, 2])]):
+        with pytest.raises(ValueError, match="placement must name each of the 2 messages exactly once"):
+            store.load_new("q", batch, placement, 600)
+    assert [p.load for p in store.pointers("q", 2).values()] == [0, 0]  # nothing was written
+    assert store.load_new("q", batch, [(1, [1, 0])], 600) == [range(1, 3)]
+    assert [e.msg_id for e in store.read([SlotRef("q", 1, 1), SlotRef("q", 1, 2)])] == ["i1", "i0"]

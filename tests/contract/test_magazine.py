@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from ignis import Ignis, PayloadTooLarge, QueueSpec
-from ignis.envelope import Envelope, now_ms
+from ignis.envelope import CODEC_BYTES, CODEC_JSON, CODEC_STR, Envelope, NewMessages, now_ms
 from ignis.errors import AlreadySettled, HoleBudgetExceeded, InvalidInputError
 from ignis.magazine import shard_for_key
 from ignis.storage import SlotRef, Storage
@@ -30,6 +30,42 @@ def test_load_allocates_one_based_slots_per_shard(store: Storage) -> None:
     assert refs == [SlotRef("q", 0, 1), SlotRef("q", 1, 1), SlotRef("q", 0, 2)]
     assert [(s, p.load, p.fire) for s, p in store.pointers("q", 3).items()] == [(0, 2, 0), (1, 1, 0), (2, 0, 0)]
     assert [e.msg_id for e in store.read(refs)] == ["a", "b", "c"]
+
+
+def test_load_new_places_each_message_and_returns_each_shards_slots(store: Storage) -> None:
+    store.load("q", [(1, env(msg_id="old"))], 60)  # shard 1 already holds slot 1
+    at = now_ms()
+    batch = NewMessages([b"a", b"", b"c", b"{}", b"\x00\xff"], ["i0", "i1", "i2", "i3", "i4"],
+                        [CODEC_BYTES, CODEC_BYTES, CODEC_STR, CODEC_JSON, CODEC_BYTES], at,
+                        {"trace": "t-1"}, "k")
+    # Message 4 then 2 take shard 2's slots in that order (a placement need not be a range).
+    taken = store.load_new("q", batch, [(0, range(0, 2)), (1, [3]), (2, [4, 2])], 60)
+    assert taken == [range(1, 3), range(2, 3), range(1, 3)]
+    refs = [SlotRef("q", 0, 1), SlotRef("q", 0, 2), SlotRef("q", 2, 2), SlotRef("q", 1, 2), SlotRef("q", 2, 1)]
+    got = store.read(refs)
+    assert [e.msg_id for e in got] == ["i0", "i1", "i2", "i3", "i4"]
+    assert [e.payload for e in got] == [b"a", b"", b"c", b"{}", b"\x00\xff"]
+    assert [e.decoded() for e in got][2:4] == ["c", {}]
+    assert all(e.headers == {"trace": "t-1"} and e.key == "k" and e.loaded_at == at for e in got)
+    assert all(e.attempts == 0 and e.fire_ts is None for e in got)
+    assert [(s, p.load) for s, p in store.pointers("q", 3).items()] == [(0, 2), (1, 2), (2, 2)]
+    # The next batch continues each shard where the last one stopped.
+    plain = NewMessages([b"p", b"q"], ["j0", "j1"], None, at)
+    assert store.load_new("q", plain, [(2, range(2))], 60) == [range(3, 5)]
+    assert [e.msg_id for e in store.read([SlotRef("q", 2, 3), SlotRef("q", 2, 4)])] == ["j0", "j1"]
+
+
+def test_load_one_appends_one_plain_message(store: Storage) -> None:
+    at = now_ms()
+    assert store.load_one("q", 3, b"first", "id-1", at, 60) == 1
+    assert store.load_one("q", 3, b"", "a-longer-id-than-usual-" * 3, at, 0) == 2  # 0 = never expires
+    first, second = store.read([SlotRef("q", 3, 1), SlotRef("q", 3, 2)])
+    assert (first.payload, first.msg_id, first.loaded_at, first.codec) == (b"first", "id-1", at, CODEC_BYTES)
+    assert (second.payload, second.msg_id) == (b"", "a-longer-id-than-usual-" * 3)
+    assert first.headers is None and first.key is None and first.attempts == 0
+    assert store.pointers("q", 4)[3].load == 2
+    claimed = store.claim("q", 3, 5, now_ms())
+    assert [c.envelope.msg_id for c in claimed] == ["id-1", "a-longer-id-than-usual-" * 3]
 
 
 def test_claim_is_guarded_stamps_and_reports_holes(store: Storage) -> None:
@@ -169,6 +205,29 @@ def test_publish_many_spreads_over_shards_and_drains_exactly_once(make_queue) ->
     assert sorted(seen) == list(range(3000))
     stats = q.stats()
     assert (stats.published, stats.consumed, stats.depth) == (3000, 3000, 0)
+
+
+def test_single_publishes_keep_a_random_shard_only_briefly(make_queue, monkeypatch) -> None:
+    import ignis.magazine as magazine
+
+    q = make_queue(shards=8)
+    draws = iter([0.3, 0.6, 0.9, 0.1])  # shards 2, 4, 7, 0
+    monkeypatch.setattr(magazine, "_random", lambda: next(draws))
+    main = q.main
+    at = 1_000_000
+    # Up to STICKY_MESSAGES publishes within STICKY_MS share the first draw; the next one draws again.
+    shards = [main._sticky_shard_at(at + i * magazine.STICKY_MS // magazine.STICKY_MESSAGES)
+              for i in range(magazine.STICKY_MESSAGES + 1)]
+    assert shards == [2] * magazine.STICKY_MESSAGES + [4]
+    # A publish more than STICKY_MS after the draw draws again, however few went before it.
+    later = at + 10 * magazine.STICKY_MS
+    assert main._sticky_shard_at(later) == 7
+    assert main._sticky_shard_at(later + magazine.STICKY_MS + 1) == 0
+    # And a real publish goes where the choice says, and is delivered.
+    monkeypatch.setattr(magazine, "_random", lambda: 0.99)
+    main._sticky_left = 0
+    assert q.publish(b"x").shard == 7
+    assert q.fire().data == b"x"
 
 
 def test_in_flight_counts_delivered_unsettled_messages_above_the_sweep_pointer(make_queue) -> None:
