@@ -31,11 +31,6 @@ def shard_for_key(key: str, shards: int) -> int:
 
 IN_FLIGHT_SCAN_LIMIT = 10_000  # claimed slots per shard that in_flight() looks at
 
-# A keyless publish keeps its random shard for the next messages published right after it (see
-# Magazine.load_new): at most this many, and only within this many milliseconds.
-STICKY_MESSAGES = 64
-STICKY_MS = 2
-
 
 class Magazine:
     """One magazine of a queue: `main`, `sideline` or `dead`. Thread-safe."""
@@ -68,21 +63,14 @@ class Magazine:
         self._drained = FIRE_CLAIMS.labels(queue, "drained")
         self._exhausted = HOLE_BUDGET_EXHAUSTED.labels(queue)
         self._count_attempt = kind == "main"  # a claim from the sideline is a shovel move, not a delivery
-        self._sticky_shard = 0
-        self._sticky_left = 0
-        self._sticky_at = 0
 
     # ---- load ------------------------------------------------------------------------------------
-    # Shard choice: a keyed message goes to its key's shard. A batch is dealt round-robin from a random
-    # shard, which spreads it evenly (a random pick per message would not) and keeps each shard's slots
-    # contiguous. A single keyless message gets a random shard, "sticky" as in Kafka's partitioner: the
-    # messages published within STICKY_MS after it, up to STICKY_MESSAGES, go to the same shard. Their
-    # records then land side by side (on lmdb a publish costs about 0.5 µs less than with a fresh shard
-    # each time), and at any slower rate every message still gets a fresh random shard. The sticky
-    # state is read and written without a lock: a race can only pick another valid shard.
+    # Shard choice (DESIGN §4): a keyed message goes to its key's shard, any other to a uniformly random
+    # one. A batch is dealt round-robin from a random shard, which spreads it evenly (a random pick per
+    # message would not) and keeps each shard's slots contiguous.
     def publish_one(self, payload: bytes, msg_id: str, loaded_at: int) -> MessageRef:
         """Publish one new keyless message of plain bytes: the commonest call, kept lean."""
-        shard = self._sticky_shard_at(loaded_at)
+        shard = int(_random() * self.shards)
         slot = self.store.load_one(self.name, shard, payload, msg_id, loaded_at, self.ttl_seconds)
         self._mark_active_one(shard)
         return _new_tuple(MessageRef, (msg_id, self.name, shard, slot))
@@ -92,8 +80,6 @@ class Magazine:
         count, shards, name, ids = len(batch.ids), self.shards, self.name, batch.ids
         if batch.key is not None:
             placement: list[tuple[int, range]] = [(shard_for_key(batch.key, shards), range(count))]
-        elif count == 1:
-            placement = [(self._sticky_shard_at(batch.loaded_at), range(1))]
         else:
             first = int(_random() * shards)
             placement = [((first + k) % shards, range(k, count, shards)) for k in range(min(shards, count))]
@@ -106,16 +92,6 @@ class Magazine:
             where = slice(indices.start, indices.stop, indices.step)
             refs[where] = map(_new_message_ref, zip(ids[where], repeat(name), repeat(shard), slots))
         return refs
-
-    def _sticky_shard_at(self, at_ms: int) -> int:
-        left = self._sticky_left
-        if left > 0 and at_ms - self._sticky_at <= STICKY_MS:
-            self._sticky_left = left - 1
-            return self._sticky_shard
-        shard = self._sticky_shard = int(_random() * self.shards)
-        self._sticky_left = STICKY_MESSAGES - 1
-        self._sticky_at = at_ms
-        return shard
 
     def load(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:
         """Append existing messages (a sideline, shovel or sweep move) in one group commit, placed as

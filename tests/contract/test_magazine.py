@@ -207,29 +207,6 @@ def test_publish_many_spreads_over_shards_and_drains_exactly_once(make_queue) ->
     assert (stats.published, stats.consumed, stats.depth) == (3000, 3000, 0)
 
 
-def test_single_publishes_keep_a_random_shard_only_briefly(make_queue, monkeypatch) -> None:
-    import ignis.magazine as magazine
-
-    q = make_queue(shards=8)
-    draws = iter([0.3, 0.6, 0.9, 0.1])  # shards 2, 4, 7, 0
-    monkeypatch.setattr(magazine, "_random", lambda: next(draws))
-    main = q.main
-    at = 1_000_000
-    # Up to STICKY_MESSAGES publishes within STICKY_MS share the first draw; the next one draws again.
-    shards = [main._sticky_shard_at(at + i * magazine.STICKY_MS // magazine.STICKY_MESSAGES)
-              for i in range(magazine.STICKY_MESSAGES + 1)]
-    assert shards == [2] * magazine.STICKY_MESSAGES + [4]
-    # A publish more than STICKY_MS after the draw draws again, however few went before it.
-    later = at + 10 * magazine.STICKY_MS
-    assert main._sticky_shard_at(later) == 7
-    assert main._sticky_shard_at(later + magazine.STICKY_MS + 1) == 0
-    # And a real publish goes where the choice says, and is delivered.
-    monkeypatch.setattr(magazine, "_random", lambda: 0.99)
-    main._sticky_left = 0
-    assert q.publish(b"x").shard == 7
-    assert q.fire().data == b"x"
-
-
 def test_in_flight_counts_delivered_unsettled_messages_above_the_sweep_pointer(make_queue) -> None:
     q = make_queue(shards=1)
     q.publish_many(range(6))
