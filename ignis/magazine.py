@@ -155,9 +155,9 @@ class Magazine:
             return None
         claimed = self.store.claim(self.name, shard, max_slots, now_ms(), self._count_attempt)
         if claimed:
-            self._won.inc()
+            self._won.tick()
         else:
-            self._drained.inc()
+            self._drained.tick()
             self._suppress(shard, loads_seen)
         return claimed
 

@@ -123,7 +123,7 @@ class Message:
         queue = self.queue
         queue.store.delete((self.ref,))
         self._settled = True
-        queue._acked.inc()
+        queue._acked.tick()
 
     def nack(self, reason: str = NACKED) -> None:
         self.queue.nack([self], reason)
@@ -236,7 +236,7 @@ class Queue:
         claimed = self.main.fire_one()
         if claimed is None:
             return None
-        self._delivered.inc()
+        self._delivered.tick()
         return Message(self, claimed.ref, claimed.envelope)  # type: ignore[arg-type]
 
     def fire_many(self, max_messages: int) -> list[Message]:
