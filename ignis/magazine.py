@@ -5,6 +5,7 @@ hole skipping with a budget, and active-shard tracking so that an idle magazine 
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 import threading
 import time
@@ -55,7 +56,8 @@ class Magazine:
         self.hole_budget = hole_budget
         self.refresh_seconds = refresh_seconds
         self._active: tuple[int, ...] = ()
-        self._loads = 0
+        self._load_tokens = itertools.count(1)  # a fresh value per local load, atomic under the GIL
+        self._last_load = 0
         self._refreshed_at = float("-inf")
         self._lock = threading.Lock()
         self._holes = HOLES_SKIPPED.labels(queue, kind)
@@ -105,42 +107,44 @@ class Magazine:
         return refs
 
     # ---- active shards ----------------------------------------------------------------------------
-    # `_active` is an immutable tuple replaced under the lock, so a fire reads it without locking.
-    # `_loads` counts local loads: a consumer that found a shard drained drops it only if nothing was
-    # loaded here since its claim began, so a message published by this process is never hidden.
+    # `_active` is an immutable tuple, replaced only under the lock, so fires and loads read it without
+    # locking. After each commit a load stores a fresh token in `_last_load` and then, unlocked, checks
+    # that its shard is listed (taking the lock only to add it): publishing takes no lock. A consumer
+    # that found a shard drained drops it only if no load stored a token since its claim began, and
+    # checks again after dropping it: a load that stored its token meanwhile may have seen the shard
+    # still listed and skipped adding it, so the drop is undone. A refresh from the store does the
+    # same. Either way a message published by this process never stays hidden from its consumers.
     def _mark_active(self, shards: Iterable[int]) -> None:
-        lock = self._lock
-        lock.acquire()  # not `with`: this runs on every publish, and acquire/release costs half as much
-        try:
-            self._loads += 1
-            for shard in shards:
-                if shard not in self._active:
-                    self._active += (shard,)
-        finally:
-            lock.release()
+        self._last_load = next(self._load_tokens)  # before reading _active: see above
+        active = self._active
+        if any(shard not in active for shard in shards):
+            with self._lock:
+                self._active += tuple(shard for shard in set(shards) if shard not in self._active)
 
     def _mark_active_one(self, shard: int) -> None:
-        lock = self._lock
-        lock.acquire()
-        try:
-            self._loads += 1
-            if shard not in self._active:
-                self._active += (shard,)
-        finally:
-            lock.release()
+        self._last_load = next(self._load_tokens)  # before reading _active: see above
+        if shard not in self._active:
+            with self._lock:
+                if shard not in self._active:
+                    self._active += (shard,)
 
     def _suppress(self, shard: int, loads_seen: int) -> None:
         with self._lock:
-            if self._loads == loads_seen and shard in self._active:
-                self._active = tuple(s for s in self._active if s != shard)
+            before = self._active
+            if self._last_load == loads_seen and shard in before:
+                self._active = tuple(s for s in before if s != shard)
+                if self._last_load != loads_seen:  # a load raced the drop: undo it
+                    self._active = before
 
     def _pick_shard(self) -> int | None:
         if time.monotonic() - self._refreshed_at >= self.refresh_seconds:
             with self._lock:
                 if time.monotonic() - self._refreshed_at >= self.refresh_seconds:
-                    # Read under the lock: a load that commits after this read marks its shard after it.
+                    loads_seen, before = self._last_load, self._active
                     pointers = self.store.pointers(self.name, self.shards)
                     self._active = tuple(shard for shard, p in pointers.items() if p.load > p.fire)
+                    if self._last_load != loads_seen:  # a load committed after the read: keep what it saw
+                        self._active += tuple(shard for shard in before if shard not in self._active)
                     self._refreshed_at = time.monotonic()
         active = self._active
         return active[int(_random() * len(active))] if active else None
@@ -149,7 +153,7 @@ class Magazine:
     def _claim_next(self, max_slots: int) -> list[Claimed] | None:
         """One guarded claim on an active shard: None when no shard has work, [] when the picked shard
         turned out drained (it is dropped from the active set)."""
-        loads_seen = self._loads
+        loads_seen = self._last_load
         shard = self._pick_shard()
         if shard is None:
             return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import Counter
@@ -304,6 +305,51 @@ def test_concurrent_consumer_threads_never_share_a_slot(make_queue) -> None:
     refs = Counter(ref for ref, _ in claimed)
     assert refs.most_common(1)[0][1] == 1
     assert {msg_id for _, msg_id in claimed} == published and len(claimed) == 4000
+
+
+def test_messages_published_while_consumers_drop_drained_shards_are_never_hidden(make_queue) -> None:
+    # Publishing marks its shard active without a lock while consumers drop shards they found drained.
+    # With the store's pointers re-read only hourly, a shard dropped wrongly would hide its messages
+    # for the rest of the test; frequent thread switches interleave those steps as much as possible.
+    from ignis.queue import Queue
+
+    declared = make_queue(shards=4)
+    q = Queue(declared.store, declared.spec, refresh_seconds=3600)
+    producers, per_producer = 4, 500
+    total = producers * per_producer
+    delivered: set[str] = set()
+    lock = threading.Lock()
+
+    def produce() -> None:
+        for _ in range(per_producer):
+            q.publish(b"p")
+
+    def consume() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with lock:
+                if len(delivered) == total:
+                    return
+            message = q.fire()
+            if message is None:
+                time.sleep(0.0002)
+                continue
+            message.ack()
+            with lock:
+                delivered.add(message.id)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=f) for f in [produce] * producers + [consume] * 4]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert len(delivered) == total, f"{total - len(delivered)} published messages were never delivered"
+    assert q.stats().depth == 0
 
 
 def test_nack_copies_to_sideline_with_reason_then_deletes(make_queue) -> None:
