@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -49,11 +50,13 @@ def new_message_ids(count: int) -> list[str]:
     if count >= 1 << 31:  # (never in practice: that list would not fit in memory)
         start = now_ms() << 80 | random.getrandbits(79)  # base + i never carries into the time stamp
         return ["%032x" % (start + i) for i in range(count)]
-    # The time stamp and 48 random bits, then 31 random bits plus i in the last 32: formatting only
-    # those 8 digits per id takes a quarter less time than formatting all 32.
+    # The time stamp and 48 random bits, then 31 random bits plus i in the last 32 bits. Those last 8
+    # hex digits of every id come from one pack and one hex() call: a third cheaper than formatting
+    # each id (this is a visible share of publish_many).
     prefix = "%024x" % (now_ms() << 48 | random.getrandbits(48))
     low = random.getrandbits(31)
-    return [f"{prefix}{i:08x}" for i in range(low, low + count)]
+    digits = struct.pack(f">{count}I", *range(low, low + count)).hex()
+    return [prefix + digits[at:at + 8] for at in range(0, 8 * count, 8)]
 
 
 def encode_payload(value: Any) -> tuple[bytes, str]:

@@ -125,8 +125,14 @@ def _pack_new(batch: NewMessages, expire_at: int) -> list[bytes]:
     extras = {name: value for name, value in ((HEADERS, batch.headers), (PARTITION_KEY, batch.key))
               if value is not None and value != {}}
     if batch.codecs is None and not extras and len(set(map(len, ids))) == 1 and "".join(ids).isascii():
-        # Generated ids: one length, ASCII, so one struct packs header, id and payload length.
+        # Generated ids: one length, ASCII, so one struct packs header, id and payload length, and when
+        # the payloads have one length too, the payload as well (one allocation per record, not two).
         id_length = len(ids[0])
+        if len(set(map(len, payloads))) == 1:
+            size = len(payloads[0])
+            record = _plain_record(id_length, size).pack
+            return [record(expire_at, 0, 0, _FORMAT, at, 0, 0, id_length, msg_id.encode(), size, payload)
+                    for msg_id, payload in zip(ids, payloads, strict=True)]
         head = _plain_head(id_length).pack
         return [head(expire_at, 0, 0, _FORMAT, at, 0, 0, id_length, msg_id.encode(), len(payload)) + payload
                 for msg_id, payload in zip(ids, payloads, strict=True)]
@@ -139,6 +145,12 @@ def _pack_new(batch: NewMessages, expire_at: int) -> list[bytes]:
         values.append(b"".join((_DATA.pack(expire_at, 0, 0, _FORMAT, at, _CODEC_IDS[codec], flags, len(raw_id)),
                                 raw_id, _PAYLOAD_LEN.pack(len(payload)), payload, tail)))
     return values
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_record(id_length: int, payload_length: int) -> struct.Struct:
+    """A whole plain record (_plain_head, then the payload) as one struct."""
+    return struct.Struct(f"{_plain_head(id_length).format}{payload_length}s")
 
 
 @functools.cache

@@ -151,6 +151,23 @@ def test_payloads_round_trip_exactly(make_queue, payload) -> None:
     m.ack()
 
 
+@pytest.mark.parametrize("payloads", [
+    [bytes([i % 256]) * 300 for i in range(50)],  # one length: packed as whole records
+    [bytes(range(i % 256)) for i in range(50)],  # lengths 0..49
+    [b"plain", "text", {"json": 1}, b"", "\x00"],  # mixed codecs
+], ids=["same-length", "varied-length", "mixed-codecs"])
+def test_publish_many_round_trips_every_payload_in_order(make_queue, payloads) -> None:
+    q = make_queue(shards=3)
+    refs = q.publish_many(payloads)
+    assert len({r.id for r in refs}) == len(payloads)
+    by_id = {}
+    while batch := q.fire_many(100):
+        by_id.update((m.id, m.payload) for m in batch)
+        q.ack(batch)
+    assert [by_id[r.id] for r in refs] == payloads
+    assert all(type(by_id[r.id]) is type(p) for r, p in zip(refs, payloads, strict=True))
+
+
 def test_publish_returns_reference_and_ids(make_queue) -> None:
     q = make_queue(shards=1)
     ref = q.publish("a", id="order-1")
