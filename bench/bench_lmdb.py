@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -486,12 +487,25 @@ def ratio(rows: dict[str, Row], key: str, other: str | None) -> float | None:
     return mine / theirs if mine and theirs else None
 
 
+def paired_ratio(rows: dict[str, Row], key: str, other: str) -> float | None:
+    """Median over rounds of rate(key) / rate(other) within the same round. The rows of one round run
+    seconds apart, so a slow spell of the shared machine hits both sides of each ratio; best-of-R
+    compares the luckiest moment of one row with the luckiest moment of another."""
+    mine, theirs = rows.get(key), rows.get(other)
+    if mine is None or theirs is None or mine.error or theirs.error or not mine.results:
+        return None
+    pairs = [a.rate / b.rate for a, b in zip(mine.results, theirs.results, strict=False) if b.rate > 0]
+    return statistics.median(pairs) if pairs else None
+
+
 def target_results(rows: dict[str, Row]) -> list[dict[str, Any]]:
     out = []
     for t in TARGETS:
         value = ratio(rows, t.row, t.baseline)
+        paired = paired_ratio(rows, t.row, t.baseline)
         out.append({"target": t.name, "row": t.row, "baseline": t.baseline, "required_ratio": t.factor,
-                    "ratio": value, "pass": value is not None and value >= t.factor})
+                    "ratio": value, "pass": value is not None and value >= t.factor,
+                    "paired_median_ratio": paired, "paired_pass": paired is not None and paired >= t.factor})
     return out
 
 
@@ -587,11 +601,13 @@ def print_human(result: dict[str, Any], console: Console) -> None:
             console.print(f"[red]{r['system']}: {r['row']}: {r['error']}[/]")
 
     targets = Table(title="Targets", title_justify="left")
-    for name in ("target", "measured", "result"):
+    for name in ("target", "best of R", "result", "median of per-round ratios", "result"):
         targets.add_column(name)
     for t in result["targets"]:
         targets.add_row(t["target"], _x(t["ratio"]) or "no valid number",
-                        "[green]PASS[/]" if t["pass"] else "[red]FAIL[/]")
+                        "[green]PASS[/]" if t["pass"] else "[red]FAIL[/]",
+                        _x(t["paired_median_ratio"]) or "no valid number",
+                        "[green]PASS[/]" if t["paired_pass"] else "[red]FAIL[/]")
     console.print(targets)
 
     disk = Table(title=f"Disk after publishing {cfg['messages']} messages (data.mdb)", title_justify="left")
