@@ -326,8 +326,9 @@ def test_concurrent_consumer_threads_never_share_a_slot(make_queue) -> None:
 
 def test_messages_published_while_consumers_drop_drained_shards_are_never_hidden(make_queue) -> None:
     # Publishing marks its shard active without a lock while consumers drop shards they found drained.
-    # With the store's pointers re-read only hourly, a shard dropped wrongly would hide its messages
-    # for the rest of the test; frequent thread switches interleave those steps as much as possible.
+    # With the store's pointers re-read only hourly, a shard dropped wrongly would keep its messages
+    # unclaimed for the rest of the test; frequent thread switches interleave those steps as much as
+    # possible.
     from ignis.queue import Queue
 
     declared = make_queue(shards=4)
@@ -336,6 +337,7 @@ def test_messages_published_while_consumers_drop_drained_shards_are_never_hidden
     total = producers * per_producer
     delivered: set[str] = set()
     lock = threading.Lock()
+    published = threading.Event()
 
     def produce() -> None:
         for _ in range(per_producer):
@@ -344,11 +346,10 @@ def test_messages_published_while_consumers_drop_drained_shards_are_never_hidden
     def consume() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            with lock:
-                if len(delivered) == total:
-                    return
             message = q.fire()
             if message is None:
+                if published.is_set() and q.main.pending() == 0:
+                    return  # every slot claimed
                 time.sleep(0.0002)
                 continue
             message.ack()
@@ -358,15 +359,22 @@ def test_messages_published_while_consumers_drop_drained_shards_are_never_hidden
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)
     try:
-        threads = [threading.Thread(target=f) for f in [produce] * producers + [consume] * 4]
-        for t in threads:
+        producing = [threading.Thread(target=produce) for _ in range(producers)]
+        consuming = [threading.Thread(target=consume) for _ in range(4)]
+        for t in producing + consuming:
             t.start()
-        for t in threads:
+        for t in producing:
+            t.join()
+        published.set()
+        for t in consuming:
             t.join()
     finally:
         sys.setswitchinterval(switch)
-    assert len(delivered) == total, f"{total - len(delivered)} published messages were never delivered"
-    assert q.stats().depth == 0
+    stats = q.stats(in_flight=True)
+    assert stats.depth == 0, f"{stats.depth} published messages were never claimed: their shard was hidden"
+    # On a backend whose publish is two writes (Aerospike), a claim can pass a slot whose record is
+    # still being written; such a record stays in flight for the sweeper. Nothing else may be missing.
+    assert len(delivered) + stats.in_flight == total
 
 
 def test_nack_copies_to_sideline_with_reason_then_deletes(make_queue) -> None:
