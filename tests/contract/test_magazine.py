@@ -324,6 +324,35 @@ def test_concurrent_consumer_threads_never_share_a_slot(make_queue) -> None:
     assert {msg_id for _, msg_id in claimed} == published and len(claimed) == 4000
 
 
+def test_a_drained_shard_is_kept_while_a_load_raced_the_claim_that_found_it_drained(make_queue) -> None:
+    # The lock-free active-shard protocol, step by step (the stress test below can only hope to hit it).
+    main = make_queue(shards=4).main
+    main._mark_active_one(2)
+    seen = main._last_load  # a consumer begins a claim on shard 2 ...
+    main._mark_active_one(2)  # ... a publish to shard 2 lands after the claim looked, and sees 2 listed
+    main._suppress(2, seen)  # the consumer found shard 2 drained: it must not drop it now
+    assert 2 in main._active
+    main._suppress(2, main._last_load)  # drained with no load since the claim began: dropped
+    assert 2 not in main._active
+
+
+def test_a_refresh_keeps_the_shards_of_loads_that_committed_after_it_read_the_pointers(make_queue) -> None:
+    q = make_queue(shards=4)
+    main = q.main
+    main._mark_active_one(3)  # shard 3 listed; the store has nothing there yet
+    read = main.store.pointers
+
+    def pointers_then_a_load(magazine: str, shards: int):  # a publish to shard 3 commits just after the read
+        got = read(magazine, shards)
+        main._mark_active_one(3)  # sees 3 still listed, so adds nothing
+        return got
+
+    main.store = type("Racing", (), {"pointers": staticmethod(pointers_then_a_load)})()
+    main.invalidate()
+    assert main._pick_shard() == 3  # the refresh saw empty pointers but kept the racing load's shard
+    assert main._active == (3,)
+
+
 def test_messages_published_while_consumers_drop_drained_shards_are_never_hidden(make_queue) -> None:
     # Publishing marks its shard active without a lock while consumers drop shards they found drained.
     # With the store's pointers re-read only hourly, a shard dropped wrongly would keep its messages
