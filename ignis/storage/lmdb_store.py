@@ -1,8 +1,9 @@
 """The embedded default backend: one LMDB environment holding the DESIGN §3 layout.
 
 Each Aerospike set is an LMDB named database with the same name, keyed by the same record keys, so a
-layout read with `ignis` tools compares 1:1 with Aerospike. Record value = 8-byte big-endian
-expire-at (epoch ms, 0 = never) + msgpack map of bins. Expired records read as absent everywhere and
+layout read with `ignis` tools compares 1:1 with Aerospike. Every record value starts with an
+8-byte big-endian expire-at (epoch ms, 0 = never); then a msgpack map of bins, except for data
+records, which have a fixed binary layout (see _DATA). Expired records read as absent everywhere and
 are purged in the background. The `{set}_active` database plays the secondary index.
 
 LMDB gives what the Aerospike backend has to build from single-record operations: every primitive
@@ -685,7 +686,7 @@ class LmdbStore:
         meta_key, prefix = self._keys(magazine, shard)
         try:
             with self._begin("claim", True) as txn:
-                meta = txn.get(meta_key, None, self._meta)  # positional: see load_new
+                meta = txn.get(meta_key, None, self._meta)  # positional: see load_one
                 if meta is None:
                     return []
                 _, load, fire = _META.unpack(meta)
