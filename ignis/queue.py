@@ -8,8 +8,6 @@ re-homes it later), so a failure duplicates but never loses.
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +41,6 @@ UNREADABLE = "unreadable"
 NACKED = "nacked"
 
 _UNDECODED = object()
-_time_ns = time.time_ns
-_getrandbits = random.getrandbits
 _new_tuple = tuple.__new__  # builds NewMessages without the NamedTuple's slower generated __init__
 
 
@@ -195,11 +191,11 @@ class Queue:
                 headers: Mapping[str, str] | None = None) -> MessageRef:
         """Store one message durably (per the store's durability mode) and return its reference.
         A given `key` always maps to the same shard, which keeps per-key order within the shard."""
-        at = _time_ns() // 1_000_000
+        at = now_ms()
         if id is None and key is None and headers is None and type(payload) is bytes:  # the common case, lean
             if len(payload) > self.max_payload_bytes:
                 raise PayloadTooLarge(len(payload), self.max_payload_bytes, self.name)
-            msg_id = (at << 80 | _getrandbits(80)).to_bytes(16, "big").hex()  # new_message_id(at), inline
+            msg_id = new_message_id(at)
             ref = self.main.publish_one(payload, msg_id, at)
         else:
             shared_headers = self._check_options(id, key, headers)
