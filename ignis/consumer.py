@@ -196,7 +196,8 @@ class Consumer:
                 with self._lock:
                     runtimes = list(self._running.values())
                     busy = self._busy
-                idle = busy == 0 and all(rt.queue.main.pending() == 0 for rt in runtimes)
+                idle = busy == 0 and all(rt.queue.main.pending() == 0 and rt.queue.main.awaiting() == 0
+                                         for rt in runtimes)
                 if idle:
                     quiet_since = quiet_since or time.monotonic()
                     if time.monotonic() - quiet_since >= settle:
@@ -269,7 +270,9 @@ class Consumer:
                 log.exception("consumer run on %s failed", rt.queue.name)
                 worked = False
             if not worked:
-                stop.wait(self._poll)
+                # A slot claimed before its record landed is re-read soon: wait for that, not a full poll.
+                due = rt.queue.main.next_check_in()
+                stop.wait(self._poll if due is None else min(self._poll, due))
 
     def run_once(self, queue: Queue, handler: Handler, stop: threading.Event | None = None) -> bool:
         """One consumer run (IgnisMQ §1.6). Returns True if any message was handled."""

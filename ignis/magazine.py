@@ -1,5 +1,6 @@
 """Magazine layer (DESIGN §4): load with random or key-based shard choice, fire with guarded claims,
-hole skipping with a budget, and active-shard tracking so that an idle magazine costs almost no reads.
+hole skipping with a budget, awaited slots, and active-shard tracking so that an idle magazine costs
+almost no reads.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import random
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from typing import Any
@@ -17,8 +19,8 @@ from typing import Any
 from ignis import names
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.errors import HoleBudgetExceeded
-from ignis.metrics import FIRE_CLAIMS, HOLE_BUDGET_EXHAUSTED, HOLES_SKIPPED
-from ignis.storage.base import Claimed, MessageRef, ShardPointers, SlotRef, Storage
+from ignis.metrics import FIRE_CLAIMS, HOLE_BUDGET_EXHAUSTED, HOLES_SKIPPED, LATE_WRITES
+from ignis.storage.base import Claimed, MessageRef, Move, ShardPointers, SlotRef, Storage
 
 _random = random.random
 _new_tuple = tuple.__new__  # NamedTuples without their slower generated __init__
@@ -31,6 +33,22 @@ def shard_for_key(key: str, shards: int) -> int:
 
 
 IN_FLIGHT_SCAN_LIMIT = 10_000  # claimed slots per shard that in_flight() looks at
+# An awaited slot (claimed, its record still being written) is re-read first this soon, then less and
+# less often, until the store's write grace has passed. A publish lands within a round trip or two.
+AWAIT_FIRST_CHECK_SECONDS = 0.002
+AWAIT_MAX_CHECK_SECONDS = 0.25
+
+
+class _Awaited:
+    """A slot this magazine handle claimed whose record has not landed yet."""
+
+    __slots__ = ("deadline", "due", "ref", "wait")
+
+    def __init__(self, ref: SlotRef, now: float, grace: float) -> None:
+        self.ref = ref
+        self.deadline = now + grace  # the producer's write deadline: seal it after this
+        self.wait = AWAIT_FIRST_CHECK_SECONDS
+        self.due = now + self.wait  # next re-read
 
 
 class Magazine:
@@ -60,7 +78,13 @@ class Magazine:
         self._last_load = 0
         self._refreshed_at = float("-inf")
         self._lock = threading.Lock()
+        # Claimed slots awaiting their record (see Claimed.awaiting) and records that turned up, stamped,
+        # not yet handed out. Re-read on later fires of this handle: a worker never blocks on them.
+        self._awaited: list[_Awaited] = []
+        self._landed: deque[Claimed] = deque()
+        self._grace = store.write_grace_ms / 1000
         self._holes = HOLES_SKIPPED.labels(queue, kind)
+        self._late = LATE_WRITES.labels(queue, kind)
         self._won = FIRE_CLAIMS.labels(queue, "won")
         self._drained = FIRE_CLAIMS.labels(queue, "drained")
         self._exhausted = HOLE_BUDGET_EXHAUSTED.labels(queue)
@@ -105,6 +129,17 @@ class Magazine:
         refs = self.store.load(self.name, items, self.ttl_seconds)
         self._mark_active({shard for shard, _ in items})
         return refs
+
+    def move_in(self, epoch: int, moves: Sequence[tuple[SlotRef, int | None, Envelope]]) -> list[bool]:
+        """Fenced move of existing records (source slot, the fireTS it was seen with, envelope to write)
+        into this magazine, placed as `load` places them; see `Storage.move`. Per record: moved here."""
+        first = random.randrange(self.shards)
+        shards = self.shards
+        placed = [Move(source, fired_at, shard_for_key(env.key, shards) if env.key is not None else
+                       (first + i) % shards, env) for i, (source, fired_at, env) in enumerate(moves)]
+        done = self.store.move(self.name, placed, self.ttl_seconds, epoch)
+        self._mark_active({m.shard for m, moved in zip(placed, done, strict=True) if moved})
+        return done
 
     # ---- active shards ----------------------------------------------------------------------------
     # `_active` is an immutable tuple, replaced only under the lock, so fires and loads read it without
@@ -165,22 +200,31 @@ class Magazine:
             self._suppress(shard, loads_seen)
         return claimed
 
-    def _give_up(self, holes: int) -> None:
+    def _give_up(self, skipped: int) -> None:
         self._exhausted.inc()
-        raise HoleBudgetExceeded(self.name, holes)
+        raise HoleBudgetExceeded(self.name, skipped)
 
     def fire_one(self) -> Claimed | None:
         """The next present record, or None: `fire(1)` without its lists (the per-message consume path,
         measurably faster)."""
-        holes = 0
+        if self._awaited or self._landed:
+            landed = self._take_landed(1)
+            if landed:
+                return landed[0]
+        holes = skipped = 0
         try:
             while (claimed := self._claim_next(1)) is not None:
                 if claimed:
-                    if claimed[0].envelope is not None:
-                        return claimed[0]
-                    holes += 1
-                    if holes >= self.hole_budget:
-                        self._give_up(holes)
+                    item = claimed[0]
+                    if item.envelope is not None:
+                        return item
+                    if item.awaiting:
+                        self._await(item.ref)
+                    else:
+                        holes += 1
+                    skipped += 1
+                    if skipped >= self.hole_budget:
+                        self._give_up(skipped)
             return None
         finally:
             if holes:
@@ -190,24 +234,105 @@ class Magazine:
         """Claim up to `max_messages` present records (stamped with fireTS and attempts + 1).
 
         Returns [] when no shard has work. Skipped holes are counted; after `hole_budget` holes
-        without a message it raises HoleBudgetExceeded (data may remain: fire again)."""
-        got: list[Claimed] = []
-        holes = 0
+        without a message it raises HoleBudgetExceeded (data may remain: fire again). A slot whose
+        record is still being written is awaited, not skipped: a later fire delivers it once it lands."""
+        got: list[Claimed] = self._take_landed(max_messages) if self._awaited or self._landed else []
+        holes = skipped = 0
         try:
             while len(got) < max_messages and (claimed := self._claim_next(max_messages - len(got))) is not None:
                 for item in claimed:
-                    if item.envelope is None:
-                        holes += 1
-                    else:
+                    if item.envelope is not None:
                         got.append(item)
-                if holes >= self.hole_budget:
+                        continue
+                    if item.awaiting:
+                        self._await(item.ref)
+                    else:
+                        holes += 1
+                    skipped += 1
+                if skipped >= self.hole_budget:
                     if got:
                         break
-                    self._give_up(holes)
+                    self._give_up(skipped)
         finally:
             if holes:
                 self._holes.inc(holes)
         return got
+
+    # ---- awaited slots ----------------------------------------------------------------------------
+    # A consumer that is caught up may claim a slot between a producer's increment and its write
+    # (Aerospike). The claimer owns the slot, so it keeps it here and re-reads it on later fires until
+    # the record lands (delivered then, counted as a late write) or the producer's write deadline has
+    # passed (sealed: a hole for good, which refuses the late write, so its producer publishes it again).
+    def _await(self, ref: SlotRef) -> None:
+        with self._lock:
+            self._awaited.append(_Awaited(ref, time.monotonic(), self._grace))
+
+    def awaiting(self) -> int:
+        """Slots this handle claimed and has not delivered yet: awaited, or landed and not handed out."""
+        return len(self._awaited) + len(self._landed)
+
+    def next_check_in(self) -> float | None:
+        """Seconds until an awaited slot is due for a re-read (0 when a landed record waits); None when
+        this handle awaits nothing."""
+        if self._landed:
+            return 0.0
+        with self._lock:
+            due = min((a.due for a in self._awaited), default=None)
+        return None if due is None else max(due - time.monotonic(), 0.0)
+
+    def _take_landed(self, n: int) -> list[Claimed]:
+        if self._awaited:
+            self._recheck()
+        out: list[Claimed] = []
+        while len(out) < n:
+            try:
+                out.append(self._landed.popleft())
+            except IndexError:
+                break
+        return out
+
+    def _recheck(self) -> None:
+        """Re-read the awaited slots that are due, in one store call; seal those past their deadline."""
+        now = time.monotonic()
+        with self._lock:
+            due = [a for a in self._awaited if a.due <= now]
+            if not due:
+                return
+            self._awaited = [a for a in self._awaited if a.due > now]
+        keep: list[_Awaited] = due  # what goes back to the list if a store call fails
+        holes = late = 0
+        try:
+            found = self.store.restamp([a.ref for a in due], now_ms(), self._count_attempt)
+            keep, expired = [], []
+            for awaited, item in zip(due, found, strict=True):
+                if item.envelope is not None:
+                    self._landed.append(item)
+                    late += 1
+                elif not item.awaiting:
+                    holes += 1  # deleted or sealed meanwhile: a hole for good
+                elif now >= awaited.deadline:
+                    expired.append(awaited)
+                else:
+                    awaited.wait = min(awaited.wait * 2, AWAIT_MAX_CHECK_SECONDS)
+                    awaited.due = now + awaited.wait
+                    keep.append(awaited)
+            if expired:
+                keep.extend(expired)  # until they are sealed
+                sealed = self.store.seal([a.ref for a in expired], self.ttl_seconds)
+                keep = keep[:-len(expired)]
+                for awaited, done in zip(expired, sealed, strict=True):
+                    if done:
+                        holes += 1
+                    else:  # the record landed at the last moment: re-read it at once
+                        awaited.due = now
+                        keep.append(awaited)
+        finally:
+            with self._lock:
+                self._awaited.extend(keep)
+            if holes:
+                self._holes.inc(holes)
+            if late:
+                self._late.inc(late)
 
     def invalidate(self) -> None:
         """Forget the cached active shards: the next fire re-reads the pointers."""

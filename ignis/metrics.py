@@ -114,8 +114,10 @@ IGNORED = FastCounter("ignis_ignored", "Messages deleted because the handler rai
                       ["queue"])
 SIDELINE_REFUSED = FastCounter("ignis_sideline_refused",
                                "Failed messages left in place because the copy to the sideline failed", ["queue"])
-HOLES_SKIPPED = FastCounter("ignis_holes_skipped", "Claimed slots with no record (failed or expired writes)",
-                            ["queue", "magazine"])
+HOLES_SKIPPED = FastCounter("ignis_holes_skipped", "Claimed slots given up with no record (failed or expired "
+                            "writes; on Aerospike only after the producer's write deadline)", ["queue", "magazine"])
+LATE_WRITES = FastCounter("ignis_late_writes", "Claimed slots whose record was still being written: re-read "
+                          "and delivered once it landed", ["queue", "magazine"])
 HOLE_BUDGET_EXHAUSTED = FastCounter("ignis_hole_budget_exhausted",
                                     "Fire calls that gave up after skipping their hole budget", ["queue"])
 FIRE_CLAIMS = FastCounter("ignis_fire_claims", "Claim attempts by outcome (won, drained)", ["queue", "outcome"])

@@ -271,7 +271,7 @@ def test_server_errors_map_to_ignis_errors(server: EmulatedServer, make, error, 
 def test_index_errors_other_than_already_exists_are_reported(server: EmulatedServer, make) -> None:
     store = make()
     store.ensure_index()  # exists: fine
-    server.fail_next("index_string_create", ex.IndexOOM)
+    server.fail_next("index_single_value_create", ex.IndexOOM)
     with pytest.raises(StoreError, match="cannot create secondary index 'f1_c1_ignis_queues_active'"):
         store.ensure_index()
 
@@ -309,10 +309,10 @@ def test_credentials_never_leak(server: EmulatedServer, make, caplog: pytest.Log
 def test_emulator_generation_ttl_and_exists_policies(server: EmulatedServer) -> None:
     client = server.client({})
     key = ("test", "s", "k")
-    client.put(key, {"a": 1}, {"ttl": 100})
+    client.put(key, {"a": 1}, policy={"ttl": 100})
     _, meta, _ = client.get(key)
     assert meta["gen"] == 1 and 99 <= meta["ttl"] <= 100
-    client.put(key, {"b": 2}, {"ttl": aerospike.TTL_DONT_UPDATE})
+    client.put(key, {"b": 2}, policy={"ttl": aerospike.TTL_DONT_UPDATE})
     _, meta, bins = client.get(key)
     assert meta["gen"] == 2 and 99 <= meta["ttl"] <= 100 and bins == {"a": 1, "b": 2}
     with pytest.raises(ex.RecordExistsError):
@@ -321,9 +321,11 @@ def test_emulator_generation_ttl_and_exists_policies(server: EmulatedServer) -> 
         client.put(("test", "s", "other"), {"a": 1}, policy={"exists": aerospike.POLICY_EXISTS_UPDATE})
     with pytest.raises(ex.RecordGenerationError):
         client.put(key, {"a": 3}, {"gen": 1}, {"gen": aerospike.POLICY_GEN_EQ})
-    client.put(key, {"c": 3}, {"ttl": -1}, {"exists": aerospike.POLICY_EXISTS_REPLACE})
+    client.put(key, {"c": 3}, None, {"exists": aerospike.POLICY_EXISTS_REPLACE, "ttl": -1})
     _, meta, bins = client.get(key)
     assert bins == {"c": 3} and meta["ttl"] == -1
+    with pytest.warns(DeprecationWarning, match=r'meta\["ttl"\] is deprecated'):  # as the client warns
+        client.put(key, {"d": 4}, {"ttl": 100})
     with pytest.raises(ex.BinNameError):
         client.put(key, {"x" * 16: 1})
     with pytest.raises(ex.NamespaceNotFound):
@@ -390,11 +392,11 @@ def test_every_aerospike_error_maps_to_an_ignis_error(error, kind, match: str) -
 
 def test_a_user_without_index_privilege_can_still_publish(server: EmulatedServer, make,
                                                           caplog: pytest.LogCaptureFixture) -> None:
-    server.fail_next("index_string_create", ex.RoleViolation)
+    server.fail_next("index_single_value_create", ex.RoleViolation)
     store = make()  # opens, with a warning naming what is missing
     assert "sindex-admin" in caplog.text
     assert store.load("q", [(0, env())], 60) == [SlotRef("q", 0, 1)]
-    server.fail_next("index_string_create", ex.IndexOOM)
+    server.fail_next("index_single_value_create", ex.IndexOOM)
     with pytest.raises(StoreError, match="cannot create secondary index"):
         make("aerospike://emulator:3000/test?farm=f2&client=c2")  # any other index error stops the open
     assert not server.clients[-1].is_connected()  # and the failed open leaks no connection
@@ -409,3 +411,22 @@ def test_load_new_refuses_a_placement_that_misses_or_repeats_a_message(make) -> 
     assert [p.load for p in store.pointers("q", 2).values()] == [0, 0]  # nothing was written
     assert store.load_new("q", batch, [(1, [1, 0])], 600) == [range(1, 3)]
     assert [e.msg_id for e in store.read([SlotRef("q", 1, 1), SlotRef("q", 1, 2)])] == ["i1", "i0"]
+
+
+def test_queues_are_listed_while_the_index_is_not_queryable(server: EmulatedServer, make) -> None:
+    # A new index reaches each node through system metadata and is then built; meanwhile a query says
+    # "index not found" or "not readable". A sweeper must still find every active queue.
+    store = make()
+    store.apply_queue("orders", {"handlerType": "h"}, 3600)
+    store.apply_queue("quiet", {"handlerType": "h"}, 3600)
+    store.set_queue_active("quiet", False)
+    index = "f1_c1_ignis_queues_active"
+    server.building.add(index)
+    assert [r.name for r in store.list_queues(True)] == ["orders"]
+    assert [r.name for r in store.list_queues(None)] == ["orders", "quiet"]
+    server.building.discard(index)
+    store.client.index_remove("test", index)
+    assert [r.name for r in store.list_queues(False)] == ["quiet"]
+    store.ensure_index()
+    queries = server.calls["query"]
+    assert [r.name for r in store.list_queues(True)] == ["orders"] and server.calls["query"] == queries + 1

@@ -204,3 +204,23 @@ def test_opening_a_clients_sets_while_another_thread_writes_does_not_deadlock(tm
     result = subprocess.run([sys.executable, "-c", _OPEN_WHILE_WRITING, str(tmp_path / "store")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_a_move_under_an_epoch_older_than_the_newest_is_refused_whole(tmp_path: Path) -> None:
+    from ignis.errors import StaleEpoch
+    from ignis.storage.base import Move
+
+    store = LmdbStore(str(tmp_path / "s"), durability="fast")
+    try:
+        store.load("q", [(0, Envelope(b"a", "a", now_ms())), (0, Envelope(b"b", "b", now_ms()))], 60)
+        claimed = store.claim("q", 0, 2, 1000)
+        moves = [Move(c.ref, 1000, 0, c.envelope.for_transfer("swept", 2000)) for c in claimed]
+        old = store.next_epoch()
+        store.next_epoch()  # a newer leader exists: the old one's move writes nothing at all
+        with pytest.raises(StaleEpoch):
+            store.move("q_SIDELINE", moves, 60, old)
+        assert len(store.peek("q", 0, 1, 2)) == 2 and store.peek("q_SIDELINE", 0, 1, 2) == []
+        assert store.pointers("q_SIDELINE", 1)[0].load == 0
+        assert store.write_grace_ms == 0  # one transaction per publish: a claim never awaits a write
+    finally:
+        store.close()

@@ -11,23 +11,34 @@ Atomicity from single-record operations, one round trip each:
   then the data records are written (one `put`, or one `batch_write`). A crash in between leaves a hole.
   If the increment fails *in doubt* it is repeated: the slot numbers come only from an increment's
   answer, so a repeat can at worst leave the first increment's slots as holes (skipped and counted by
-  fire), never give one slot to two messages.
+  fire), never give one slot to two messages. The write refuses a *sealed* slot (below): such a message
+  is written again into a new slot, so a write that came too late is never left behind the fire pointer.
 * claim: one `operate` on the meta record guarded by the filter `FIRE_POINTER < LOAD_POINTER`, writing
   FIRE = min(FIRE + k, LOAD) by expression and reading the old and new value: distinct callers always
   get distinct slots. An in-doubt claim is not repeated: slots it may have taken are recovered by the
   sweeper (unstamped records below the fire pointer) — duplication, never loss. Then one update-only
-  `operate` (one slot) or `batch_write` (several) stamps fireTS, bumps attempts and reads the records;
-  a missing record is a hole in the same call.
-* sweep pointers: one `operate` fenced by the filter `sweepEpoch <= epoch` that writes each pointer as
-  max(stored, new) by map expression (forward-only), adds to the counter and stores the epoch.
+  `operate` (one slot) or `batch_write` (several) stamps fireTS, bumps attempts and reads the records.
+  A missing record is usually a publish in flight (a consumer that is caught up claims between a
+  producer's increment and its write): it is *awaited*, and the claimer re-reads it (`restamp`) until it
+  lands or the producer's write deadline (`write_grace_ms`) has passed; then it *seals* the slot: a
+  tombstone marked `sealedAt` that every later write to the slot is refused by (filter, in the write).
+* move (sweep, shovel, dead-letter): a per-record claim that a newer epoch wins — bins `mvEpoch` and
+  `mvTo` (the target slot) written on the source under the filter `mvEpoch <= epoch` — then the copy,
+  then the delete filtered by `mvEpoch == epoch`. A newer epoch that takes over a claimed record seals
+  the older claim's target slot first (or finds the copy already there), so a paused ex-leader that
+  resumes can neither copy twice nor delete.
+* sweep pointers: one `operate` fenced by the filter `sweepEpoch <= epoch` that writes the pointer map
+  through one expression: a `let` binding per shard to max(stored, new) (forward-only; linear in the
+  number of shards, so 512 shards are one small expression), adds to the counter and stores the epoch.
 
 Acks that stay acked. Community Edition has no durable deletes: a plainly deleted record comes back
 after a cold restart. `ack_mode=auto` asks the server for its edition: Enterprise -> deletes with
 `durable_delete`; Community -> a *tombstone*: the record is replaced (update-only) by the single bin
 `deletedAt` keeping its original TTL ("don't update"), so it disappears when the message would have
 expired anyway and a restart finds the newer tombstone, not the message. Every read path (claim, read,
-peek, stamp_unfired, pointers, purge, queue registry) treats a tombstone as absent. Queue deletion and
-magazine purges use the same mechanism.
+peek, stamp_unfired, pointers, purge, queue registry) treats a tombstone as absent. Queue deletion uses
+the same mechanism; a magazine purge leaves `purgedAt` tombstones instead, which a new message written
+to the slot (the queue declared again) simply replaces, and which a claim takes for an awaited slot.
 
 Retries: tenacity repeats transient errors of reads and idempotent writes; a non-idempotent write
 (increment) is repeated only when the client says the server surely did not apply it (`in_doubt`
@@ -35,6 +46,9 @@ False), except where a repeat is harmless by design: the load pointer (at worst 
 epoch (at worst a gap) and the fire stamp (at worst one extra attempt counted — better than leaving a
 claimed message to the sweeper). Not repeated when in doubt: the claim (its slots are recovered by the
 sweeper), the sweep update (its counter is not idempotent), the lease compare-and-set.
+
+Time to live goes in each write's policy (`ttl`; -2 = keep the record's own): the client deprecates it
+in the record metadata.
 """
 
 from __future__ import annotations
@@ -48,7 +62,7 @@ from urllib.parse import unquote
 import aerospike
 from aerospike import exception as ex
 from aerospike_helpers import expressions as exp
-from aerospike_helpers.batch.records import BatchRecords, Write
+from aerospike_helpers.batch.records import BatchRecords, Remove, Write
 from aerospike_helpers.expressions import arithmetic
 from aerospike_helpers.expressions import map as exp_map
 from aerospike_helpers.operations import expression_operations as expr_ops
@@ -90,6 +104,7 @@ from ignis.storage.base import (
     Claimed,
     LeaseRecord,
     MagazineKind,
+    Move,
     Placement,
     QueueRecord,
     ShardPointers,
@@ -101,6 +116,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TOMBSTONE = "deletedAt"  # the one bin of a tombstoned record (Community Edition acks and deletes)
+SEALED = "sealedAt"  # with deletedAt: a slot given up as a hole for good; refuses a late write
+PURGED = "purgedAt"  # the one bin a magazine purge leaves; a new message may replace it
+MOVE_EPOCH, MOVE_TO = "mvEpoch", "mvTo"  # a move's claim on its source record (see the module doc)
 EPOCH_KEY, EPOCH_BIN = "sweeperEpoch", "epoch"
 CLIENTS_KEY, CLIENTS_BIN = "clients", "clients"
 LEASE_PREFIX = "lease:"
@@ -111,10 +129,19 @@ BATCH_CHUNK = 5000  # keys per batch call in peeks and purges
 MAX_BIN_NAME = 15
 RECORD_OVERHEAD = 128  # record header + key + per-bin overhead estimate, for the size pre-check
 
-_NOT_TOMBSTONED = exp.Not(exp.BinExists(TOMBSTONE)).compile()
+_LIVE = exp.Not(exp.Or(exp.BinExists(TOMBSTONE), exp.BinExists(PURGED)))
+_NOT_TOMBSTONED = _LIVE.compile()
+# A claim stamps every record but a deletedAt tombstone: a purge leftover is stamped (harmlessly) and
+# reported awaiting, since the slot's new message may be on its way.
+_STAMPABLE = exp.Not(exp.BinExists(TOMBSTONE)).compile()
+_NOT_SEALED = exp.Not(exp.BinExists(SEALED)).compile()  # a new record may go anywhere but a sealed slot
+_ANY_TOMBSTONE = exp.Or(exp.BinExists(TOMBSTONE), exp.BinExists(PURGED)).compile()
 _CLAIM_GUARD = exp.LT(exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER)).compile()
 _READ_ENVELOPE = [ops.read(b) for b in ENVELOPE_BINS]
+_READ_STAMPED = [*_READ_ENVELOPE, ops.read(PURGED)]
 _MISSING = (ex.RecordNotFound, ex.FilteredOut)
+NOT_FOUND, FILTERED_OUT = 2, 27  # per-record result codes of batch calls
+REPUBLISH_ROUNDS = 5  # a message refused by a sealed slot is written again, at most this many times
 
 
 def _connect(config: dict[str, Any]) -> Any:
@@ -188,15 +215,19 @@ class AerospikeStore:
                                   reraise=True)
         self._counters: dict[str, Any] = {}
         self._claim_exprs: dict[int, list] = {}
-        ttl_keep = {"ttl": aerospike.TTL_DONT_UPDATE}
-        self._meta_keep = ttl_keep
-        self._meta_never = {"ttl": aerospike.TTL_NEVER_EXPIRE}
+        # Write policies; each carries its TTL ("ttl": -2 keeps the record's own, -1 never expires).
         wp = {"commit_level": aerospike.POLICY_COMMIT_LEVEL_ALL, "key": aerospike.POLICY_KEY_SEND}
         self._wp = wp
-        self._update = {**wp, "exists": aerospike.POLICY_EXISTS_UPDATE}
+        self._keep = {**wp, "ttl": aerospike.TTL_DONT_UPDATE}
+        self._never = {**wp, "ttl": aerospike.TTL_NEVER_EXPIRE}
+        self._update = {**self._keep, "exists": aerospike.POLICY_EXISTS_UPDATE}
         self._update_live = {**self._update, "expressions": _NOT_TOMBSTONED}
-        self._replace_live = {**wp, "exists": aerospike.POLICY_EXISTS_REPLACE, "expressions": _NOT_TOMBSTONED}
+        self._stamp = {**self._update, "expressions": _STAMPABLE}
+        self._replace_live = {**self._keep, "exists": aerospike.POLICY_EXISTS_REPLACE, "expressions": _NOT_TOMBSTONED}
         self._durable_remove = {**wp, "durable_delete": True}
+        # The producer's write deadline: every attempt of a load's write and the waits between them, plus
+        # a second for the gap between the increment's answer and the write (a scheduling delay).
+        self._write_grace_ms = (s.retries + 1) * s.total_timeout_ms + s.retries * s.retry_sleep_ms + 1000
         failure = self._create_index()
         if failure is not None:
             # A producer or consumer whose user may read and write but not manage indexes still works;
@@ -284,7 +315,7 @@ class AerospikeStore:
 
     @staticmethod
     def _tombstoned(bins: Mapping[str, Any] | None) -> bool:
-        return bins is None or TOMBSTONE in bins
+        return bins is None or TOMBSTONE in bins or PURGED in bins
 
     @staticmethod
     def _envelope(bins: Mapping[str, Any]) -> Envelope:
@@ -312,8 +343,8 @@ class AerospikeStore:
     def _create_index(self) -> tuple[ex.AerospikeError, StoreError] | None:
         """None when the index exists afterwards, else (the Aerospike error, the error to raise)."""
         try:
-            self._call("ensure_index", self._client.index_string_create, self._ns, self._queue_set, ACTIVE,
-                       self._index_name)
+            self._call("ensure_index", self._client.index_single_value_create, self._ns, self._queue_set, ACTIVE,
+                       aerospike.INDEX_STRING, self._index_name)
         except ex.IndexFoundError:
             pass  # already exists: the normal case after the first start
         except ex.AerospikeError as exc:
@@ -321,6 +352,10 @@ class AerospikeStore:
                                    f"{self._ns}.{self._queue_set}.{ACTIVE}: "
                                    f"{map_error(exc, 'index create', self._url)}")
         return None
+
+    @staticmethod
+    def _ttl(seconds: int) -> int:
+        return seconds if seconds > 0 else aerospike.TTL_NEVER_EXPIRE
 
     def apply_queue(self, name: str, config: Mapping[str, Any], ttl_seconds: int) -> bool:
         clobbered = RUNTIME_BINS.intersection(config)
@@ -331,29 +366,29 @@ class AerospikeStore:
                 raise InvalidInputError(f"bin name {bin_name!r} is longer than {MAX_BIN_NAME} characters "
                                         "(an Aerospike limit)")
         key = self.key(self._queue_set, name)
-        ttl = {"ttl": ttl_seconds if ttl_seconds > 0 else aerospike.TTL_NEVER_EXPIRE}
+        ttl = self._ttl(ttl_seconds)
         update = {**config, ACTIVE: "true"}
         try:
             for _ in range(5):  # each step fails only when a concurrent writer changed the record
                 created = {**config, CREATED_AT: now_ms(), ACTIVE: "true", SWEEP_POINTERS: {}, SIDELINE_SWEEP: {},
                            SWEPT_COUNTER: 0, SIDELINE_SWEPT: 0, SWEEP_EPOCH: 0}
                 try:
-                    self._call("apply_queue", self._client.put, key, created, ttl,
-                               {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE})
+                    self._call("apply_queue", self._client.put, key, created, None,
+                               {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE, "ttl": ttl})
                     return True
                 except ex.RecordExistsError:
                     pass
-                try:  # update: config bins only, runtime bins untouched
-                    self._call("apply_queue", self._client.put, key, update, ttl, self._update_live)
+                try:  # update: config bins only, runtime bins untouched; the TTL re-asserted
+                    self._call("apply_queue", self._client.put, key, update, None, {**self._update_live, "ttl": ttl})
                     return False
                 except ex.RecordNotFound:
                     continue  # expired or deleted meanwhile: create it
                 except ex.FilteredOut:
                     pass
                 try:  # a tombstone of a deleted queue: replace it by a fresh record
-                    self._call("apply_queue", self._client.put, key, created, ttl,
-                               {**self._wp, "exists": aerospike.POLICY_EXISTS_REPLACE,
-                                "expressions": exp.BinExists(TOMBSTONE).compile()})
+                    self._call("apply_queue", self._client.put, key, created, None,
+                               {**self._wp, "exists": aerospike.POLICY_EXISTS_REPLACE, "ttl": ttl,
+                                "expressions": _ANY_TOMBSTONE})
                     return True
                 except _MISSING:
                     continue
@@ -372,29 +407,47 @@ class AerospikeStore:
 
     def list_queues(self, active: bool | None = True) -> list[QueueRecord]:
         flags = ["true", "false"] if active is None else ["true" if active else "false"]
+        try:
+            records = self._call("list_queues", self._query_queues, flags)
+            if records is None:
+                # The index is not queryable here yet: a new index reaches each node through system
+                # metadata and is then built ("index not found" / "not readable" meanwhile), and a sweeper
+                # must not miss a new client's queues in that window. The queue set holds one record per
+                # queue: scan it with the same condition as a filter expression instead.
+                records = self._call("list_queues", self._scan_queues, flags)
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "list_queues", self._queue_set) from None
         found = []
-        for flag in flags:
-            def run(flag: str = flag) -> list[Any]:
+        for key, _, bins in records:
+            if key[2] is None:
+                log.warning("queue record without a stored key in %s (written without sendKey); skipped",
+                            self._queue_set)
+            elif not self._tombstoned(bins):
+                found.append(QueueRecord(key[2], dict(bins)))
+        return sorted(found, key=lambda r: r.name)
+
+    def _query_queues(self, flags: list[str]) -> list[Any] | None:
+        """Equality queries on the `active` index; None when the index cannot answer yet."""
+        records = []
+        try:
+            for flag in flags:
                 query = self._client.query(self._ns, self._queue_set)
                 query.where(aerospike.predicates.equals(ACTIVE, flag))
-                return query.results()
+                records.extend(query.results())
+        except (ex.IndexNotFound, ex.IndexNotReadable):
+            return None
+        return records
 
-            try:
-                records = self._call("list_queues", run)
-            except ex.AerospikeError as exc:
-                raise self._fail(exc, "list_queues", self._queue_set) from None
-            for key, _, bins in records:
-                if key[2] is None:
-                    log.warning("queue record without a stored key in %s (written without sendKey); skipped",
-                                self._queue_set)
-                elif not self._tombstoned(bins):
-                    found.append(QueueRecord(key[2], dict(bins)))
-        return sorted(found, key=lambda r: r.name)
+    def _scan_queues(self, flags: list[str]) -> list[Any]:
+        query = self._client.query(self._ns, self._queue_set)
+        wanted = exp.Or(*(exp.Eq(exp.StrBin(ACTIVE), flag) for flag in flags)) if len(flags) > 1 else \
+            exp.Eq(exp.StrBin(ACTIVE), flags[0])
+        return query.results({"expressions": wanted.compile()})
 
     def set_queue_active(self, name: str, active: bool) -> bool:
         try:
             self._call("set_queue_active", self._client.put, self.key(self._queue_set, name),
-                       {ACTIVE: "true" if active else "false"}, self._meta_keep, self._update_live)
+                       {ACTIVE: "true" if active else "false"}, None, self._update_live)
             return True
         except _MISSING:
             return False
@@ -412,34 +465,46 @@ class AerospikeStore:
         # increasing, not dense.
         try:
             _, _, bins = self._call("next_epoch", self._client.operate, self.key(self._system_set, EPOCH_KEY),
-                                    [ops.increment(EPOCH_BIN, 1), ops.read(EPOCH_BIN)], self._meta_never, self._wp)
+                                    [ops.increment(EPOCH_BIN, 1), ops.read(EPOCH_BIN)], None, self._never)
         except ex.AerospikeError as exc:
             raise self._fail(exc, "next_epoch", self._system_set) from None
         return int(bins[EPOCH_BIN])
+
+    @staticmethod
+    def _forward_only(pointer_bin: str, pointers: Mapping[int, int]) -> Any:
+        """The pointer map with each shard's entry raised to max(stored, new), as one expression.
+
+        A `let` binds the stored map to p0, then p_n = p_(n-1) with shard n put: each binding names the
+        one before it once, so the expression grows linearly with the shards (a map put nesting the
+        previous expression in its arguments would repeat it and grow as 3^shards, which the server
+        refuses). Each shard's stored value is read from p0: no other binding changes its entry."""
+        stored = exp.Var("p0")
+        bindings = [exp.Def("p0", exp.MapBin(pointer_bin))]
+        for n, (shard, pointer) in enumerate(sorted(pointers.items()), 1):
+            label, value = names.shard_label(shard), int(pointer)
+            count = exp_map.MapGetByKey(None, aerospike.MAP_RETURN_COUNT, exp.ResultType.INTEGER, label, stored)
+            held = exp_map.MapGetByKey(None, aerospike.MAP_RETURN_VALUE, exp.ResultType.INTEGER, label, stored)
+            entry = exp.Cond(exp.Eq(count, 0), value, arithmetic.Max(held, value))
+            bindings.append(exp.Def(f"p{n}", exp_map.MapPut(None, None, label, entry, exp.Var(f"p{n - 1}"))))
+        return exp.Let(*bindings, exp.Var(f"p{len(pointers)}"))
 
     def advance_sweep(
         self, name: str, kind: MagazineKind, epoch: int, pointers: Mapping[int, int], swept: int
     ) -> None:
         pointer_bin, counter_bin = (SWEEP_POINTERS, SWEPT_COUNTER) if kind == "main" else (SIDELINE_SWEEP,
                                                                                              SIDELINE_SWEPT)
-        merged: Any = exp.MapBin(pointer_bin)
-        for shard, pointer in pointers.items():  # forward-only: each entry becomes max(stored, new)
-            label, value = names.shard_label(shard), int(pointer)
-            stored = exp_map.MapGetByKey(None, aerospike.MAP_RETURN_VALUE, exp.ResultType.INTEGER, label, merged)
-            count = exp_map.MapGetByKey(None, aerospike.MAP_RETURN_COUNT, exp.ResultType.INTEGER, label, merged)
-            merged = exp_map.MapPut(None, None, label,
-                                    exp.Cond(exp.Eq(count, 0), value, arithmetic.Max(stored, value)), merged)
         operations = [ops.write(SWEEP_EPOCH, epoch)]
         if pointers:
-            operations.append(expr_ops.expression_write(pointer_bin, merged.compile()))
+            operations.append(expr_ops.expression_write(pointer_bin,
+                                                        self._forward_only(pointer_bin, pointers).compile()))
         if swept:
             operations.append(ops.increment(counter_bin, swept))
-        fence = exp.And(exp.Not(exp.BinExists(TOMBSTONE)), exp.LE(exp.IntBin(SWEEP_EPOCH), epoch)).compile()
+        fence = exp.And(_LIVE, exp.LE(exp.IntBin(SWEEP_EPOCH), epoch)).compile()
         key = self.key(self._queue_set, name)
         try:
             # Not repeated when in doubt: the pointers are idempotent but the counter is not. The sweeper
             # sees the error and re-sweeps next pass; the re-sweep of a swept range changes nothing.
-            self._call("advance_sweep", self._client.operate, key, operations, self._meta_keep,
+            self._call("advance_sweep", self._client.operate, key, operations, None,
                        {**self._update, "expressions": fence}, idempotent=False)
         except ex.RecordNotFound:
             raise QueueNotFound(name, self.client_id) from None
@@ -457,7 +522,7 @@ class AerospikeStore:
         policy = {"map_write_flags": aerospike.MAP_WRITE_FLAGS_CREATE_ONLY | aerospike.MAP_WRITE_FLAGS_NO_FAIL}
         try:  # one map put, create-only: idempotent, so safe to repeat; no read-modify-write
             self._call("register_client", self._client.operate, self.key(self._system_set, CLIENTS_KEY),
-                       [map_ops.map_put(CLIENTS_BIN, client_id, now_ms(), policy)], self._meta_never, self._wp)
+                       [map_ops.map_put(CLIENTS_BIN, client_id, now_ms(), policy)], None, self._never)
         except ex.AerospikeError as exc:
             raise self._fail(exc, "register_client", self._system_set) from None
 
@@ -482,10 +547,10 @@ class AerospikeStore:
     def replace_lease(self, name: str, lease: LeaseRecord, expected_version: int) -> LeaseRecord | None:
         writes = [ops.write(b, getattr(lease, b)) for b in LEASE_BINS]
         if expected_version == 0:
-            meta, policy = self._meta_never, {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE}
+            meta, policy = None, {**self._never, "exists": aerospike.POLICY_EXISTS_CREATE}
         else:  # compare-and-set on the record generation
-            meta = {**self._meta_never, "gen": expected_version}
-            policy = {**self._update, "gen": aerospike.POLICY_GEN_EQ}
+            meta = {"gen": expected_version}
+            policy = {**self._never, "exists": aerospike.POLICY_EXISTS_UPDATE, "gen": aerospike.POLICY_GEN_EQ}
         try:
             _, stored_meta, _ = self._call("replace_lease", self._client.operate,
                                            self.key(self._system_set, LEASE_PREFIX + name), writes, meta, policy,
@@ -498,14 +563,60 @@ class AerospikeStore:
                            stored_meta["gen"])
 
     # ---- magazine primitives ----------------------------------------------------------------
+    @property
+    def write_grace_ms(self) -> int:
+        return self._write_grace_ms
+
     def load_one(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
                  ttl_seconds: int) -> int:
         return self.load(magazine, [(shard, Envelope(payload, msg_id, loaded_at))], ttl_seconds)[0].slot
 
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
-                 ) -> list[range]:
+                 ) -> list[Sequence[int]]:
         # One record object per message either way: the envelope path costs nothing extra here.
         return load_new_as_envelopes(self, magazine, batch, placement, ttl_seconds)
+
+    def _allocate(self, operation: str, magazine: str, shards: Sequence[int]) -> list[SlotRef]:
+        """A new slot for each entry of `shards`, in order: one increment per distinct shard. Also creates
+        FIRE_POINTER (claim's guard needs it) and drops a purge tombstone's bins, so a purged-then-reused
+        magazine starts clean."""
+        counts: dict[int, int] = {}
+        for shard in shards:
+            counts[shard] = counts.get(shard, 0) + 1
+        next_slot: dict[int, int] = {}
+        for shard, n in counts.items():
+            _, _, got = self._call(operation, self._client.operate, self._meta_key(magazine, shard),
+                                   [ops.increment(LOAD_POINTER, n), ops.increment(FIRE_POINTER, 0),
+                                    ops.write(TOMBSTONE, None), ops.write(PURGED, None), ops.read(LOAD_POINTER)],
+                                   None, self._never)
+            next_slot[shard] = int(got[LOAD_POINTER]) - n + 1
+        refs = []
+        for shard in shards:
+            refs.append(SlotRef(magazine, shard, next_slot[shard]))
+            next_slot[shard] += 1
+        return refs
+
+    def _write_new(self, operation: str, refs: Sequence[SlotRef], bins_list: Sequence[Mapping[str, Any]],
+                   ttl: int) -> list[bool]:
+        """Write records into slots just allocated: create-or-replace (a purge tombstone may be there, or
+        this write's own earlier attempt), refused by a sealed slot. Per slot: False = sealed."""
+        policy = {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE, "expressions": _NOT_SEALED,
+                  "ttl": ttl}
+        if len(refs) == 1:
+            try:
+                self._call(operation, self._client.put, self._data_key(refs[0]), dict(bins_list[0]), None, policy)
+                return [True]
+            except ex.FilteredOut:
+                return [False]
+        batch = BatchRecords([Write(self._data_key(ref), [ops.write(k, v) for k, v in bins.items()], policy=policy)
+                              for ref, bins in zip(refs, bins_list, strict=True)])
+        done = self._call(operation, self._client.batch_write, batch) or batch
+        failed = [r for r in done.batch_records if r.result not in (0, FILTERED_OUT)]
+        if failed:
+            raise StoreError(f"aerospike {operation} into {refs[0].magazine!r}: {len(failed)} of {len(refs)} "
+                             f"records were not written (first error code {failed[0].result}); those slots stay "
+                             "holes")
+        return [r.result == 0 for r in done.batch_records]
 
     def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
         if not items:
@@ -513,40 +624,26 @@ class AerospikeStore:
         bins_list = [envelope.to_bins() for _, envelope in items]
         for bins in bins_list:
             self._check_size(magazine, bins)
-        counts: dict[int, int] = {}
-        for shard, _ in items:
-            counts[shard] = counts.get(shard, 0) + 1
+        ttl = self._ttl(ttl_seconds)
         try:
-            # Allocate: one increment per shard. Also create FIRE_POINTER (claim's guard needs it) and
-            # drop a purge tombstone, so a purged-then-reused magazine starts clean.
-            next_slot: dict[int, int] = {}
-            for shard, n in counts.items():
-                _, _, got = self._call("load", self._client.operate, self._meta_key(magazine, shard),
-                                       [ops.increment(LOAD_POINTER, n), ops.increment(FIRE_POINTER, 0),
-                                        ops.write(TOMBSTONE, None), ops.read(LOAD_POINTER)],
-                                       self._meta_never, self._wp)
-                next_slot[shard] = int(got[LOAD_POINTER]) - n + 1
-            refs = []
-            for shard, _ in items:
-                refs.append(SlotRef(magazine, shard, next_slot[shard]))
-                next_slot[shard] += 1
-            meta = {"ttl": ttl_seconds if ttl_seconds > 0 else aerospike.TTL_NEVER_EXPIRE}
-            # Create-or-replace: the slot is ours (fresh from the increment); replacing also clears the
-            # tombstone a purged magazine may have left at this key. Repeating it is harmless.
-            policy = {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE}
-            if len(refs) == 1:
-                self._call("load", self._client.put, self._data_key(refs[0]), bins_list[0], meta, policy)
-            else:
-                pairs = zip(refs, bins_list, strict=True)
-                batch = BatchRecords([Write(self._data_key(ref), [ops.write(k, v) for k, v in bins.items()],
-                                            meta=meta, policy=policy) for ref, bins in pairs])
-                done = self._call("load", self._client.batch_write, batch) or batch
-                failed = [r for r in done.batch_records if r.result != 0]
-                if failed:
-                    raise StoreError(f"aerospike load into {magazine!r}: {len(failed)} of {len(refs)} message "
-                                     f"records were not written (first error code {failed[0].result}); the "
-                                     "publish failed and those slots stay holes")
-            return refs
+            refs = self._allocate("load", magazine, [shard for shard, _ in items])
+            todo = list(range(len(items)))
+            for round_ in range(REPUBLISH_ROUNDS):
+                written = self._write_new("load", [refs[i] for i in todo], [bins_list[i] for i in todo], ttl)
+                todo = [i for i, ok in zip(todo, written, strict=True) if not ok]
+                if not todo:
+                    return refs
+                if round_ == REPUBLISH_ROUNDS - 1:
+                    break
+                # These writes came after their deadline: a consumer had given the slots up and sealed
+                # them. Publish the messages again, into new slots of the same shards.
+                log.warning("%d message(s) for %s reached sealed slots (the write came after its deadline); "
+                            "publishing them again", len(todo), magazine)
+                STORAGE_RETRIES.labels("load_sealed").inc(len(todo))
+                for i, ref in zip(todo, self._allocate("load", magazine, [items[i][0] for i in todo]), strict=True):
+                    refs[i] = ref
+            raise StoreError(f"aerospike load into {magazine!r}: {len(todo)} message(s) kept reaching sealed slots "
+                             f"({REPUBLISH_ROUNDS} tries); nothing more was written for them")
         except ex.AerospikeError as exc:
             raise self._fail(exc, "load", self._data_set) from None
 
@@ -568,36 +665,167 @@ class AerospikeStore:
         try:
             try:
                 _, _, got = self._call("claim", self._client.operate, self._meta_key(magazine, shard),
-                                       self._claim_ops(max_slots), self._meta_keep,
+                                       self._claim_ops(max_slots), None,
                                        {**self._update, "expressions": _CLAIM_GUARD}, idempotent=False)
             except _MISSING:  # no meta record, or FIRE == LOAD: drained
                 return []
-            first, last = int(got[CLAIM_FROM]) + 1, int(got[FIRE_POINTER])
-            refs = [SlotRef(magazine, shard, slot) for slot in range(first, last + 1)]
-            stamp = [ops.write(FIRE_TS, now_ms_), *([ops.increment(ATTEMPTS, 1)] if count_attempt else []),
-                     *_READ_ENVELOPE]
-            if len(refs) == 1:
-                try:
-                    _, _, bins = self._call("claim", self._client.operate, self._data_key(refs[0]), stamp,
-                                            self._meta_keep, self._update_live)
-                    return [Claimed(refs[0], self._envelope(bins))]
-                except _MISSING:
-                    return [Claimed(refs[0], None)]
-            batch = BatchRecords([Write(self._data_key(ref), stamp, meta=self._meta_keep, policy=self._update_live)
-                                  for ref in refs])
-            done = self._call("claim", self._client.batch_write, batch) or batch
         except ex.AerospikeError as exc:
             raise self._fail(exc, "claim", self._meta_set) from None
+        first, last = int(got[CLAIM_FROM]) + 1, int(got[FIRE_POINTER])
+        return self._stamp_slots("claim", [SlotRef(magazine, shard, slot) for slot in range(first, last + 1)],
+                                 now_ms_, count_attempt)
+
+    def restamp(self, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool = True) -> list[Claimed]:
+        return self._stamp_slots("restamp", refs, now_ms_, count_attempt)
+
+    @staticmethod
+    def _slot(ref: SlotRef, bins: Mapping[str, Any] | None, result: int) -> Claimed:
+        """A claimed slot from its stamp's outcome: the record; an awaited hole (not found, or a purge
+        leftover a new message may still replace); or a hole for good (deleted or sealed)."""
+        if result == 0 and bins is not None and PURGED not in bins:
+            return Claimed(ref, AerospikeStore._envelope(bins), False)
+        return Claimed(ref, None, result != FILTERED_OUT)
+
+    def _stamp_slots(self, operation: str, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool
+                     ) -> list[Claimed]:
+        """Stamp fireTS (and attempts + 1) and read each record, in one call; update-only, so a missing
+        record is not created. Repeated on a transient error: at worst one extra attempt is counted."""
+        if not refs:
+            return []
+        stamp = [ops.write(FIRE_TS, now_ms_), *([ops.increment(ATTEMPTS, 1)] if count_attempt else []),
+                 *_READ_STAMPED]
+        try:
+            if len(refs) == 1:
+                try:
+                    _, _, bins = self._call(operation, self._client.operate, self._data_key(refs[0]), stamp, None,
+                                            self._stamp)
+                    return [self._slot(refs[0], bins, 0)]
+                except ex.RecordNotFound:
+                    return [self._slot(refs[0], None, NOT_FOUND)]
+                except ex.FilteredOut:
+                    return [self._slot(refs[0], None, FILTERED_OUT)]
+            batch = BatchRecords([Write(self._data_key(ref), stamp, policy=self._stamp) for ref in refs])
+            done = self._call(operation, self._client.batch_write, batch) or batch
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, operation, self._data_set) from None
         out = []
         for ref, record in zip(refs, done.batch_records, strict=True):
-            if record.result == 0 and record.record is not None:
-                out.append(Claimed(ref, self._envelope(record.record[2])))
-            elif record.result in (2, 27):  # not found (hole or expired) / filtered out (tombstone)
-                out.append(Claimed(ref, None))
-            else:
-                raise StoreError(f"aerospike claim of {ref}: stamping the record failed with code {record.result}; "
-                                 "the slot is claimed and the sweeper will recover it")
+            if record.result not in (0, NOT_FOUND, FILTERED_OUT):
+                raise StoreError(f"aerospike {operation} of {ref}: stamping the record failed with code "
+                                 f"{record.result}; the slot is claimed and the sweeper will recover it")
+            out.append(self._slot(ref, record.record[2] if record.record else None, record.result))
         return out
+
+    def seal(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+        if not refs:
+            return []
+        try:
+            return self._seal_keys("seal", [self._data_key(ref) for ref in refs], self._ttl(ttl_seconds))
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "seal", self._data_set) from None
+
+    def _seal_keys(self, operation: str, keys: Sequence[tuple[str, str, str]], ttl: int) -> list[bool]:
+        """Create a seal at each key, or turn a tombstone there into one; a live record wins (False)."""
+        now = now_ms()
+        policy = {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE, "expressions": _ANY_TOMBSTONE,
+                  "ttl": ttl}
+        seal = [ops.write(TOMBSTONE, now), ops.write(SEALED, now)]
+        batch = BatchRecords([Write(key, seal, policy=policy) for key in keys])
+        done = self._call(operation, self._client.batch_write, batch) or batch
+        failed = [r for r in done.batch_records if r.result not in (0, FILTERED_OUT)]
+        if failed:
+            raise StoreError(f"aerospike {operation}: sealing {failed[0].key[2]!r} failed with code "
+                             f"{failed[0].result}")
+        return [r.result == 0 for r in done.batch_records]
+
+    def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int) -> list[bool]:
+        if not moves:
+            return []
+        bins_list = [m.envelope.to_bins() for m in moves]
+        for bins in bins_list:
+            self._check_size(target, bins)
+        try:
+            return self._move(target, moves, bins_list, self._ttl(ttl_seconds), epoch)
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "move", self._data_set) from None
+
+    def _move(self, target: str, moves: Sequence[Move], bins_list: list[dict[str, Any]], ttl: int, epoch: int
+              ) -> list[bool]:
+        dests = self._allocate("move", target, [m.shard for m in moves])
+        dest_keys = [names.data_key(*ref) for ref in dests]
+        sources = [self._data_key(m.source) for m in moves]
+        # 1. Claim each source for this epoch (a newer epoch's claim refuses it), reading the target
+        #    slot of any earlier claim. Repeating it is harmless: it finds its own target slot there.
+        guards: dict[int | None, Any] = {}
+        claims = []
+        for m, dest_key, source in zip(moves, dest_keys, sources, strict=True):
+            guard = guards.get(m.fired_at)
+            if guard is None:
+                fired = exp.Not(exp.BinExists(FIRE_TS)) if m.fired_at is None else \
+                    exp.Eq(exp.IntBin(FIRE_TS), m.fired_at)
+                guard = guards[m.fired_at] = exp.And(
+                    _LIVE, fired, exp.Or(exp.Not(exp.BinExists(MOVE_EPOCH)), exp.LE(exp.IntBin(MOVE_EPOCH), epoch))
+                ).compile()
+            claims.append(Write(source, [ops.read(MOVE_TO), ops.write(MOVE_EPOCH, epoch), ops.write(MOVE_TO, dest_key)],
+                                policy={**self._update, "expressions": guard}))
+        batch = BatchRecords(claims)
+        done = self._call("move", self._client.batch_write, batch) or batch
+        claimed: list[int] = []
+        earlier: dict[int, str] = {}  # move -> target slot key of an earlier, unfinished claim
+        for i, record in enumerate(done.batch_records):
+            if record.result == 0:
+                claimed.append(i)
+                before = (record.record[2] or {}).get(MOVE_TO) if record.record else None
+                if before and before != dest_keys[i]:
+                    earlier[i] = before
+            elif record.result not in (NOT_FOUND, FILTERED_OUT):
+                raise StoreError(f"aerospike move of {moves[i].source}: claiming it failed with code {record.result}")
+        refused = sorted(set(range(len(moves))) - set(claimed))
+        if refused:
+            held = [int((bins or {}).get(MOVE_EPOCH, 0)) for bins in
+                    self._batch_get("move", [sources[i] for i in refused])]
+            if max(held, default=0) > epoch:  # a newer leader holds records of this batch: write nothing
+                self._seal_keys("move", [self._data_key(ref) for ref in dests], ttl)
+                raise StaleEpoch(moves[0].source.magazine, epoch, max(held))
+        # 2. Take over earlier claims: seal their target slot so a late copy there is refused, or find
+        #    that copy already landed (then this move only deletes the source).
+        copied_before: set[int] = set()
+        if earlier:
+            order = list(earlier)
+            keys = [(self._ns, self._data_set, earlier[i]) for i in order]
+            landed = [i for i, sealed in zip(order, self._seal_keys("move", keys, ttl), strict=True) if not sealed]
+            if landed:
+                found = self._batch_get("move", [(self._ns, self._data_set, earlier[i]) for i in landed])
+                copied_before = {i for i, bins in zip(landed, found, strict=True)
+                                 if bins is not None and bins.get(MSG_ID) == moves[i].envelope.msg_id}
+        # 3. Copy. A slot sealed meanwhile means a newer epoch took the source over: it moves it.
+        to_copy = [i for i in claimed if i not in copied_before]
+        written = self._write_new("move", [dests[i] for i in to_copy], [bins_list[i] for i in to_copy], ttl)
+        copied = [i for i, ok in zip(to_copy, written, strict=True) if ok]
+        unused = sorted(set(range(len(moves))) - set(copied))
+        if unused:  # target slots this move allocated and will not fill: holes at once, not after a grace
+            self._seal_keys("move", [self._data_key(dests[i]) for i in unused], ttl)
+        # 4. Delete the sources, only where this epoch's claim still holds.
+        moved = sorted([*copied, *copied_before])
+        if moved:
+            guard = exp.And(_LIVE, exp.Eq(exp.IntBin(MOVE_EPOCH), epoch)).compile()
+            if self._durable:
+                deletes: list[Any] = [Remove(sources[i], policy={**self._durable_remove, "expressions": guard})
+                                      for i in moved]
+            else:
+                tomb = [ops.write(TOMBSTONE, now_ms())]
+                deletes = [Write(sources[i], tomb, policy={**self._keep, "exists": aerospike.POLICY_EXISTS_REPLACE,
+                                                           "expressions": guard}) for i in moved]
+            batch = BatchRecords(deletes)
+            done = self._call("move", self._client.batch_write, batch) or batch
+            failed = [r for r in done.batch_records if r.result not in (0, NOT_FOUND, FILTERED_OUT)]
+            if failed:
+                raise StoreError(f"aerospike move: deleting {failed[0].key[2]!r} after its copy failed with code "
+                                 f"{failed[0].result}; the record stays claimed and the next pass finishes it")
+        done_flags = [False] * len(moves)
+        for i in moved:
+            done_flags[i] = True
+        return done_flags
 
     def _batch_get(self, operation: str, keys: list[tuple[str, str, str]]) -> list[dict[str, Any] | None]:
         out: list[dict[str, Any] | None] = []
@@ -633,8 +861,7 @@ class AerospikeStore:
             if self._durable:
                 self._call(operation, self._client.remove, key, policy=self._durable_remove)
             else:
-                self._call(operation, self._client.put, key, {TOMBSTONE: now_ms()}, self._meta_keep,
-                           self._replace_live)
+                self._call(operation, self._client.put, key, {TOMBSTONE: now_ms()}, None, self._replace_live)
             return True
         except _MISSING:
             return False
@@ -648,13 +875,12 @@ class AerospikeStore:
                                   policy_batch_remove={"durable_delete": True})
             else:
                 tomb = [ops.write(TOMBSTONE, now_ms())]
-                batch = BatchRecords([Write(key, tomb, meta=self._meta_keep, policy=self._replace_live)
-                                      for key in chunk])
+                batch = BatchRecords([Write(key, tomb, policy=self._replace_live) for key in chunk])
                 done = self._call(operation, self._client.batch_write, batch) or batch
             for record in done.batch_records:
                 if record.result == 0:
                     present += 1
-                elif record.result not in (2, 27):
+                elif record.result not in (NOT_FOUND, FILTERED_OUT):
                     raise StoreError(f"aerospike {operation} of {record.key[2]!r}: failed with code {record.result}")
         return present
 
@@ -674,7 +900,7 @@ class AerospikeStore:
                                           aerospike.EXP_WRITE_CREATE_ONLY | aerospike.EXP_WRITE_POLICY_NO_FAIL)
         try:
             _, _, bins = self._call("stamp_unfired", self._client.operate, self._data_key(ref),
-                                    [stamp, *_READ_ENVELOPE], self._meta_keep, self._update_live)
+                                    [stamp, *_READ_ENVELOPE], None, self._update_live)
         except _MISSING:
             return None
         except ex.AerospikeError as exc:
@@ -692,13 +918,14 @@ class AerospikeStore:
                 for shard, bins in enumerate(found)}
 
     def purge_magazine(self, magazine: str) -> int:
-        """Find the magazine's shards by a scan of the meta set (small: one record per shard), delete data
-        slots 1..LOAD_POINTER of each, then the meta records. Deletes stay deleted (durable/tombstone)."""
+        """Find the magazine's shards by a scan of the meta set (small: one record per shard), then turn
+        every record of data slots 1..LOAD_POINTER and the meta records into purge tombstones (durable
+        deletes on Enterprise): deletes that stay deleted, and a slot numbering that starts afresh."""
         prefix, suffix = names.magazine_prefix(magazine), "_METADATA"
 
         def scan() -> list[Any]:
             query = self._client.query(self._ns, self._meta_set)
-            query.select(LOAD_POINTER, TOMBSTONE)
+            query.select(LOAD_POINTER, TOMBSTONE, PURGED)
             return query.results()
 
         try:
@@ -713,11 +940,37 @@ class AerospikeStore:
             removed = 0
             for shard, load in sorted(shards.items()):
                 keys = [self._data_key(SlotRef(magazine, shard, slot)) for slot in range(1, load + 1)]
-                removed += self._remove_many("purge_magazine", keys)
-            self._remove_many("purge_magazine", [self._meta_key(magazine, shard) for shard in sorted(shards)])
+                removed += self._purge_keys(keys)
+            self._purge_keys([self._meta_key(magazine, shard) for shard in sorted(shards)])
         except ex.AerospikeError as exc:
             raise self._fail(exc, "purge_magazine", self._data_set) from None
         return removed
+
+    def _purge_keys(self, keys: list[tuple[str, str, str]]) -> int:
+        """Purge tombstones (or durable deletes) over every record at `keys`, in two passes: the live
+        records, counted; then ack tombstones and seals, which a new message at the slot must not meet.
+        Returns the live records removed."""
+        live = 0
+        passes = ((_NOT_TOMBSTONED, True), (exp.BinExists(TOMBSTONE).compile(), False))
+        for start in range(0, len(keys), BATCH_CHUNK):
+            chunk = keys[start:start + BATCH_CHUNK]
+            for guard, count in passes:
+                if self._durable:
+                    records: list[Any] = [Remove(key, policy={**self._durable_remove, "expressions": guard})
+                                          for key in chunk]
+                else:
+                    purge = [ops.write(PURGED, now_ms())]
+                    policy = {**self._keep, "exists": aerospike.POLICY_EXISTS_REPLACE, "expressions": guard}
+                    records = [Write(key, purge, policy=policy) for key in chunk]
+                batch = BatchRecords(records)
+                done = self._call("purge_magazine", self._client.batch_write, batch) or batch
+                for record in done.batch_records:
+                    if record.result == 0:
+                        live += count
+                    elif record.result not in (NOT_FOUND, FILTERED_OUT):
+                        raise StoreError(f"aerospike purge_magazine of {record.key[2]!r}: failed with code "
+                                         f"{record.result}")
+        return live
 
 
 def open_aerospike(location: str, params: dict[str, str], *, farm_id: str, client_id: str) -> AerospikeStore:

@@ -61,7 +61,7 @@ Placement = Sequence[tuple[int, Sequence[int]]]
 
 
 def load_new_as_envelopes(store: Storage, magazine: str, batch: NewMessages, placement: Placement,
-                          ttl_seconds: int) -> list[range]:
+                          ttl_seconds: int) -> list[Sequence[int]]:
     """`Storage.load_new` through `Storage.load`, for a backend that writes one record object per
     message anyway."""
     order = [index for _, indices in placement for index in indices]
@@ -69,13 +69,14 @@ def load_new_as_envelopes(store: Storage, magazine: str, batch: NewMessages, pla
         raise ValueError(f"placement must name each of the {len(batch.ids)} messages exactly once")
     refs = iter(store.load(magazine, [(shard, batch.envelope(i)) for shard, indices in placement
                                       for i in indices], ttl_seconds))
-    slots = []
+    slots: list[Sequence[int]] = []
     for shard, indices in placement:
         got = [next(refs) for _ in indices]
-        first = got[0].slot if got else 1
-        if [ref.slot for ref in got] != list(range(first, first + len(got))) or {r.shard for r in got} - {shard}:
-            raise RuntimeError(f"load into {magazine!r} shard {shard} did not return consecutive slots: {got}")
-        slots.append(range(first, first + len(got)))
+        if {r.shard for r in got} - {shard}:
+            raise RuntimeError(f"load into {magazine!r} shard {shard} placed messages elsewhere: {got}")
+        numbers = [ref.slot for ref in got]
+        consecutive = not numbers or numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+        slots.append(range(numbers[0], numbers[0] + len(numbers)) if numbers and consecutive else numbers)
     return slots
 
 
@@ -97,10 +98,26 @@ class MessageRef(NamedTuple):
 
 
 class Claimed(NamedTuple):
-    """One claimed slot. `envelope` is None for a hole (slot allocated, record absent or expired)."""
+    """One claimed slot. `envelope` is None for a hole (slot allocated, record absent or expired).
+    `awaiting` marks a hole that may still fill: the record is missing, but on a backend whose publish
+    is two steps (allocate the slot, then write the record) its write may be in flight. The claimer owns
+    the slot: it re-reads it (`Storage.restamp`) until the record lands or the producer's write deadline
+    (`Storage.write_grace_ms`) has passed, then seals it (`Storage.seal`). Build it with all three
+    fields: hot paths make it with tuple.__new__."""
 
     ref: SlotRef
     envelope: Envelope | None
+    awaiting: bool = False
+
+
+class Move(NamedTuple):
+    """One record a fenced `Storage.move` takes out of its magazine: where it is, the fireTS it was seen
+    with (the move refuses a record that changed since), and the envelope to write at the target."""
+
+    source: SlotRef
+    fired_at: int | None
+    shard: int  # target shard
+    envelope: Envelope
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,11 +252,12 @@ class Storage(Protocol):
         ...
 
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
-                 ) -> list[range]:
+                 ) -> list[Sequence[int]]:
         """Publish: append new messages, as `load` does, in one group commit where the backend can.
         `placement` lists (shard, indices into the batch): each index exactly once, in the order the
         shard's slots are taken. Records expire `ttl_seconds` after the batch's loadedAt (publish sets
-        it to now). Returns, per placement entry, the consecutive slots its messages got."""
+        it to now). Returns, per placement entry, the slots its messages got, in order: a range, except
+        where a write came after its deadline and was published again into a later slot."""
         ...
 
     def claim(self, magazine: str, shard: int, max_slots: int, now_ms: int, count_attempt: bool = True
@@ -247,7 +265,37 @@ class Storage(Protocol):
         """Guarded claim of up to `max_slots` slots (fire pointer advances only while below the load
         pointer, so distinct callers get distinct slots), and for each present record stamp fireTS =
         now_ms (and attempts + 1 when `count_attempt`: a delivery to a handler, not a shovel move) and
-        return it. Empty list = shard drained."""
+        return it. Empty list = shard drained. A missing record is a hole, `awaiting` when its write may
+        still be in flight (see Claimed)."""
+        ...
+
+    @property
+    def write_grace_ms(self) -> int:
+        """How long after its slot was allocated a publish's record may still land: the producer's whole
+        write deadline (every attempt and the waits between them). 0 where a publish is one atomic step
+        and a claim can never pass a record still being written (lmdb)."""
+        ...
+
+    def restamp(self, refs: Sequence[SlotRef], now_ms: int, count_attempt: bool = True) -> list[Claimed]:
+        """The second half of `claim` again, for slots this caller claimed whose record was awaited: stamp
+        each record that has landed meanwhile and return it, in order; still missing -> awaiting again."""
+        ...
+
+    def seal(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+        """Give up claimed awaited slots for good: each becomes a permanent hole (kept `ttl_seconds`)
+        that refuses a late write, so that publish fails loudly (and is made again into a new slot)
+        instead of leaving its record behind the fire pointer. Per slot: True = sealed, False = the
+        record landed first (restamp it)."""
+        ...
+
+    def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int) -> list[bool]:
+        """Fenced copy-then-delete of records out of their magazine into `target` (a sweep, a shovel or a
+        dead-letter move). A record is moved only if it is still there with the fireTS it was seen with,
+        and only under the newest epoch: the fence is part of the writes themselves, never a check made
+        before them (lmdb: the move's own transaction refuses an epoch older than the newest handed out;
+        Aerospike: a per-record claim that a newer epoch wins, and target slots a newer epoch seals), so a
+        paused ex-leader that resumes copies and deletes nothing. Returns, per move, whether this call
+        moved it. Raises StaleEpoch when a newer epoch is found to hold the records."""
         ...
 
     def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:

@@ -55,6 +55,7 @@ from ignis.storage.base import (
     Claimed,
     LeaseRecord,
     MagazineKind,
+    Move,
     Placement,
     QueueRecord,
     ShardPointers,
@@ -710,8 +711,63 @@ class LmdbStore:
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
         return [_new_ref(Claimed, (_new_ref(SlotRef, (magazine, shard, slot)),
-                                   None if raw is None else _unpack_data(raw)))
+                                   None if raw is None else _unpack_data(raw), False))
                 for slot, raw in raws]
+
+    # A publish here is one transaction, and so is a claim: a claim never passes a record still being
+    # written, so no claimed slot is ever pending and restamp / seal are never needed (they still work).
+    write_grace_ms = 0
+
+    def restamp(self, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool = True) -> list[Claimed]:
+        bump = 1 if count_attempt else 0
+        out = []
+        with self._write("restamp") as txn:
+            for ref in refs:
+                key = self._data_key(ref)
+                raw = txn.get(key, db=self._data)
+                if raw is None or _expired(raw, now_ms_):
+                    out.append(Claimed(ref, None, False))
+                    continue
+                expire_at, _, attempts = _DATA_HEADER.unpack_from(raw)
+                raw = _DATA_HEADER.pack(expire_at, now_ms_, attempts + bump) + raw[_DATA_HEADER.size:]
+                txn.put(key, raw, db=self._data)
+                out.append(Claimed(ref, _unpack_data(raw), False))
+        return out
+
+    def seal(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+        # No write can be late here: a missing record is a hole already, and a present one is no hole.
+        return [envelope is None for envelope in self.read(refs)]
+
+    def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int) -> list[bool]:
+        if not moves:
+            return []
+        now = now_ms()
+        expire_at = _expire_at(ttl_seconds, now)
+        values = [_pack_data(m.envelope, expire_at) for m in moves]
+        done: list[bool] = []
+        with self._write("move") as txn:
+            # The fence, in the move's own transaction: only the newest epoch handed out may move.
+            raw = txn.get(EPOCH_KEY, db=self._system)
+            newest = _unpack(raw)["epoch"] if raw else 0
+            if epoch < newest:
+                raise StaleEpoch(moves[0].source.magazine, epoch, newest)
+            shards: dict[int, list[Any]] = {}
+            for m, value in zip(moves, values, strict=True):
+                key = self._data_key(m.source)
+                raw = txn.get(key, db=self._data)
+                if raw is None or _expired(raw, now) or (_DATA_HEADER.unpack_from(raw)[1] or None) != m.fired_at:
+                    done.append(False)  # settled, moved by someone else, or not the record that was seen
+                    continue
+                state = shards.get(m.shard)
+                if state is None:
+                    state = shards[m.shard] = [*self._meta_get(txn, target, m.shard), self._keys(target, m.shard)[1]]
+                state[1] += 1
+                txn.put(state[3] + b"%d" % state[1], value, db=self._data)
+                txn.delete(key, db=self._data)
+                done.append(True)
+            for meta_key, load, fire, _ in shards.values():
+                self._meta_put(txn, meta_key, load, fire)
+        return done
 
     def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
         def get_all(txn: Any) -> list[Envelope | None]:

@@ -24,6 +24,7 @@ import copy
 import hashlib
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ UNKNOWN = object()  # an expression's "unknown" value (a missing bin, a type mis
 EQ, NE, GT, GE, LT, LE = 1, 2, 3, 4, 5, 6
 AND, OR, NOT = 16, 17, 18
 ADD, SUB, MIN, MAX = 20, 21, 50, 51
+VAR, LET, DEF = 124, 125, 126
 REC_KEY, BIN, BIN_EXISTS = 80, 81, 83
 COND, END, TRUE, FALSE, AS_VAL, VAL, EXP_UNKNOWN = 123, 150, 151, 152, 128, 200, 0
 CDT_FLAGS = (139, 144)
@@ -66,11 +68,13 @@ def _err(cls: type[ex.AerospikeError], message: str, in_doubt: bool = False) -> 
 class Record:
     bins: dict[str, Any]
     gen: int = 1
-    void_ms: int = 0  # 0 = never expires
+    void_ms: int = 0  # 0 = never expires; else a whole second (epoch ms), as the server keeps it
     user_key: Any = None  # stored only when written with POLICY_KEY_SEND
 
     def expired(self, now: int) -> bool:
-        return self.void_ms != 0 and self.void_ms <= now
+        # As the server: void time and clock in whole seconds, expired only once the clock has passed the
+        # void time (as_record_is_expired: void_time < now), so a TTL of n s lives between n and n + 1 s.
+        return self.void_ms != 0 and self.void_ms // 1000 < now // 1000
 
     def ttl(self, now: int) -> int:
         return -1 if self.void_ms == 0 else max((self.void_ms - now) // 1000, 0)
@@ -100,6 +104,7 @@ class EmulatedServer:
     configs: list[dict[str, Any]] = field(default_factory=list)
     clients: list[EmulatedClient] = field(default_factory=list)
     reachable: bool = True
+    building: set[str] = field(default_factory=set)  # index names still being built: queries refused
     lock: threading.RLock = field(default_factory=threading.RLock)
     faults: list[_Fault] = field(default_factory=list)
 
@@ -171,8 +176,20 @@ class _Expr:
             raise NotImplementedError("aerospike emulator: trailing items in a compiled expression")
         return tree
 
-    def eval(self, bins: dict[str, Any], key: Any) -> Any:
+    def eval(self, bins: dict[str, Any], key: Any, scope: dict[str, Any] | None = None) -> Any:
         op, kids = self.op, self.children
+        if op == LET:  # definitions in order, each seeing the ones before it; then the body
+            inner = dict(scope or {})
+            for definition in kids[:-1]:
+                if definition.op != DEF:
+                    raise NotImplementedError("aerospike emulator: a let expects definitions, then a body")
+                inner[definition.fixed["val"]] = definition.children[0].eval(bins, key, inner)
+            return kids[-1].eval(bins, key, inner)
+        if op == VAR:
+            name = self.fixed["val"]
+            if scope is None or name not in scope:
+                raise NotImplementedError(f"aerospike emulator: variable {name!r} used outside its let")
+            return scope[name]
         if op in (VAL, AS_VAL):
             return self.fixed["val"]
         if op == TRUE:
@@ -193,7 +210,7 @@ class _Expr:
             return self.fixed["bin"] in bins
         if op == REC_KEY:
             return UNKNOWN if key is None else key
-        values = [k.eval(bins, key) for k in kids] if op != COND else None
+        values = [k.eval(bins, key, scope) for k in kids] if op != COND else None
         if values is not None and UNKNOWN in values and op not in (AND, OR):
             return UNKNOWN
         if op in (EQ, NE, GT, GE, LT, LE):
@@ -222,12 +239,12 @@ class _Expr:
             return max(values)
         if op == COND:
             for i in range(0, len(kids) - 1, 2):
-                test = kids[i].eval(bins, key)
+                test = kids[i].eval(bins, key, scope)
                 if test is UNKNOWN:
                     return UNKNOWN
                 if test:
-                    return kids[i + 1].eval(bins, key)
-            return kids[-1].eval(bins, key)
+                    return kids[i + 1].eval(bins, key, scope)
+            return kids[-1].eval(bins, key, scope)
         if op == aerospike.OP_MAP_GET_BY_KEY:
             map_key, the_map = values[0], values[-1]
             return_type = self.fixed.get("return_type")
@@ -340,7 +357,7 @@ class EmulatedClient:
             raise _err(ex.ParamError, f"invalid ttl {ttl!r}")
         if self.server.nsup_period == 0:
             raise _err(ex.ForbiddenError, "TTL forbidden: namespace has nsup-period 0")
-        return now + ttl * 1000
+        return (now // 1000 + ttl) * 1000  # the server: void_time = now in seconds + ttl
 
     @staticmethod
     def _out_key(key: tuple) -> tuple:
@@ -365,6 +382,9 @@ class EmulatedClient:
         """Common path of put/operate: existence, generation and filter checks, then `apply` on a copy
         (all or nothing), TTL and generation."""
         policy, meta = policy or {}, meta or {}
+        if "ttl" in meta:  # as the real client (19.x) warns: the TTL belongs in the write policy
+            warnings.warn('meta["ttl"] is deprecated and will be removed in the next client major release.',
+                          DeprecationWarning, stacklevel=4)
         k = self._check_key(key)
         now = _now_ms()
         existing = self._live(k, now)
@@ -583,8 +603,16 @@ class EmulatedClient:
     # ---- indexes, queries, info -------------------------------------------------------------
     def index_string_create(self, ns: str, set_name: str, bin_name: str, index_name: str,
                             policy: dict | None = None) -> int:
+        warnings.warn("index_string_create() is deprecated. Please use index_single_value_create() instead",
+                      DeprecationWarning, stacklevel=2)
+        return self.index_single_value_create(ns, set_name, bin_name, aerospike.INDEX_STRING, index_name, policy)
+
+    def index_single_value_create(self, ns: str, set_name: str, bin_name: str, index_datatype: int,
+                                  index_name: str, policy: dict | None = None) -> int:
+        if index_datatype != aerospike.INDEX_STRING:
+            raise NotImplementedError("aerospike emulator: only STRING secondary indexes are emulated")
         with self.server.lock:
-            self._enter("index_string_create")
+            self._enter("index_single_value_create")
             self._check_key((ns, set_name, None))
             if (ns, index_name) in self.server.indexes:
                 raise _err(ex.IndexFoundError, "index already exists")
@@ -608,9 +636,13 @@ class EmulatedClient:
         with self.server.lock:
             self._enter("query")
             self._check_key((ns, set_name, None))
-            if where is not None and (set_name, where[0]) not in {(s, b) for (n, _), (s, b)
-                                                                  in self.server.indexes.items() if n == ns}:
-                raise _err(ex.IndexNotFound, f"no secondary index on {ns}.{set_name}.{where[0]}")
+            if where is not None:
+                names = [name for (n, name), (s, b) in self.server.indexes.items()
+                         if n == ns and (s, b) == (set_name, where[0])]
+                if not names:
+                    raise _err(ex.IndexNotFound, f"no secondary index on {ns}.{set_name}.{where[0]}")
+                if names[0] in self.server.building:  # as a server while it populates a new index
+                    raise _err(ex.IndexNotReadable, f"secondary index {names[0]} is not readable yet")
             now = _now_ms()
             out = []
             for k in list(self.server.records):

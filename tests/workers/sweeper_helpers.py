@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -56,3 +57,35 @@ class FaultStore:
         return self if client_id == self._inner.client_id else self._inner.with_client(client_id)
 
 
+
+
+class PausingStore(FaultStore):
+    """A FaultStore that also stops the first call of `method` until `release` is set (`reached` tells
+    when it arrived), and keeps every call's outcome: `outcomes[method]` = results or exceptions."""
+
+    def __init__(self, inner: Storage, method: str, timeout: float = 30.0) -> None:
+        super().__init__(inner)
+        self.method = method
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self.timeout = timeout
+        self.outcomes: dict[str, list[Any]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        call = super().__getattr__(name)
+        if not callable(call):
+            return call
+
+        def paused(*args: Any, **kwargs: Any) -> Any:
+            if name == self.method and not self.reached.is_set():
+                self.reached.set()
+                self.release.wait(self.timeout)
+            try:
+                result = call(*args, **kwargs)
+            except Exception as exc:
+                self.outcomes.setdefault(name, []).append(exc)
+                raise
+            self.outcomes.setdefault(name, []).append(result)
+            return result
+
+        return paused

@@ -4,7 +4,7 @@ Modules (each one job):
 
 * `sweeper`  — `Sweeper(store, epoch_source=..., clock=..., threads=64)`: `.sweep_queue(client, queue)`,
   `.sweep_all()` -> `SweepReport`s (DESIGN §4 sweep of main and sideline, fenced pointer advances);
-* `shovel`   — `Shovel(store, budget=...)`: `.shovel_queue(client, queue, source="sideline"|"dead")`;
+* `shovel`   — `Shovel(store, epoch_source=..., budget=...)`: `.shovel_queue(client, queue, source="sideline"|"dead")`;
 * `election` — `LeaderElector` (async) over `StoreLease` or `KubeLease` (coordination.k8s.io/v1);
 * `service`  — `SweeperService(store, SweeperSettings(), clock=None).run(stop_event)`: elector + sweep
   loop + shovel loop + probes (`ignis sweeper`); `scaled_clock` for demos with a fast clock;

@@ -102,8 +102,11 @@ def _shovel(ctx: typer.Context, queue: str, source: str, concurrency: int | None
             output: OutputFormat) -> None:
     ignis = ctx.obj.ignis()
     ignis.record(queue)
-    report = Shovel(ignis.store, budget=limit).shovel_queue(ignis.store.client_id, queue, source=source,
-                                                           concurrency=concurrency)  # type: ignore[arg-type]
+    # A move is fenced by an epoch (Storage.move): take a new one, as `ignis sweep` does. A sweeper that
+    # leads meanwhile finds its epoch stale, steps down and takes a newer one within seconds.
+    epoch = ignis.store.next_epoch()
+    report = Shovel(ignis.store, epoch_source=lambda: epoch, budget=limit).shovel_queue(
+        ignis.store.client_id, queue, source=source, concurrency=concurrency)  # type: ignore[arg-type]
     if output is OutputFormat.JSON:
         emit_json(report.as_dict())
     else:

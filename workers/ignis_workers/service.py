@@ -104,7 +104,8 @@ class SweeperService:
         self.passes = 0
         self.sweeper = Sweeper(store, epoch_source=self._current_epoch, clock=self.clock, threads=s.threads,
                                batch_size=s.batch_size, guard=self.leading)
-        self.shovel = Shovel(store, budget=s.shovel_budget, clock=self.clock, guard=self.leading)
+        self.shovel = Shovel(store, epoch_source=self._current_epoch, budget=s.shovel_budget, clock=self.clock,
+                             guard=self.leading)
         self._wake = threading.Event()  # set when leadership is won: sweep at once
         self.probes: ProbeServer | None = None  # set while run() serves them
         self._elector_error: Exception | None = None
@@ -281,8 +282,8 @@ class SweeperService:
 
                     def one(key: tuple[str, str] = key) -> None:
                         try:
-                            report = self.shovel.shovel_queue(*key)
-                            if report.moved or report.dead_lettered:
+                            report = self._guarded("shovel", lambda: self.shovel.shovel_queue(*key))
+                            if report is not None and (report.moved or report.dead_lettered):
                                 log.info("shovelled %s/%s: %d back, %d dead", key[0], key[1], report.moved,
                                          report.dead_lettered, extra={"event": "shovel", **report.as_dict()})
                         finally:

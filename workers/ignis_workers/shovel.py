@@ -1,35 +1,38 @@
 """The shovel (DESIGN §4): move sidelined messages back to the main magazine for redelivery.
 
-    shovel = Shovel(store, budget=10_000)
+    shovel = Shovel(store, epoch_source=lambda: epoch, budget=10_000)
     report = shovel.shovel_queue("default", "orders")                    # sideline -> main
     report = shovel.shovel_queue("default", "orders", source="dead")     # redrive dead letters
 
 `concurrency` workers (the queue's shovelConcur by default) claim from the source magazine without
-counting a delivery attempt, copy each message into main, and only then delete it from the source. A
-pass moves at most `budget` messages, so a handler that fails everything cannot keep the shovel
-spinning. A sidelined message that has used up the queue's maxDeliveries goes to `q_DEAD` instead, its
-history kept. A redrive from dead letters resets the attempts (a person asked for a fresh start).
-If a copy fails the claimed messages are re-appended, unclaimed, at the source's tail (then the
-claimed originals deleted); if even that fails they stay in place, and the sideline sweep re-homes them.
+counting a delivery attempt and move each message into main: copy, then delete from the source, fenced
+by the leader's epoch as part of the writes (`Storage.move`), so a paused ex-leader that resumes moves
+nothing twice. A pass moves at most `budget` messages, so a handler that fails everything cannot keep
+the shovel spinning. A sidelined message that has used up the queue's maxDeliveries goes to `q_DEAD`
+instead, its history kept. A redrive from dead letters resets the attempts (a person asked for a fresh
+start). If a move fails the claimed messages are moved, unclaimed, to the source's own tail; if even
+that fails they stay in place, and the sideline sweep re-homes them.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from ignis.envelope import Envelope, now_ms
-from ignis.errors import HoleBudgetExceeded, InvalidInputError, QueueNotFound
+from ignis.errors import HoleBudgetExceeded, InvalidInputError, QueueNotFound, StaleEpoch
 from ignis.magazine import Magazine
 from ignis.metrics import DEAD_LETTERED
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
-from ignis.storage.base import Claimed, Storage, client_view
+from ignis.storage.base import Claimed, SlotRef, Storage, client_view
 from ignis_workers.metrics import SHOVEL_FAILURES, SHOVELLED
+from ignis_workers.sweeper import LeadershipLost
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +59,13 @@ class ShovelReport:
 class Shovel:
     """Runs shovel passes. Thread-safe; every pass uses its own `concurrency` worker threads."""
 
-    def __init__(self, store: Storage, *, budget: int = DEFAULT_BUDGET, batch: int = SHOVEL_BATCH,
-                 clock: Callable[[], int] = now_ms, guard: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, store: Storage, *, epoch_source: Callable[[], int], budget: int = DEFAULT_BUDGET,
+                 batch: int = SHOVEL_BATCH, clock: Callable[[], int] = now_ms,
+                 guard: Callable[[], bool] = lambda: True) -> None:
         if budget < 1 or batch < 1:
             raise ValueError(f"budget={budget} and batch={batch} must both be at least 1")
         self.store = store
+        self.epoch_source = epoch_source
         self.budget = budget
         self.batch = batch
         self.clock = clock
@@ -68,7 +73,8 @@ class Shovel:
 
     def shovel_queue(self, client_id: str, queue_name: str, *, source: Source = "sideline",
                      concurrency: int | None = None, budget: int | None = None) -> ShovelReport:
-        """One pass over one queue. Errors are in the report (and counted), never raised."""
+        """One pass over one queue. Errors are in the report (and counted); only StaleEpoch and
+        LeadershipLost are raised (this process no longer leads)."""
         if source not in ("sideline", "dead"):
             raise InvalidInputError(f"shovel source {source!r}: must be 'sideline' or 'dead'")
         report = ShovelReport(client_id, queue_name, source)
@@ -89,6 +95,8 @@ class Shovel:
             failure = next((e for e in errors if e is not None), None)
             if failure is not None:
                 raise failure
+        except (StaleEpoch, LeadershipLost):
+            raise
         except Exception as exc:
             log.error("shovel of %s/%s (%s) failed: %s: %s", client_id, queue_name, source,
                       type(exc).__name__, exc)
@@ -99,6 +107,7 @@ class Shovel:
     def _work(self, queue: Queue, source: Source, state: _Pass) -> None:
         magazine = queue.sideline if source == "sideline" else queue.dead
         limit = queue.spec.max_deliveries
+        epoch = self.epoch_source()
         while self.guard():
             take = state.reserve(self.batch)
             if take == 0:
@@ -111,54 +120,54 @@ class Shovel:
                 continue
             state.release(take - len(claimed))
             if not claimed:
-                return
+                wait = magazine.next_check_in()
+                if wait is None:
+                    return
+                time.sleep(wait)  # claimed slots whose record is still being written: re-read them
+                continue
             at = self.clock()
-            back: list[Envelope] = []
-            dead: list[Envelope] = []
+            back: list[tuple[SlotRef, int | None, Envelope]] = []
+            dead: list[tuple[SlotRef, int | None, Envelope]] = []
             for c in claimed:
                 env = c.envelope
                 assert env is not None  # fire returns present records only
+                copy = env.for_transfer(None, at)
                 if source == "sideline" and limit and env.attempts >= limit:
-                    copy = env.for_transfer(None, at)
                     copy.reason = env.reason or EXHAUSTED_REASON
-                    dead.append(copy)
+                    dead.append((c.ref, env.fire_ts, copy))
                 else:
-                    copy = env.for_transfer(None, at)
                     if source == "dead":
                         copy.attempts = 0
-                    back.append(copy)
+                    back.append((c.ref, env.fire_ts, copy))
             try:
-                if dead:
-                    queue.dead.load(dead)
-                if back:
-                    queue.main.load(back)
-            except Exception:
-                self._put_back(magazine, claimed, at)
+                dead_moved = queue.dead.move_in(epoch, dead) if dead else []
+                back_moved = queue.main.move_in(epoch, back) if back else []
+            except StaleEpoch:
                 raise
-            # Only after both copies landed: a failure above leaves the claimed records in place.
-            queue.store.delete([c.ref for c in claimed])
-            state.done(len(back), len(dead))
-            if back:
-                SHOVELLED.labels(queue.name, source).inc(len(back))
-            for env in dead:
-                DEAD_LETTERED.labels(queue.name, env.reason or EXHAUSTED_REASON).inc()
-
+            except Exception:
+                self._put_back(magazine, claimed, epoch, at)
+                raise
+            state.done(sum(back_moved), sum(dead_moved))
+            if any(back_moved):
+                SHOVELLED.labels(queue.name, source).inc(sum(back_moved))
+            for (_, _, env), moved in zip(dead, dead_moved, strict=True):
+                if moved:
+                    DEAD_LETTERED.labels(queue.name, env.reason or EXHAUSTED_REASON).inc()
 
     @staticmethod
-    def _put_back(magazine: Magazine, claimed: list[Claimed], at: int) -> None:
-        """After a failed copy, offer the claimed messages again: re-append them, unclaimed, at the
-        source's tail and only then delete the claimed originals (IgnisMQ's fallback). Without this a
-        claimed dead letter would never be offered again (nothing sweeps q_DEAD); if this fails too, the
+    def _put_back(magazine: Magazine, claimed: list[Claimed], epoch: int, at: int) -> None:
+        """After a failed move, offer the claimed messages again: move them, unclaimed, to the source's
+        own tail (IgnisMQ's fallback; what was moved already is gone and skipped). Without this a claimed
+        dead letter would never be offered again (nothing sweeps q_DEAD); if this fails too, the
         originals stay where they are (the sideline sweep re-homes sideline ones)."""
-        copies = []
+        moves = []
         for c in claimed:
             assert c.envelope is not None
             copy = c.envelope.for_transfer(None, at)
             copy.reason = c.envelope.reason
-            copies.append(copy)
+            moves.append((c.ref, c.envelope.fire_ts, copy))
         try:
-            magazine.load(copies)
-            magazine.store.delete([c.ref for c in claimed])
+            magazine.move_in(epoch, moves)
         except Exception as exc:
             log.error("could not put %d claimed message(s) back at the tail of %s: %s", len(claimed),
                       magazine.name, exc)

@@ -12,10 +12,12 @@ to the fire pointer, in batches of `batch_size` slots:
   as a hole: stamp it (only if still unstamped) and stop there, so it is swept one sweepDuration later
   and a live claim is never disturbed;
 * fireTS ≥ cutoff → stop (time boundary);
-* otherwise copy to the sideline (reason `swept`) and only then delete from main.
+* otherwise move it to the sideline (reason `swept`): copy, and only then delete from main.
 
-After each batch the shard's pointer and the swept counter are advanced in one fenced, forward-only
-store call carrying the leader's epoch: a stale leader gets StaleEpoch and stops at once. The main
+The move is fenced by the leader's epoch as part of its writes (`Storage.move`): a leader paused after
+reading a batch that resumes once a newer one has taken over copies and deletes nothing. After each
+batch the shard's pointer and the swept counter are advanced in one fenced, forward-only store call
+carrying the epoch: a stale leader gets StaleEpoch and stops at once. The main
 magazine's cutoff is `now - sweepDuration`; the sideline is swept into its own tail with
 `min(now - sweepDuration, now - 2 x shovelInterval)` (a message the shovel just claimed is in flight).
 A failure on one shard or magazine is counted and logged and does not stop the others.
@@ -240,20 +242,22 @@ class Sweeper:
                 del todo[shard]  # stopped at a boundary, or reached the fire pointer
             else:
                 todo[shard][0] = next_pos
+        moved = 0
         if abandoned:
             try:
                 # Copy first, delete only after the copy landed: a crash in between duplicates, never loses.
-                queue.sideline.load([env.for_transfer(SWEPT_REASON, now) for _, env in abandoned])
-                store.delete([ref for ref, _ in abandoned])
+                # A record settled or taken over meanwhile is not moved (and its slot is passed).
+                moved = sum(queue.sideline.move_in(
+                    epoch, [(ref, env.fire_ts, env.for_transfer(SWEPT_REASON, now)) for ref, env in abandoned]))
+            except StaleEpoch:
+                raise
             except Exception as exc:
                 failed = sorted({ref.shard for ref, _ in abandoned})
                 for shard in failed:
                     self._failed(queue.name, kind, out, shard, exc)
                     todo.pop(shard, None)
                     advance.pop(shard, None)  # its pointer must not pass the records still in place
-                abandoned = []
         if advance:
-            moved = len(abandoned)
             store.advance_sweep(queue.name, kind, epoch, advance, moved)
             examined = sum(advance[shard] - starts[shard] for shard in advance)
             out.examined += examined

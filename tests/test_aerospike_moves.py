@@ -1,0 +1,266 @@
+"""Aerospike's fences, step by step (the emulator, and a real server when IGNIS_TEST_AEROSPIKE is set):
+sealed slots that refuse a late write, and moves whose per-record claim a newer epoch wins. lmdb needs
+neither (a publish and a move are each one transaction): its side is in the contract suite."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from support.races import paused_publish_write
+
+from ignis import Ignis, QueueSpec
+from ignis.envelope import now_ms
+from ignis.errors import StaleEpoch
+from ignis.queue import Queue
+from ignis.storage import SlotRef
+from ignis.storage.aerospike_store import MOVE_EPOCH, SEALED, TOMBSTONE, AerospikeStore
+
+
+@pytest.fixture
+def aero(backend) -> Iterator[AerospikeStore]:
+    if backend.name == "lmdb":
+        pytest.skip("Aerospike only: lmdb publishes and moves in one transaction each")
+    store = backend.open()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def queue(aero: AerospikeStore) -> Queue:
+    ignis = Ignis(aero)
+    ignis.apply(QueueSpec.build(name="orders", handlerType="x", shards=1))
+    return ignis.queue("orders")
+
+
+def raw(store: AerospikeStore, ref: SlotRef) -> dict[str, Any] | None:
+    """The bins of a data record as stored, tombstones included (None when there is no record)."""
+    from aerospike import exception as ex
+
+    try:
+        return store.client.get(store._data_key(ref))[2]
+    except ex.RecordNotFound:
+        return None
+
+
+# ---- sealed slots --------------------------------------------------------------------------------------
+def test_a_missing_record_is_awaited_and_a_deleted_one_is_a_hole(aero: AerospikeStore, queue: Queue) -> None:
+    refs = [r.ref for r in queue.publish_many([b"a", b"b", b"c"])]
+    aero.delete([refs[1]])  # acked: a hole for good
+    aero.client.remove(aero._data_key(refs[2]))  # not there at all: maybe a write in flight
+    claimed = aero.claim("orders", 0, 3, now_ms())
+    assert [(c.envelope is not None, c.awaiting) for c in claimed] == [(True, False), (False, False), (False, True)]
+
+
+def test_a_write_that_comes_after_its_slot_was_sealed_is_published_again(aero: AerospikeStore, queue: Queue
+                                                                         ) -> None:
+    published: list = []
+    with paused_publish_write(aero) as gate:
+        publisher = threading.Thread(target=lambda: published.append(queue.publish(b"late")))
+        publisher.start()
+        assert gate.reached.wait(10)
+        [claimed] = aero.claim("orders", 0, 1, now_ms())  # a consumer claims the empty slot ...
+        assert claimed.awaiting
+        assert aero.seal([claimed.ref], 60) == [True]  # ... and, its grace over, gives it up
+        gate.release.set()
+        publisher.join(10)
+    [ref] = published
+    assert ref.slot == 2  # refused by the seal, then published into the next slot
+    assert set(raw(aero, SlotRef("orders", 0, 1))) == {TOMBSTONE, SEALED}
+    assert aero.restamp([claimed.ref], now_ms()) == [(claimed.ref, None, False)]  # sealed: a hole for good
+    message = queue.fire()
+    assert message is not None and message.payload == b"late" and message.ref.slot == 2
+
+
+def test_seal_loses_to_a_record_that_landed(aero: AerospikeStore, queue: Queue) -> None:
+    ref = queue.publish(b"x").ref
+    assert aero.seal([ref, SlotRef("orders", 0, 2)], 60) == [False, True]
+    assert aero.read([ref])[0].payload == b"x"
+
+
+def test_a_magazine_seals_an_awaited_slot_once_the_producers_deadline_has_passed(aero: AerospikeStore,
+                                                                                 queue: Queue) -> None:
+    from prometheus_client import REGISTRY
+
+    def holes() -> float:
+        return REGISTRY.get_sample_value("ignis_holes_skipped_total", {"queue": "orders", "magazine": "main"}) or 0
+
+    before = holes()
+    refs = [r.ref for r in queue.publish_many([b"a", b"b"])]
+    aero.client.remove(aero._data_key(refs[0]))  # a producer that died between its increment and its write
+    queue.main._grace = 0.05  # this store's grace is the whole write deadline (seconds); shorten it here
+    assert queue.fire().payload == b"b"  # the empty slot is awaited, the next one delivered
+    assert queue.main.awaiting() == 1 and holes() == before
+    deadline = now_ms() + 5000
+    while queue.main.awaiting() and now_ms() < deadline:
+        assert queue.fire() is None
+    assert queue.main.awaiting() == 0 and holes() == before + 1
+    assert set(raw(aero, refs[0])) == {TOMBSTONE, SEALED}
+
+
+# ---- fenced moves ---------------------------------------------------------------------------------------
+class PausingClient:
+    """The raw client, with one batch_write (picked by `which`) paused after (or before) it ran."""
+
+    def __init__(self, inner: Any, which: Callable[[Any], bool], after: bool = True) -> None:
+        self._inner = inner
+        self._which = which
+        self._after = after
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self.deletes_applied = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def batch_write(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        pause = not self.reached.is_set() and self._which(batch)
+        if pause and not self._after:
+            self.reached.set()
+            self.release.wait(30)
+        done = self._inner.batch_write(batch, *args, **kwargs) or batch
+        if is_delete(batch):
+            self.deletes_applied += sum(r.result == 0 for r in done.batch_records)
+        if pause and self._after:
+            self.reached.set()
+            self.release.wait(30)
+        return done
+
+
+def ops_of(batch: Any) -> list[dict]:
+    return batch.batch_records[0].ops if batch.batch_records and hasattr(batch.batch_records[0], "ops") else []
+
+
+def is_claim(batch: Any) -> bool:
+    return any(op.get("bin") == MOVE_EPOCH for op in ops_of(batch))
+
+
+def is_copy(batch: Any) -> bool:
+    return any(op.get("bin") == "payload" for op in ops_of(batch))
+
+
+def is_delete(batch: Any) -> bool:
+    ops = ops_of(batch)
+    return len(ops) == 1 and ops[0].get("bin") == TOMBSTONE
+
+
+def sweep_moves(queue: Queue, count: int) -> list[tuple[SlotRef, int | None, Any]]:
+    queue.publish_many([b"m%d" % i for i in range(count)])
+    return [(m.ref, m.envelope.fire_ts, m.envelope.for_transfer("swept", now_ms())) for m in queue.fire_many(count)]
+
+
+def race(backend, aero: AerospikeStore, queue: Queue, which: Callable[[Any], bool]) -> tuple[list, list, int]:
+    """An old leader's move paused at `which`; a newer leader moves the same records; the old one resumes.
+    Returns (the old move's outcome, the newer move's outcome, deletes the old one got applied)."""
+    moves = sweep_moves(queue, 3)
+    old_epoch, new_epoch = aero.next_epoch(), aero.next_epoch()
+    own = backend.open()  # the old leader's own connection, paused where asked
+    try:
+        pausing = own._client = PausingClient(own._client, which)
+        old_queue = Queue(own, queue.spec)
+        outcome: list = []
+
+        def run_old() -> None:
+            try:
+                outcome.append(old_queue.sideline.move_in(old_epoch, moves))
+            except StaleEpoch as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=run_old)
+        thread.start()
+        assert pausing.reached.wait(10)
+        newer = queue.sideline.move_in(new_epoch, moves)
+        pausing.release.set()
+        thread.join(30)
+        return outcome, newer, pausing.deletes_applied
+    finally:
+        own.close()
+
+
+def sidelined(queue: Queue) -> list[str]:
+    return sorted(env.msg_id for _, env in queue.sideline.browse(100))
+
+
+def test_a_mover_paused_after_its_claim_is_refused_its_copy_and_its_delete(backend, aero, queue) -> None:
+    outcome, newer, deletes = race(backend, aero, queue, is_claim)
+    ids = sorted(env.msg_id for _, env in queue.sideline.browse(100))
+    assert newer == [True, True, True]
+    assert outcome == [[False, False, False]] and deletes == 0
+    assert len(ids) == 3 and sidelined(queue) == ids  # one copy each: the newer leader's
+    assert aero.peek("orders", 0, 1, 10) == []
+
+
+def test_a_mover_paused_after_its_copy_leaves_one_copy_and_deletes_nothing(backend, aero, queue) -> None:
+    outcome, newer, deletes = race(backend, aero, queue, is_copy)
+    assert newer == [True, True, True]  # it found the copies already there and only deleted the sources
+    assert outcome == [[True, True, True]] and deletes == 0  # the old copies stand; its deletes refused
+    assert len(sidelined(queue)) == 3 and len(set(sidelined(queue))) == 3
+    assert aero.peek("orders", 0, 1, 10) == []
+    pointers = queue.sideline.pointers()[0]
+    assert pointers.load == 6  # both movers took 3 slots; the newer one sealed its unused ones at once
+    assert [c.awaiting for c in aero.claim("orders_SIDELINE", 0, 6, now_ms()) if c.envelope is None] == [False] * 3
+
+
+def test_a_mover_paused_before_its_claim_finds_a_newer_epoch_and_writes_nothing(backend, aero, queue) -> None:
+    moves = sweep_moves(queue, 2)
+    old_epoch, new_epoch = aero.next_epoch(), aero.next_epoch()
+    own = backend.open()
+    try:
+        # The newer leader claims the records and stops (it will finish later); the old one comes.
+        newer_client = PausingClient(aero._client, is_claim)
+        aero._client = newer_client
+        thread = threading.Thread(target=lambda: queue.sideline.move_in(new_epoch, moves))
+        thread.start()
+        assert newer_client.reached.wait(10)
+        with pytest.raises(StaleEpoch):
+            Queue(own, queue.spec).sideline.move_in(old_epoch, moves)
+        newer_client.release.set()
+        thread.join(30)
+        aero._client = newer_client._inner
+    finally:
+        own.close()
+    assert len(sidelined(queue)) == 2 and aero.peek("orders", 0, 1, 10) == []
+
+
+def test_a_move_cut_between_its_copy_and_its_delete_is_finished_without_a_second_copy(aero, queue) -> None:
+    moves = sweep_moves(queue, 3)
+    epoch = aero.next_epoch()
+
+    class Cut(RuntimeError):
+        pass
+
+    real = aero._client
+
+    class Cutting(PausingClient):
+        def batch_write(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+            if is_delete(batch):
+                raise Cut("the process died here")
+            return real.batch_write(batch, *args, **kwargs)
+
+    aero._client = Cutting(real, lambda _: False)
+    with pytest.raises(Cut):
+        queue.sideline.move_in(epoch, moves)
+    aero._client = real
+    assert len(sidelined(queue)) == 3 and len(aero.peek("orders", 0, 1, 10)) == 3  # copied, not deleted
+    assert queue.sideline.move_in(epoch, moves) == [True, True, True]  # the next pass finishes it
+    assert len(sidelined(queue)) == 3 and aero.peek("orders", 0, 1, 10) == []
+
+
+def test_purge_counts_live_records_once_and_clears_tombstones_and_seals(aero: AerospikeStore, queue: Queue) -> None:
+    refs = [r.ref for r in queue.publish_many([b"a", b"b", b"c", b"d"])]
+    queue.ack([queue.fire()])  # slot 1: an ack tombstone
+    aero.seal([SlotRef("orders", 0, 9)], 60)  # beyond the load pointer: not the magazine's
+    aero.client.remove(aero._data_key(refs[3]))
+    aero.seal([refs[3]], 60)  # slot 4: a seal
+    assert aero.purge_magazine("orders") == 2  # slots 2 and 3 were live
+    for ref in refs:
+        assert set(raw(aero, ref) or {"purgedAt"}) == {"purgedAt"}
+    again = Queue(aero, queue.spec)  # the queue declared again: slots start at 1 and take the places
+    assert [r.ref.slot for r in again.publish_many([b"n1", b"n2", b"n3", b"n4"])] == [1, 2, 3, 4]
+    got = []
+    while batch := again.fire_many(10):
+        got += [m.payload for m in batch]
+        again.ack(batch)
+    assert sorted(got) == [b"n1", b"n2", b"n3", b"n4"]
