@@ -140,6 +140,12 @@ _CLAIM_GUARD = exp.LT(exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER)).compil
 _READ_ENVELOPE = [ops.read(b) for b in ENVELOPE_BINS]
 _READ_STAMPED = [*_READ_ENVELOPE, ops.read(PURGED)]
 _MISSING = (ex.RecordNotFound, ex.FilteredOut)
+# A move reads the target of an earlier claim while writing its own. A plain read of mvTo would come
+# back overwritten by the write's None (a batch write answers every operation, later ones winning), so
+# it is read by an expression under its own name; a missing bin reads as None.
+MOVE_TO_BEFORE = "mvToBefore"
+_READ_MOVE_TO_BEFORE = expr_ops.expression_read(MOVE_TO_BEFORE, exp.StrBin(MOVE_TO).compile(),
+                                                aerospike.EXP_READ_EVAL_NO_FAIL)
 NOT_FOUND, FILTERED_OUT = 2, 27  # per-record result codes of batch calls
 REPUBLISH_ROUNDS = 5  # a message refused by a sealed slot is written again, at most this many times
 
@@ -315,11 +321,13 @@ class AerospikeStore:
 
     @staticmethod
     def _tombstoned(bins: Mapping[str, Any] | None) -> bool:
-        return bins is None or TOMBSTONE in bins or PURGED in bins
+        return bins is None or bins.get(TOMBSTONE) is not None or bins.get(PURGED) is not None
 
     @staticmethod
     def _envelope(bins: Mapping[str, Any]) -> Envelope:
-        envelope = Envelope.from_bins(dict(bins))
+        # A batch write answers every operation (a read of a missing bin, a write: None), so absent
+        # bins come back as None there: drop them, and the envelope's defaults apply.
+        envelope = Envelope.from_bins({k: v for k, v in bins.items() if v is not None})
         if not isinstance(envelope.payload, bytes):
             envelope.payload = bytes(envelope.payload)  # the client may hand blobs back as bytearray
         return envelope
@@ -340,8 +348,22 @@ class AerospikeStore:
         if failure is not None:
             raise failure[1]
 
+    def _index_on_every_node(self) -> bool:
+        """Whether every node already has the index: one cheap info call. Creating it again would
+        also succeed, but the client then waits for the index to be ready, about 2 s on Aerospike 8.1
+        even when it exists (measured), which every process start would pay."""
+        try:
+            answers = self._call("ensure_index", self._client.info_all,
+                                 f"sindex-exists:namespace={self._ns};indexname={self._index_name}")
+        except ex.AerospikeError:
+            return False  # not answerable (an older server, no privilege): let the create decide
+        texts = [str(answer[1] if isinstance(answer, tuple) else answer) for answer in (answers or {}).values()]
+        return bool(texts) and all(t.strip().rsplit("\t", 1)[-1] == "true" for t in texts)
+
     def _create_index(self) -> tuple[ex.AerospikeError, StoreError] | None:
         """None when the index exists afterwards, else (the Aerospike error, the error to raise)."""
+        if self._index_on_every_node():
+            return None
         try:
             self._call("ensure_index", self._client.index_single_value_create, self._ns, self._queue_set, ACTIVE,
                        aerospike.INDEX_STRING, self._index_name)
@@ -682,7 +704,7 @@ class AerospikeStore:
     def _slot(ref: SlotRef, bins: Mapping[str, Any] | None, result: int) -> Claimed:
         """A claimed slot from its stamp's outcome: the record; an awaited hole (not found, or a purge
         leftover a new message may still replace); or a hole for good (deleted or sealed)."""
-        if result == 0 and bins is not None and PURGED not in bins:
+        if result == 0 and bins is not None and bins.get(PURGED) is None:
             return Claimed(ref, AerospikeStore._envelope(bins), False)
         return Claimed(ref, None, result != FILTERED_OUT)
 
@@ -766,7 +788,8 @@ class AerospikeStore:
                 guard = guards[m.fired_at] = exp.And(
                     _LIVE, fired, exp.Or(exp.Not(exp.BinExists(MOVE_EPOCH)), exp.LE(exp.IntBin(MOVE_EPOCH), epoch))
                 ).compile()
-            claims.append(Write(source, [ops.read(MOVE_TO), ops.write(MOVE_EPOCH, epoch), ops.write(MOVE_TO, dest_key)],
+            claims.append(Write(source, [_READ_MOVE_TO_BEFORE, ops.write(MOVE_EPOCH, epoch),
+                                         ops.write(MOVE_TO, dest_key)],
                                 policy={**self._update, "expressions": guard}))
         batch = BatchRecords(claims)
         done = self._call("move", self._client.batch_write, batch) or batch
@@ -775,7 +798,7 @@ class AerospikeStore:
         for i, record in enumerate(done.batch_records):
             if record.result == 0:
                 claimed.append(i)
-                before = (record.record[2] or {}).get(MOVE_TO) if record.record else None
+                before = (record.record[2] or {}).get(MOVE_TO_BEFORE) if record.record else None
                 if before and before != dest_keys[i]:
                     earlier[i] = before
             elif record.result not in (NOT_FOUND, FILTERED_OUT):
