@@ -157,6 +157,14 @@ class Queue:
         self._delivered = DELIVERED.labels(spec.name)
         self._acked = ACKED.labels(spec.name)
 
+    def adopt(self, previous: Queue) -> None:
+        """Take over the claimed-not-handed-out slots of an earlier handle of this queue (see
+        Magazine.adopt); call it when a new handle replaces an old one."""
+        for mine, theirs in ((self.main, previous.main), (self.sideline, previous.sideline),
+                             (self.dead, previous.dead)):
+            if mine.name == theirs.name:
+                mine.adopt(theirs)
+
     # ---- publish ---------------------------------------------------------------------------------
     def _check_options(self, id: str | None, key: str | None, headers: Mapping[str, str] | None
                        ) -> dict[str, str] | None:

@@ -356,6 +356,71 @@ def test_concurrent_consumer_threads_never_share_a_slot(make_queue) -> None:
     assert {msg_id for _, msg_id in claimed} == published and len(claimed) == 4000
 
 
+class _PausedClaims:
+    """A store whose first claim waits until released: a fire held in flight, as a slow round trip."""
+
+    def __init__(self, store: Storage) -> None:
+        self._store = store
+        self.claims = 0
+        self.in_claim, self.release = threading.Event(), threading.Event()
+
+    def claim(self, *args, **kwargs):
+        self.claims += 1
+        if self.claims == 1:
+            self.in_claim.set()
+            assert self.release.wait(10)
+        return self._store.claim(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+
+def test_a_fire_beside_another_claims_for_it_and_keeps_the_rest_for_the_next_fires(
+        make_queue, monkeypatch) -> None:
+    from ignis import magazine as magazine_module
+
+    q = make_queue(shards=1)
+    q.publish_many([b"a", b"b", b"c", b"d"])
+    store = _PausedClaims(q.main.store)
+    monkeypatch.setattr(q.main, "store", store)
+    first: list = []
+    slow = threading.Thread(target=lambda: first.append(q.fire()))
+    slow.start()
+    assert store.in_claim.wait(10)  # one fire in flight: the next claims for two
+    second = q.fire()
+    assert second is not None and store.claims == 2
+    assert q.main.awaiting() == 1 and q.main.next_check_in() == 0.0  # one kept, claimed, for the next fire
+    store.release.set()
+    slow.join(10)
+    assert first[0] is not None
+    kept_at = q.store.read([q.main._prefetched[0][1].ref])[0].fire_ts
+    monkeypatch.setattr(magazine_module, "PREFETCH_FRESH_SECONDS", 0.0)  # kept too long: stamped again
+    time.sleep(0.01)
+    third = q.fire()
+    assert store.claims == 2  # handed out from the kept ones: no claim
+    assert third is not None and q.main.awaiting() == 0
+    assert third.envelope.fire_ts > kept_at and third.attempts == 1  # restamped, not a new attempt
+    assert sorted(m.payload for m in (first[0], second, third)) == [b"a", b"b", b"c"]
+    assert q.fire().payload == b"d" and q.fire() is None
+
+
+def test_a_refreshed_handle_takes_over_what_the_old_one_claimed(ignis: Ignis, make_queue, monkeypatch) -> None:
+    q = make_queue(shards=1)
+    q.publish_many([b"a", b"b", b"c"])
+    store = _PausedClaims(q.main.store)
+    monkeypatch.setattr(q.main, "store", store)
+    slow = threading.Thread(target=q.fire)
+    slow.start()
+    assert store.in_claim.wait(10)
+    assert q.fire() is not None and q.main.awaiting() == 1  # one kept by the old handle
+    store.release.set()
+    slow.join(10)
+    fresh = ignis.refresh("orders")  # e.g. a config change
+    assert fresh is not q and q.main.awaiting() == 0 and fresh.main.awaiting() == 1
+    kept = fresh.fire()
+    assert kept is not None and store.claims == 2 and fresh.fire() is None
+
+
 def test_a_drained_shard_is_kept_while_a_load_raced_the_claim_that_found_it_drained(make_queue) -> None:
     # The lock-free active-shard protocol, step by step (the stress test below can only hope to hit it).
     main = make_queue(shards=4).main
