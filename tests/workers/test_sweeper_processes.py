@@ -260,12 +260,13 @@ def test_killed_consumer_messages_come_back_through_sweep_and_shovel(sweepers: S
 
 
 PRODUCER = """
-import sys
+import sys, time
 from ignis import Ignis
 with Ignis(sys.argv[1]) as ignis:
     q = ignis.queue("crash")
     for i in range(int(sys.argv[2])):
         print("published", q.publish(f"{sys.argv[3]}-{i}".encode()).id, flush=True)
+        time.sleep(0.001)  # a steady producer, so the kill lands mid-publish on the fast embedded store too
 """
 
 CONSUMER = """
@@ -339,7 +340,7 @@ def test_producers_consumers_and_the_leader_killed_together_strand_nothing(sweep
             killed_at = time.time()
             wait_for(lambda: producers[1].proc.poll() is not None, timeout=120, what="the other producer")
             published = set(producers[0].values["published"]) | set(producers[1].values["published"])
-            assert len(producers[1].values["published"]) == 2500 and len(published) >= 2500 + 500
+            assert len(producers[1].values["published"]) == 2500 and 2500 + 500 <= len(published) < 5000
             delivered = lambda: {v for c in consumers for v in c.values.get("delivered", [])}  # noqa: E731
             # The survivors drain the rest, and what the dead consumer held comes back through the new
             # leader's sweep (every claim looks abandoned to these sweepers) and the shovel.
