@@ -269,6 +269,13 @@ class Magazine:
         at = time.monotonic()
         self._prefetched.extend((at, item) for item in claimed)
 
+    def _set_aside(self, item: Claimed) -> bool:
+        """A claimed slot without a record: awaited (kept to re-read later), or a hole for good (True)."""
+        if item.awaiting:
+            self._await(item.ref)
+            return False
+        return True
+
     def _fire_one(self) -> Claimed | None:
         """fire(1) without its lists (measurably faster)."""
         holes = skipped = 0
@@ -278,10 +285,7 @@ class Magazine:
                     item = claimed[0]
                     if item.envelope is not None:
                         return item
-                    if item.awaiting:
-                        self._await(item.ref)
-                    else:
-                        holes += 1
+                    holes += self._set_aside(item)
                     skipped += 1
                     if skipped >= self.hole_budget:
                         self._give_up(skipped)
@@ -301,10 +305,7 @@ class Magazine:
                     if item.envelope is not None:
                         got.append(item)
                         continue
-                    if item.awaiting:
-                        self._await(item.ref)
-                    else:
-                        holes += 1
+                    holes += self._set_aside(item)
                     skipped += 1
                 if skipped >= self.hole_budget:
                     if got:

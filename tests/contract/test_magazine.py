@@ -27,6 +27,19 @@ def env(payload: bytes = b"x", msg_id: str = "m") -> Envelope:
     return Envelope(payload, msg_id, now_ms())
 
 
+def run_threads(produce, producers: int, consume, consumers: int, published: threading.Event) -> None:
+    """Producer and consumer threads together; `published` is set once every producer is done."""
+    producing = [threading.Thread(target=produce) for _ in range(producers)]
+    consuming = [threading.Thread(target=consume) for _ in range(consumers)]
+    for t in producing + consuming:
+        t.start()
+    for t in producing:
+        t.join()
+    published.set()
+    for t in consuming:
+        t.join()
+
+
 # ---- primitives -------------------------------------------------------------------------------------
 def test_load_allocates_one_based_slots_per_shard(store: Storage) -> None:
     refs = store.load("q", [(0, env(msg_id="a")), (1, env(msg_id="b")), (0, env(msg_id="c"))], 60)
@@ -485,15 +498,7 @@ def test_messages_published_while_consumers_drop_drained_shards_are_never_hidden
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)
     try:
-        producing = [threading.Thread(target=produce) for _ in range(producers)]
-        consuming = [threading.Thread(target=consume) for _ in range(4)]
-        for t in producing + consuming:
-            t.start()
-        for t in producing:
-            t.join()
-        published.set()
-        for t in consuming:
-            t.join()
+        run_threads(produce, producers, consume, 4, published)
     finally:
         sys.setswitchinterval(switch)
     stats = q.stats(in_flight=True)
@@ -571,15 +576,7 @@ def test_concurrent_publish_and_fire_many_strand_nothing(make_queue) -> None:
             else:
                 time.sleep(0.001)
 
-    producing = [threading.Thread(target=produce) for _ in range(producers)]
-    consuming = [threading.Thread(target=consume) for _ in range(4)]
-    for t in producing + consuming:
-        t.start()
-    for t in producing:
-        t.join()
-    published.set()
-    for t in consuming:
-        t.join()
+    run_threads(produce, producers, consume, 4, published)
     stats = q.stats(in_flight=True)
     assert len(set(delivered)) == len(delivered) == total, \
         f"{total - len(set(delivered))} of {total} never delivered, {stats.in_flight} stranded in flight"
