@@ -123,6 +123,8 @@ HOLE_BUDGET_EXHAUSTED = FastCounter("ignis_hole_budget_exhausted",
 FIRE_CLAIMS = FastCounter("ignis_fire_claims", "Claim attempts by outcome (won, drained)", ["queue", "outcome"])
 STORAGE_CALLS = FastCounter("ignis_storage_calls", "Storage round trips by operation", ["operation"])
 STORAGE_RETRIES = FastCounter("ignis_storage_retries", "Storage retries by operation", ["operation"])
+STORAGE_ERRORS = FastCounter("ignis_storage_errors", "Storage calls that failed with a transient store error after "
+                             "their retries (or that could not be retried safely)", ["operation"])
 HANDLER_DURATION = Histogram("ignis_handler_duration_seconds", "Handler call duration",
                              ["queue", "outcome"])
 BATCH_SIZE = Histogram("ignis_handler_batch_size", "Messages per handler call on batching queues", ["queue"],

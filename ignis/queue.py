@@ -321,6 +321,11 @@ class Queue:
             in_flight=self.main.in_flight(self._sweep_pointers()) if in_flight else None,
         )
 
+    def in_flight_summary(self) -> tuple[int, int | None]:
+        """Delivered, unsettled messages of the main magazine and the oldest one's fire time (epoch ms,
+        None when there is none): what the sweeper's gauges report."""
+        return self.main.in_flight_summary(self._sweep_pointers())
+
     def _sweep_pointers(self) -> dict[str, int]:
         record = self.store.get_queue(self.name)
         return record.sweep_pointers("main") if record else {}

@@ -24,6 +24,26 @@ BASE = f"/apis/{GROUP}/{VERSION}"
 NAMESPACES = ("ns1", "ns2")
 
 
+class NamingEmulator(KubernetesEmulator):
+    """kmock's emulator plus `metadata.generateName`, which kopf uses for every Event it posts: without it
+    all Events of a namespace share the name None and the second one is refused as a conflict."""
+
+    _generated = itertools.count(1)
+
+    async def _handle(self, request: Any) -> Any:
+        meta = request.data.get("metadata") if isinstance(request.data, dict) else None
+        if str(request.action).endswith("CREATE") and isinstance(meta, dict):
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = f"{meta['generateName']}{next(self._generated):05d}"
+        return await super()._handle(request)
+
+
+@pytest.fixture
+def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
+    """The `kmock` fixture's options (kmock's own fixture) with the emulator that names Events."""
+    return {**kmock_options, "cls": NamingEmulator}
+
+
 class Outage:
     """A switch shared by a store and its per-client views: when down, every call fails as unreachable."""
 
