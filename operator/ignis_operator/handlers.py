@@ -234,9 +234,9 @@ def configure(settings: kopf.OperatorSettings, *, scanning: bool | None = None) 
     would otherwise post an Event per handler log line, an API call each; our Normal Events are explicit
     `kopf.event` calls, which `posting.level` does not filter).
 
-    `scanning=False` (kopf's `settings.scanning.disabled`; None leaves it as it is): no list/watch of CRDs and Namespaces, so a
-    namespace-scoped install needs no cluster-scoped permission and kopf logs no "not enough permissions"
-    warning; CRD changes are then noticed on restart (kopf/_core/reactor/observation.py)."""
+    `scanning=False` (kopf's `settings.scanning.disabled`; None leaves it as it is): no list/watch of CRDs
+    and Namespaces, so a namespace-scoped install needs no cluster-scoped permission and kopf logs no "not
+    enough permissions" warning; CRD changes are then noticed on restart (kopf/_core/reactor/observation.py)."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)

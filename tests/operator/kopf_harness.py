@@ -32,9 +32,9 @@ class NamingEmulator(KubernetesEmulator):
 
     async def _handle(self, request: Any) -> Any:
         meta = request.data.get("metadata") if isinstance(request.data, dict) else None
-        if str(request.action).endswith("CREATE") and isinstance(meta, dict):
-            if not meta.get("name") and meta.get("generateName"):
-                meta["name"] = f"{meta['generateName']}{next(self._generated):05d}"
+        creating = str(request.action).endswith("CREATE") and isinstance(meta, dict)
+        if creating and not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{next(self._generated):05d}"
         return await super()._handle(request)
 
 

@@ -31,6 +31,7 @@ from ignis.probes import ProbeServer
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
 from ignis.storage.base import Storage, client_view
+from ignis.version import package_version
 from ignis_workers.election import (
     LEASE_NAME,
     KubeLease,
@@ -39,7 +40,6 @@ from ignis_workers.election import (
     StoreLease,
     default_identity,
 )
-from ignis.version import package_version
 from ignis_workers.metrics import (
     QUEUE_DEAD,
     QUEUE_DEPTH,
