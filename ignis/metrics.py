@@ -106,6 +106,8 @@ class _Child:
 
 PUBLISHED = FastCounter("ignis_published", "Messages published", ["queue"])
 DELIVERED = FastCounter("ignis_delivered", "Messages fired to a consumer", ["queue"])
+REDELIVERED = FastCounter("ignis_redelivered", "Deliveries of messages delivered before (attempts > 1: after a "
+                          "failure, a sweep or a shovel)", ["queue"])
 ACKED = FastCounter("ignis_acked", "Messages acknowledged (deleted after success)", ["queue"])
 SIDELINED = FastCounter("ignis_sidelined", "Messages moved to the sideline, by reason", ["queue", "reason"])
 DEAD_LETTERED = FastCounter("ignis_dead_lettered", "Messages moved to the dead-letter magazine",

@@ -30,6 +30,7 @@ SWEEP_PASSES = Counter("ignis_sweep_passes", "Sweep passes over every active que
                        "queue swept cleanly; failed: some queue or shard failed)", ["outcome"])
 SWEEP_LAST_PASS = Gauge("ignis_sweep_last_pass_timestamp_seconds", "End of the leader's last sweep pass (the "
                         "moment it won the lease until its first pass ends); NaN on standbys")
+SWEEP_LAST_PASS.set(float("nan"))  # every process that imports this module exports it: NaN never alerts
 SWEEP_INTERVAL = Gauge("ignis_sweep_interval_seconds", "Configured time between sweep passes")
 QUEUE_OLDEST_IN_FLIGHT = Gauge("ignis_queue_oldest_in_flight_seconds", "Age of the oldest delivered, unsettled "
                                "message (among the newest claims of each shard; 0 when none)", ["queue"])
