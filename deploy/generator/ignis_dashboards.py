@@ -265,7 +265,8 @@ def overview() -> dict[str, Any]:
             ("sum by (operation) (rate(ignis_storage_errors_total[$__rate_interval]))", "errors {{operation}}")],
             unit="reqps", w=8),
         timeseries(lay, "Holes skipped and late writes", [
-            (f"sum by (queue, magazine) (rate(ignis_holes_skipped_total{{{Q}}}{rates}))", "holes {{queue}} {{magazine}}"),
+            (f"sum by (queue, magazine) (rate(ignis_holes_skipped_total{{{Q}}}{rates}))",
+             "holes {{queue}} {{magazine}}"),
             (f"sum by (queue) (rate(ignis_hole_budget_exhausted_total{{{Q}}}{rates}))",
              "budget exhausted {{queue}}"),
             (f"sum by (queue) (rate(ignis_late_writes_total{{{Q}}}{rates}))", "late writes {{queue}}")],
