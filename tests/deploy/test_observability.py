@@ -170,7 +170,7 @@ def test_dashboards_are_loadable_grafana_json() -> None:
             assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
             assert all(t["datasource"] == panel["datasource"] for t in panel["targets"]), panel["title"]
             pos = panel["gridPos"]
-            assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24, panel["title"]
+            assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, panel["title"]
     overview = docs["ignismq-overview"]
     assert "queue" in {v["name"] for v in overview["templating"]["list"]}
     rows = [p["title"] for p in overview["panels"] if p["type"] == "row"]

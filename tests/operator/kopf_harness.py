@@ -16,26 +16,13 @@ import pytest_asyncio
 from ignis_operator.emulation import declare_resources, start_operator
 from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext, build_registry
 from kmock import KubernetesEmulator
+from support.kmock_naming import NamingEmulator
 
 from ignis.errors import StoreUnavailable
 from ignis.storage import Storage, open_store
 
 BASE = f"/apis/{GROUP}/{VERSION}"
 NAMESPACES = ("ns1", "ns2")
-
-
-class NamingEmulator(KubernetesEmulator):
-    """kmock's emulator plus `metadata.generateName`, which kopf uses for every Event it posts: without it
-    all Events of a namespace share the name None and the second one is refused as a conflict."""
-
-    _generated = itertools.count(1)
-
-    async def _handle(self, request: Any) -> Any:
-        meta = request.data.get("metadata") if isinstance(request.data, dict) else None
-        creating = str(request.action).endswith("CREATE") and isinstance(meta, dict)
-        if creating and not meta.get("name") and meta.get("generateName"):
-            meta["name"] = f"{meta['generateName']}{next(self._generated):05d}"
-        return await super()._handle(request)
 
 
 @pytest.fixture
