@@ -145,7 +145,8 @@ def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any
 
 
 # ---- IgnisMQ overview -----------------------------------------------------------------------------
-LEADER = f'ignis_sweeper_info{{{NS}, identity!=""}} * on (instance) ignis_sweeper_leader{{{NS}}}'
+# group_left keeps the info series' labels (identity, version); a plain `on` match would keep only instance.
+LEADER = f'ignis_sweeper_info{{{NS}, identity!=""}} * on (instance) group_left () ignis_sweeper_leader{{{NS}}}'
 
 
 def overview() -> dict[str, Any]:
