@@ -122,7 +122,7 @@ class ManifestSync:
         except StoreError as exc:
             result = SyncResult(spec.name, client_id, False, STORE_UNAVAILABLE, str(exc))
         self.states.record(f"{client_id}/{spec.name}", result.reason)
-        if result.diff and resync:
+        if resync and (result.created or result.diff):  # no file changed: the store did
             DRIFT_REPAIRS.inc()
             log.warning("drift repaired on queue %s/%s: %s", client_id, spec.name, result.message)
         elif result.created or result.diff:

@@ -145,7 +145,7 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
             status_patch.pop("clientId", None)  # keep the clientId the queue really lives in
         patch.status.update(status_patch)
         if result.reason == SYNCED:
-            if result.diff and drift_check:
+            if drift_check and (result.created or result.diff):  # a record deleted or edited behind our back
                 DRIFT_REPAIRS.inc()
                 logger.warning("drift repaired: %s", result.message)
                 kopf.warn(body, reason="DriftRepaired", message=result.message)
