@@ -82,10 +82,6 @@ app.kubernetes.io/component: {{ .component }}
 {{/* Store wiring shared by every IgnisMQ container: the non-secret settings from the ConfigMap, the
 credentials from the user's Secret (never from values), the TLS files from a Secret volume. */}}
 {{- define "ignismq.storeEnv" -}}
-- name: POD_NAMESPACE
-  valueFrom:
-    fieldRef:
-      fieldPath: metadata.namespace
 {{- with .Values.store.existingSecret }}
 - name: IGNIS_AEROSPIKE_USER
   valueFrom:
