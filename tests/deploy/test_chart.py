@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from conftest import (
+from chart_support import (
     CHART_DIR,
     NAMESPACE,
     PROFILES,

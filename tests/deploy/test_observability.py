@@ -15,7 +15,7 @@ import ignis_alerts
 import ignis_dashboards
 import pytest
 import yaml
-from conftest import CHART_DIR, ROOT, exported_metric_names
+from chart_support import CHART_DIR, ROOT, exported_metric_names
 
 promql_parser = pytest.importorskip("promql_parser", reason="promql-parser is a test dependency")
 

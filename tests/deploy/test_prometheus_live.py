@@ -25,7 +25,7 @@ from typing import Any
 import ignis_dashboards
 import pytest
 import yaml
-from conftest import ROOT
+from chart_support import ROOT
 from ignis_workers import journey
 
 pytestmark = pytest.mark.timeout(180)

@@ -19,7 +19,7 @@ import aiohttp
 import kopf
 import pytest
 import pytest_asyncio
-from conftest import NAMESPACE, PROFILES, render
+from chart_support import NAMESPACE, PROFILES, render
 from ignis_operator.emulation import declare_resources
 from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext, build_registry, configure
 from ignis_workers.election import KubeLease, LeaderElector

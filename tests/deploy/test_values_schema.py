@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import PROFILES, helm
+from chart_support import PROFILES, helm
 
 # (values, the JSON path Helm's error must name)
 BAD_VALUES: list[tuple[dict[str, Any], str]] = [
