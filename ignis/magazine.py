@@ -24,6 +24,7 @@ from ignis.storage.base import Claimed, MessageRef, Move, ShardPointers, SlotRef
 
 _random = random.random
 PREFETCH_MAX = 32  # messages one fire claims for other threads of its handle, at most
+PREFETCH_PER_FIRE = 4  # ... and per fire in progress beside it: each of those threads comes back for more
 PREFETCH_FRESH_SECONDS = 1.0  # a prefetched message kept longer is stamped again when handed out
 _new_tuple = tuple.__new__  # NamedTuples without their slower generated __init__
 _new_message_ref = functools.partial(_new_tuple, MessageRef)  # MessageRef from an (id, magazine, shard, slot)
@@ -212,8 +213,8 @@ class Magazine:
         raise HoleBudgetExceeded(self.name, skipped)
 
     # Prefetch for concurrent consumers: every claim costs a round trip to the meta record and one to
-    # the data, so a fire that sees other threads of this handle firing claims for them too (one more
-    # slot per fire in progress, PREFETCH_MAX at most) and keeps the extra messages here, claimed and
+    # the data, so a fire that sees other threads of this handle firing claims for them too (four more
+    # slots per fire in progress, PREFETCH_MAX at most) and keeps the extra messages here, claimed and
     # stamped, for the next fires of any thread. A lone consumer claims exactly what it asks for.
     # A message kept longer than PREFETCH_FRESH_SECONDS is stamped again before it is handed out, so
     # its sweep clock starts at delivery; a process that stops leaves its kept messages to the sweeper,
@@ -230,7 +231,7 @@ class Magazine:
         try:
             if not others:
                 return self._fire_one()
-            got = self._fire_many(1 + min(others, PREFETCH_MAX), need=1)
+            got = self._fire_many(1 + min(others * PREFETCH_PER_FIRE, PREFETCH_MAX), need=1)
         finally:
             with self._firing_lock:
                 self._firing -= 1
@@ -252,7 +253,8 @@ class Magazine:
             others = self._firing if self._prefetch else 0
             self._firing += 1
         try:
-            extra = min(others * max_messages, PREFETCH_MAX) if others and max_messages < PREFETCH_MAX else 0
+            extra = min(others * max_messages * PREFETCH_PER_FIRE, PREFETCH_MAX) \
+                if others and max_messages < PREFETCH_MAX else 0
             claimed = self._fire_many(want + extra, need=want)
         except HoleBudgetExceeded:
             if got:

@@ -126,7 +126,7 @@ class Message:
         if self._settled:
             raise AlreadySettled(f"message {self.id} ({self.ref}) was already acked or nacked")
         queue = self.queue
-        queue.store.delete((self.ref,))
+        queue.store.delete((self.ref,), (self.envelope.version,))
         self._settled = True
         queue._acked.tick()
 

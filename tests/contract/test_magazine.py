@@ -391,47 +391,54 @@ class _PausedClaims:
 def test_a_fire_beside_another_claims_for_it_and_keeps_the_rest_for_the_next_fires(
         make_queue, monkeypatch) -> None:
     from ignis import magazine as magazine_module
+    from ignis.magazine import PREFETCH_PER_FIRE as AHEAD
 
     q = make_queue(shards=1)
-    q.publish_many([b"a", b"b", b"c", b"d"])
+    payloads = [b"m%d" % i for i in range(AHEAD + 3)]
+    q.publish_many(payloads)
     store = _PausedClaims(q.main.store)
     monkeypatch.setattr(q.main, "store", store)
     first: list = []
     slow = threading.Thread(target=lambda: first.append(q.fire()))
     slow.start()
-    assert store.in_claim.wait(10)  # one fire in flight: the next claims for two
+    assert store.in_claim.wait(10)  # one fire in flight: the next claims for itself and AHEAD more
     second = q.fire()
     assert second is not None and store.claims == 2
-    assert q.main.awaiting() == 1 and q.main.next_check_in() == 0.0  # one kept, claimed, for the next fire
+    assert q.main.awaiting() == AHEAD and q.main.next_check_in() == 0.0  # kept, claimed, for the next fires
     store.release.set()
     slow.join(10)
-    assert first[0] is not None
+    assert first[0] is not None and q.main.awaiting() == AHEAD
+    kept = [q.fire() for _ in range(AHEAD - 1)]
+    assert store.claims == 2 and q.main.awaiting() == 1  # handed out from the kept ones: no claim
     kept_at = q.store.read([q.main._prefetched[0][1].ref])[0].fire_ts
     monkeypatch.setattr(magazine_module, "PREFETCH_FRESH_SECONDS", 0.0)  # kept too long: stamped again
     time.sleep(0.01)
-    third = q.fire()
-    assert store.claims == 2  # handed out from the kept ones: no claim
-    assert third is not None and q.main.awaiting() == 0
-    assert third.envelope.fire_ts > kept_at and third.attempts == 1  # restamped, not a new attempt
-    assert sorted(m.payload for m in (first[0], second, third)) == [b"a", b"b", b"c"]
-    assert q.fire().payload == b"d" and q.fire() is None
+    last_kept = q.fire()
+    assert store.claims == 2 and last_kept is not None and q.main.awaiting() == 0
+    assert last_kept.envelope.fire_ts > kept_at and last_kept.attempts == 1  # restamped, not a new attempt
+    rest = [q.fire() for _ in range(len(payloads) - AHEAD - 2)]
+    assert q.fire() is None
+    delivered = [first[0], second, *kept, last_kept, *rest]
+    assert sorted(m.payload for m in delivered) == sorted(payloads)  # each exactly once
 
 
 def test_a_refreshed_handle_takes_over_what_the_old_one_claimed(ignis: Ignis, make_queue, monkeypatch) -> None:
+    from ignis.magazine import PREFETCH_PER_FIRE as AHEAD
+
     q = make_queue(shards=1)
-    q.publish_many([b"a", b"b", b"c"])
+    q.publish_many([b"m%d" % i for i in range(AHEAD + 2)])
     store = _PausedClaims(q.main.store)
     monkeypatch.setattr(q.main, "store", store)
     slow = threading.Thread(target=q.fire)
     slow.start()
     assert store.in_claim.wait(10)
-    assert q.fire() is not None and q.main.awaiting() == 1  # one kept by the old handle
+    assert q.fire() is not None and q.main.awaiting() == AHEAD  # kept by the old handle
     store.release.set()
     slow.join(10)
     fresh = ignis.refresh("orders")  # e.g. a config change
-    assert fresh is not q and q.main.awaiting() == 0 and fresh.main.awaiting() == 1
-    kept = fresh.fire()
-    assert kept is not None and store.claims == 2 and fresh.fire() is None
+    assert fresh is not q and q.main.awaiting() == 0 and fresh.main.awaiting() == AHEAD
+    taken = [fresh.fire() for _ in range(AHEAD)]
+    assert all(taken) and store.claims == 2 and fresh.fire() is None
 
 
 def test_a_drained_shard_is_kept_while_a_load_raced_the_claim_that_found_it_drained(make_queue) -> None:

@@ -294,6 +294,20 @@ with Ignis(sys.argv[1]) as ignis:
 """
 
 
+def locate(store: Any, queue: str, shards: int, ids: set[str]) -> dict[str, str]:
+    """Where each message is now: every present record of the queue's magazines, claimed or not."""
+    from ignis import names
+
+    where = dict.fromkeys(ids, "nowhere (deleted)")
+    for magazine in (queue, names.sideline_of(queue), names.dead_of(queue)):
+        for shard, p in store.pointers(magazine, shards).items():
+            for ref, env in store.peek(magazine, shard, 1, p.load):
+                if env.msg_id in where:
+                    state = "claimed" if ref.slot <= p.fire else "unclaimed"
+                    where[env.msg_id] = f"{ref} {state} fireTS={env.fire_ts} attempts={env.attempts}"
+    return where
+
+
 class Lines:
     """A child process whose stdout lines ("word value") are collected by a reader thread."""
 
@@ -348,7 +362,8 @@ def test_producers_consumers_and_the_leader_killed_together_strand_nothing(sweep
             while not published <= delivered() and time.monotonic() < deadline:
                 time.sleep(0.5)
             undelivered = published - delivered()
-            assert not undelivered, f"{len(undelivered)} of {len(published)} messages never delivered"
+            assert not undelivered, (f"{len(undelivered)} of {len(published)} messages never delivered: "
+                                     f"{locate(sweepers.store, 'crash', 8, undelivered)}")
             new_leader = sweepers.holder()
             assert new_leader not in ("", leader)
             assert any(p["who"] == new_leader and p["started"] > killed_at and p["moved"] for p in sweepers.passes())
