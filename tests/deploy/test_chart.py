@@ -313,3 +313,13 @@ def test_notes_tell_how_to_apply_a_queue_and_find_dashboards(chart: Any) -> None
     (notes,) = [d["text"] for d in render(chart, PROFILES["namespace-scoped"], notes=True) if d["kind"] == "NOTES"]
     assert "kind: IgnisQueue" in notes and "kubectl get iq -n shop" in notes
     assert "IgnisMQ overview" in notes and "helm test ig" in notes
+
+
+def test_the_readme_install_values_work_as_written(chart: Any) -> None:
+    text = (ROOT / "README.md").read_text().split("## Install on Kubernetes", 1)[1]
+    values = yaml.safe_load(text.split("<<'YAML'\n", 1)[1].split("\nYAML\n", 1)[0])
+    chart.validate_schema(values)
+    docs = render(chart, values)
+    assert {one(docs, "ConfigMap", "-config")["data"]["IGNIS_STORE"]} == {values["store"]["url"]}
+    assert by_kind(docs, "ServiceMonitor") and by_kind(docs, "PrometheusRule")
+    assert container(one(docs, "Deployment", "-sweeper"))["image"] == "registry.example.com/ignismq:0.1.0"
