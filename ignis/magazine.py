@@ -440,14 +440,26 @@ class Magazine:
         present records from the sweep pointer (the next slot the sweeper will examine) up to the fire
         pointer, looking at no more than the newest `scan_limit` claimed slots of a shard — claims
         older than that are the sweeper's business, and the scan must stay cheap on a big backlog."""
+        return self.in_flight_summary(sweep_pointers, scan_limit)[0]
+
+    def in_flight_summary(self, sweep_pointers: Mapping[str, int], scan_limit: int = IN_FLIGHT_SCAN_LIMIT
+                          ) -> tuple[int, int | None]:
+        """`in_flight`'s count and the oldest fire time (epoch ms) among those records, None when no
+        scanned record carries one: the age an alert compares with the queue's sweepDuration."""
         count = 0
+        oldest: int | None = None
         for shard, p in self.pointers().items():
             first = max(int(sweep_pointers.get(names.shard_label(shard), 0)), p.fire - scan_limit + 1, 1)
             while first <= p.fire:
                 last = min(p.fire, first + 999)
-                count += len(self.store.peek(self.name, shard, first, last))
+                found = self.store.peek(self.name, shard, first, last)
+                count += len(found)
+                for _, envelope in found:
+                    fired = envelope.fire_ts
+                    if fired and (oldest is None or fired < oldest):
+                        oldest = fired
                 first = last + 1
-        return count
+        return count, oldest
 
     def browse(self, limit: int = 100) -> list[tuple[SlotRef, Envelope]]:
         """Unclaimed present records, oldest slots first per shard, at most `limit`."""

@@ -88,7 +88,7 @@ from ignis.envelope import (
     now_ms,
 )
 from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch, StoreError
-from ignis.metrics import STORAGE_CALLS, STORAGE_RETRIES
+from ignis.metrics import STORAGE_CALLS, STORAGE_ERRORS, STORAGE_RETRIES
 from ignis.storage.aerospike_config import AerospikeSettings, load_settings
 from ignis.storage.aerospike_errors import is_transient, map_error
 from ignis.storage.base import (
@@ -318,6 +318,8 @@ class AerospikeStore:
             return fn(*args, **kwargs)
         except ex.AerospikeError as exc:
             if self._shared.settings.retries == 0 or not is_transient(exc, idempotent):
+                if is_transient(exc, True):  # a failure of the store, not an answer (not found, filtered)
+                    STORAGE_ERRORS.labels(operation).inc()
                 raise
 
         def again() -> T:
@@ -326,7 +328,12 @@ class AerospikeStore:
             return fn(*args, **kwargs)
 
         retrying = self._retrying.copy(retry=retry_if_exception(lambda e: is_transient(e, idempotent)))
-        return retrying(again)
+        try:
+            return retrying(again)
+        except ex.AerospikeError as exc:
+            if is_transient(exc, True):  # the retries ran out (or a retry failed in doubt)
+                STORAGE_ERRORS.labels(operation).inc()
+            raise
 
     def _fail(self, exc: ex.AerospikeError, operation: str, set_name: str) -> Exception:
         return map_error(exc, operation, f"{self._url} set {set_name!r}")
