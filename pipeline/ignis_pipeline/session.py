@@ -55,11 +55,11 @@ def build_session(app_name: str, master: str | None = None, conf: dict[str, str]
     return spark
 
 
-def is_local(spark: Any) -> bool:
-    return str(spark.sparkContext.master).startswith("local")
-
-
 def check_store_reachable(spark: Any, store_url: str) -> None:
     """An lmdb store works with a local master only: say so before any task fails on another host."""
-    if store_url.startswith("lmdb:") and not is_local(spark):
-        raise StoreUnavailable(f"store {store_url} with master {spark.sparkContext.master}: {LMDB_LOCAL_ONLY}")
+    check_master(str(spark.sparkContext.master), store_url)
+
+
+def check_master(master: str, store_url: str) -> None:
+    if store_url.startswith("lmdb:") and not master.startswith("local"):
+        raise StoreUnavailable(f"store {store_url} with master {master}: {LMDB_LOCAL_ONLY}")

@@ -14,9 +14,8 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
+from itertools import islice
 from typing import Any
-
-import pyarrow as pa
 
 from ignis.client import Ignis
 from ignis.envelope import now_ms
@@ -33,33 +32,35 @@ from ignis_pipeline.stores import task_store
 SOURCES = ("dead", "sideline")
 CHUNK = 1_000
 EPOCH_RETRIES = 5
-RESULT = "moved long, gone long"
 
 
 def mover(options: dict[str, str], queue: str, source: str, rate_per_task: float | None) -> Any:
-    """The mapInArrow function of the move (picklable: it carries options, not connections)."""
+    """The per-partition function of the move (picklable: it carries options, not connections)."""
     parsed = SourceOptions.parse({**options, "queue": queue})
 
-    def move(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def move(rows: Iterator[Any]) -> Iterator[tuple[int, int]]:
         store = task_store(parsed)
         q = Ignis(store).queue(queue, allow_inactive=True)
         magazine = magazine_name(queue, source)
         started, done = time.monotonic(), 0
         moved = gone = 0
-        for batch in batches:
-            shards, slots = batch.column("shard").to_pylist(), batch.column("slot").to_pylist()
-            for at in range(0, len(slots), CHUNK):
-                refs = [SlotRef(magazine, shard, slot) for shard, slot in zip(shards[at:at + CHUNK],
-                                                                               slots[at:at + CHUNK], strict=True)]
-                if rate_per_task:
-                    done += len(refs)
-                    time.sleep(max(0.0, done / rate_per_task - (time.monotonic() - started)))
-                n = _move_chunk(store, q, refs)
-                moved += n
-                gone += len(refs) - n
-        yield pa.RecordBatch.from_pydict({"moved": [moved], "gone": [gone]})
+        # (Rows, not Arrow batches: mapInArrow would need pandas; a redrive moves few enough rows.)
+        for chunk in batched(iter(rows), CHUNK):
+            refs = [SlotRef(magazine, row.shard, row.slot) for row in chunk]
+            if rate_per_task:
+                done += len(refs)
+                time.sleep(max(0.0, done / rate_per_task - (time.monotonic() - started)))
+            n = _move_chunk(store, q, refs)
+            moved += n
+            gone += len(refs) - n
+        yield moved, gone
 
     return move
+
+
+def batched(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    while chunk := list(islice(items, size)):
+        yield chunk
 
 
 def _move_chunk(store: Any, queue: Any, refs: list[SlotRef]) -> int:
@@ -94,13 +95,13 @@ def redrive(spark: Any, store: dict[str, str], queue: str, source: str, *, where
     totals = {"gone": 0}
 
     def publish(df: Any, description: str) -> int:
-        refs = df.select("queue", "magazine", "shard", "slot")
-        at_once = max(1, min(refs.rdd.getNumPartitions(), spark.sparkContext.defaultParallelism))
+        refs = df.select("shard", "slot").rdd
+        at_once = max(1, min(refs.getNumPartitions(), spark.sparkContext.defaultParallelism))
         fn = mover(store, queue, source, rate / at_once if rate else None)
         with spark_progress(spark, description):
-            result = refs.mapInArrow(fn, RESULT).groupBy().sum("moved", "gone").collect()[0]
-        totals["gone"] += int(result[1] or 0)
-        return int(result[0] or 0)
+            counts = refs.mapPartitions(fn).collect()
+        totals["gone"] += sum(gone for _, gone in counts)
+        return sum(moved for moved, _ in counts)
 
     outcome = gated(rows, store, queue, canary=canary, canary_timeout=canary_timeout, publish=publish)
     return {"queue": queue, "from": source, "moved": outcome["published"], "gone": totals["gone"],
