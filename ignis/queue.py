@@ -240,20 +240,24 @@ class Queue:
             if column is not None and len(column) != count:
                 raise InvalidInputError(f"publish_each: {name} has {len(column)} entries for {count} payloads")
         limit = self.max_payload_bytes
-        for i, data in enumerate(payloads):
-            if type(data) is not bytes:
-                raise InvalidInputError(f"message {i}: payload must be bytes, not {type(data).__name__}")
-            if len(data) > limit:
-                raise PayloadTooLarge(len(data), limit, self.name)
+        # C-level checks of the whole batch (map/set/max); the per-message loop only names the bad one.
+        if payloads and (set(map(type, payloads)) != {bytes} or max(map(len, payloads)) > limit):
+            for i, data in enumerate(payloads):
+                if type(data) is not bytes:
+                    raise InvalidInputError(f"message {i}: payload must be bytes, not {type(data).__name__}")
+                if len(data) > limit:
+                    raise PayloadTooLarge(len(data), limit, self.name)
         if codecs is not None and not set(codecs) <= set(CODECS):
             bad = sorted(set(codecs) - set(CODECS), key=str)
             raise InvalidInputError(f"codec {bad[0]!r}: must be one of {', '.join(CODECS)}")
         if ids is not None:
-            for msg_id in ids:
-                if msg_id is not None:
-                    self._check_options(msg_id, None, None)
-            generated = iter(new_message_ids(sum(msg_id is None for msg_id in ids)))
-            ids = [next(generated) if msg_id is None else msg_id for msg_id in ids]
+            lengths = set(map(len, ids)) if set(map(type, ids)) == {str} else {0}
+            if min(lengths, default=1) < 1 or max(lengths, default=1) > MAX_ID_LENGTH:
+                for msg_id in ids:
+                    if msg_id is not None:
+                        self._check_options(msg_id, None, None)
+                generated = iter(new_message_ids(sum(msg_id is None for msg_id in ids)))
+                ids = [next(generated) if msg_id is None else msg_id for msg_id in ids]
         if not count:
             return []
         at = now_ms()
