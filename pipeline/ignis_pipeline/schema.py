@@ -50,12 +50,16 @@ def _history(entries: list[list[Any]] | None) -> list[dict[str, Any]] | None:
     return [{"reason": reason, "at": at * 1000, "attempt": attempt} for at, reason, attempt in entries]
 
 
+def _optional(values: list[Any], kind: pa.DataType) -> pa.Array:
+    # Most messages have no key, headers, reason or history: an all-null column is built without a
+    # conversion pass over the values.
+    return pa.nulls(len(values), kind) if values.count(None) == len(values) else pa.array(values, kind)
+
+
 def to_batch(queue: str, magazine: str, shard: int, records: Sequence[tuple[Any, Envelope]]) -> pa.RecordBatch:
     """One Arrow batch of (SlotRef, Envelope) pairs of one shard of one magazine."""
     envelopes = [env for _, env in records]
     n = len(envelopes)
-    headers = [None if not e.headers else list(e.headers.items()) for e in envelopes]
-    histories = [_history(e.history) for e in envelopes]
     columns = [
         pa.array([queue] * n, pa.string()),
         pa.array([magazine] * n, pa.string()),
@@ -64,13 +68,14 @@ def to_batch(queue: str, magazine: str, shard: int, records: Sequence[tuple[Any,
         pa.array([e.msg_id for e in envelopes], pa.string()),
         pa.array([e.payload for e in envelopes], pa.binary()),
         pa.array([e.codec for e in envelopes], pa.string()),
-        pa.array([e.key for e in envelopes], pa.string()),
-        pa.array(headers, ARROW_SCHEMA.field("headers").type),
+        _optional([e.key for e in envelopes], pa.string()),
+        _optional([None if not e.headers else list(e.headers.items()) for e in envelopes],
+                  ARROW_SCHEMA.field("headers").type),
         pa.array([e.loaded_at * 1000 for e in envelopes], _TS),
         pa.array([None if e.fire_ts is None else e.fire_ts * 1000 for e in envelopes], _TS),
         pa.array([e.attempts for e in envelopes], pa.int32()),
-        pa.array([e.reason for e in envelopes], pa.string()),
-        pa.array(histories, ARROW_SCHEMA.field("history").type),
+        _optional([e.reason for e in envelopes], pa.string()),
+        _optional([_history(e.history) for e in envelopes], ARROW_SCHEMA.field("history").type),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
