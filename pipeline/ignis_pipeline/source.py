@@ -5,11 +5,15 @@
     df = spark.read.format("ignis").option("queue", "orders").load()
 
 Spark instantiates `IgnisDataSource(options)` wherever it needs it (a Python process on the driver side
-for planning, Python workers for tasks); the options are parsed and checked in `__init__`, so a bad option
-fails the query before any task starts. Reading: reader.py; writing: writer.py; streaming: stream.py.
+for planning, Python workers for tasks); the options are parsed and checked when a reader or writer is
+made, on the driver side, so a bad option fails the query before any task starts. (`DataSource.__init__`
+"should not be overridden", says pyspark.sql.datasource: hence the cached property.)
+Reading: reader.py; writing: writer.py; streaming: stream.py.
 """
 
 from __future__ import annotations
+
+import functools
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceWriter
 from pyspark.sql.types import StructType
@@ -21,9 +25,9 @@ from ignis_pipeline.options import SourceOptions
 class IgnisDataSource(DataSource):
     """Format `ignis`: batch read (a non-destructive snapshot), batch write (publish), streaming consume."""
 
-    def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
-        self.parsed = SourceOptions.parse(options)
+    @functools.cached_property
+    def parsed(self) -> SourceOptions:
+        return SourceOptions.parse(self.options)
 
     @classmethod
     def name(cls) -> str:

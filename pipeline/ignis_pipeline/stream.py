@@ -31,7 +31,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from ignis.client import Ignis
-from ignis.errors import HoleBudgetExceeded
+from ignis.errors import HoleBudgetExceeded, InvalidInputError
 from ignis.queue import Queue
 from ignis.storage.base import SlotRef, Storage
 from ignis_pipeline import schema
@@ -79,6 +79,9 @@ class IgnisStreamReader(DataSourceStreamReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self.queue_name = options.single_queue("a streaming read")
+        if options.magazines != ("main",):
+            raise InvalidInputError("a streaming read consumes a queue's main magazine; read the sideline and "
+                                    "dead letters with a batch read (spark.read) instead")
         self._store: Storage | None = None
         self._queue: Queue | None = None
         self._acked: set[str] = set()  # claims of batches acked by this process (ack is idempotent anyway)

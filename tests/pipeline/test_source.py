@@ -10,6 +10,7 @@ import pytest
 from ignis_pipeline import reader as reader_module
 from ignis_pipeline.options import SourceOptions
 from ignis_pipeline.reader import IgnisReader
+from ignis_pipeline.slots import SINCE_SKEW_MS
 from ignis_pipeline.source import IgnisDataSource
 from pyspark.sql.datasource import EqualTo, GreaterThan, In
 
@@ -118,7 +119,8 @@ def test_since_reads_about_one_percent_of_a_big_queue(store_url: str, make_queue
     payloads = [b"p" * 16] * 1_000
     for _ in range(99):
         q.publish_many(payloads)
-    time.sleep(1.2)  # beyond the search's producer skew allowance (1 s)
+    # Beyond the search's allowance for producers' clock order (1 s, plus the store's write grace: 0 on lmdb).
+    time.sleep((SINCE_SKEW_MS + q.store.write_grace_ms) / 1000 + 0.2)
     since = int(time.time() * 1000)
     time.sleep(0.01)
     recent = {ref.id for ref in q.publish_many(payloads)}
@@ -142,7 +144,7 @@ def test_since_skips_nothing_over_holes_acks_and_moved_messages(store_url: str, 
     q = make_queue("holey", shards=1, maxDeliveries=5)
     old = q.publish_many([b"old%d" % i for i in range(300)])
     q.ack(q.fire_many(150))  # acked prefix: holes for the search
-    time.sleep(1.2)
+    time.sleep((SINCE_SKEW_MS + q.store.write_grace_ms) / 1000 + 0.2)
     since = int(time.time() * 1000)
     time.sleep(0.01)
     new = q.publish_many([b"new%d" % i for i in range(50)])

@@ -71,3 +71,13 @@ def test_query_killed_mid_batch_and_between_batches_loses_nothing(spark: Any, st
     assert len(sink) >= len(published | more)
     assert _remaining(q) == []  # and every one acked: nothing left claimed for the sweeper
     assert q.stats().depth == 0
+
+
+def test_a_stream_consumes_main_only(store_url: str) -> None:
+    from ignis_pipeline.options import SourceOptions
+    from ignis_pipeline.stream import IgnisStreamReader
+
+    with pytest.raises(Exception, match="consumes a queue's main magazine"):
+        IgnisStreamReader(SourceOptions.parse({"store": store_url, "queue": "q", "magazine": "dead"}))
+    with pytest.raises(Exception, match="exactly one queue"):
+        IgnisStreamReader(SourceOptions.parse({"store": store_url, "queue": "a,b"}))
