@@ -3,6 +3,9 @@ and stopped between batches, restarted from its checkpoint."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -71,6 +74,34 @@ def test_query_killed_mid_batch_and_between_batches_loses_nothing(spark: Any, st
     assert len(sink) >= len(published | more)
     assert _remaining(q) == []  # and every one acked: nothing left claimed for the sweeper
     assert q.stats().depth == 0
+
+
+def test_driver_killed_with_sigkill_mid_batch_then_restarted_loses_nothing(
+        spark: Any, store_url: str, make_queue: Any, tmp_path: Path) -> None:
+    if not store_url.startswith("lmdb:"):
+        pytest.skip("the in-process test above covers the backend; this one is about the process dying")
+    q = make_queue("events", shards=4)
+    published = {r.id for r in q.publish_many([b"k%d" % i for i in range(250)])}
+    sink, checkpoint = tmp_path / "sink.txt", tmp_path / "checkpoint"
+    child = subprocess.run([sys.executable, str(Path(__file__).with_name("stream_child.py")), store_url,
+                            str(checkpoint), str(sink), "1"], capture_output=True, timeout=240,
+                           start_new_session=True)  # its own process group: the kill takes only the child's
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-3000:]
+    before = sink.read_text().split()
+    assert 100 < len(before) < 250 and set(before) < published  # batch 0 and half of batch 1
+
+    def handle(df: Any, batch_id: int) -> None:
+        with sink.open("a") as out:
+            out.write("".join(f"{r.id}\n" for r in df.select("id").collect()))
+
+    query = (spark.readStream.format("ignis").option("store", store_url).option("queue", "events")
+             .option("maxMessagesPerTrigger", 100).load()
+             .writeStream.foreachBatch(handle).option("checkpointLocation", str(checkpoint))
+             .trigger(processingTime="100 milliseconds").start())
+    query.processAllAvailable()
+    query.stop()
+    assert set(sink.read_text().split()) == published
+    assert _remaining(q) == []
 
 
 def test_a_stream_consumes_main_only(store_url: str) -> None:
