@@ -80,8 +80,11 @@ def _session(ctx: typer.Context, job: str) -> Any:
     from ignis_pipeline.session import build_session, parse_conf
 
     master, conf = ctx.meta.get("ignis.spark", (None, []))
-    spark = build_session(f"ignis-pipeline-{job}", master, parse_conf(conf))
-    spark.sparkContext.setLogLevel("ERROR")
+    # Our own progress line replaces Spark's console bar; failures come back as exceptions, turned into one
+    # `error:` line by the core CLI, so Spark's own error logs (stack traces) would only repeat them.
+    settings = {"spark.ui.showConsoleProgress": "false", **parse_conf(conf)}
+    spark = build_session(f"ignis-pipeline-{job}", master, settings)
+    spark.sparkContext.setLogLevel("FATAL")
     return spark
 
 
@@ -110,6 +113,10 @@ def _job(ctx: typer.Context, name: str, fn: Any, *args: Any, **kwargs: Any) -> d
     except Exception as exc:
         found = _OUR_ERROR.search(str(exc))
         if found is None:
+            from pyspark.errors import AnalysisException
+
+            if isinstance(exc, AnalysisException):  # bad input as Spark sees it: a path, a --where
+                raise InvalidInputError(f"Spark: {str(exc).splitlines()[0]}") from None
             raise
         message = found.group(2).strip()
         if found.group(1) in ("QueueNotFound", "QueueInactive"):

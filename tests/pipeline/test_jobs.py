@@ -165,3 +165,9 @@ def test_cli_pipeline_stats_json_in_a_subprocess(ignis: Ignis, store_url: str, m
     assert (tmp_path / "s.png").exists()
     bad = subprocess.run([str(IGNIS), "pipeline", "export", "cli"], capture_output=True, env=env, timeout=60)
     assert bad.returncode == 2 and bad.stderr.decode().startswith("error: --to PATH is required")
+    missing = subprocess.run([str(IGNIS), "pipeline", "--conf", "spark.ui.enabled=false", "export", "nope", "--to",
+                              str(tmp_path / "never")], capture_output=True, env=env, timeout=240)
+    assert missing.returncode == 3
+    assert missing.stderr.decode().splitlines()[-1] == ("error: queue 'nope' not found (clientId 'default'); apply "
+                                                        "its manifest first")
+    assert not (tmp_path / "never").exists()  # nothing was started, nothing half-written

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ignis.client import Ignis
 from ignis.errors import InvalidInputError
 from ignis_pipeline import schema
 from ignis_pipeline.jobs.progress import spark_progress
@@ -25,12 +26,20 @@ def read_queues(spark: Any, store: dict[str, str], queues: list[str], magazine: 
     return reader.load()
 
 
+def require_queues(store: dict[str, str], queues: list[str]) -> None:
+    """QueueNotFound for the first named queue that does not exist."""
+    with Ignis(store["store"], farm_id=store["farmId"], client_id=store["clientId"], purge_interval=0) as ignis:
+        for name in queues:
+            ignis.record(name)
+
+
 def export(spark: Any, store: dict[str, str], queues: list[str], to: str, *, magazine: str = "main",
            fmt: str = "parquet", since: str | None = None, until: str | None = None,
            overwrite: bool = False) -> dict[str, Any]:
     if fmt not in FORMATS:
         raise InvalidInputError(f"--format {fmt!r}: must be parquet or json")
     check_store_reachable(spark, store["store"])
+    require_queues(store, queues)  # before Spark creates anything at `to`
     df = read_queues(spark, store, queues, magazine, since, until)
     with spark_progress(spark, f"exporting to {to}"):
         df.write.mode("overwrite" if overwrite else "errorifexists").partitionBy("queue", "magazine").format(
