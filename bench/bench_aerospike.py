@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -34,6 +35,10 @@ from ignis.storage import aerospike_store
 ENV = "IGNIS_TEST_AEROSPIKE"
 CONSUMERS = (1, 8, 32)
 PAYLOAD = b"x" * 256
+# A consumer thread that found nothing to claim sleeps this long before it fires again (the Consumer's
+# poll does the same, longer): a thread spinning on an empty queue would take the interpreter lock
+# from the threads that have work, and the drain would measure the spin.
+IDLE_SLEEP = 0.001
 
 
 def storage_calls() -> float:
@@ -62,59 +67,58 @@ def threaded(threads: int, total: int, work: Callable[[int], None]) -> float:
     return time.perf_counter() - start
 
 
-def raw_rows(client: Any, namespace: str, set_name: str, n: int) -> list[dict[str, Any]]:
+def raw_round(client: Any, namespace: str, set_name: str, threads: int, n: int, tag: str) -> dict[str, float]:
+    """The raw client's put/s, get/s and operate/s (one counter record) with `threads` threads."""
     from aerospike_helpers.operations import operations as ops
 
-    rows = []
-    for threads in CONSUMERS:
-        keys = [(namespace, set_name, f"raw-{threads}-{i}") for i in range(n)]
-        put = threaded(threads, n, lambda i, keys=keys: client.put(keys[i], {"payload": PAYLOAD}))
-        get = threaded(threads, n, lambda i, keys=keys: client.get(keys[i]))
-        counter = (namespace, set_name, f"counter-{threads}")
-        operate = threaded(threads, n, lambda i, c=counter: client.operate(c, [ops.increment("n", 1), ops.read("n")]))
-        rows.append({"threads": threads, "put/s": n / put, "get/s": n / get, "operate/s": n / operate})
-    return rows
+    keys = [(namespace, set_name, f"raw-{tag}-{i}") for i in range(n)]
+    put = threaded(threads, n, lambda i: client.put(keys[i], {"payload": PAYLOAD}))
+    get = threaded(threads, n, lambda i: client.get(keys[i]))
+    # 32 counter records, as a 32-shard queue has 32 meta records (one record for all would be refused
+    # with RECORD_BUSY past the server's transaction-pending-limit at 32 threads).
+    counters = [(namespace, set_name, f"counter-{tag}-{k}") for k in range(32)]
+    operate = threaded(threads, n, lambda i: client.operate(counters[i % 32], [ops.increment("n", 1), ops.read("n")]))
+    return {"put/s": n / put, "get/s": n / get, "operate/s": n / operate}
 
 
-def ignis_rows(ignis: Ignis, n: int) -> list[dict[str, Any]]:
-    rows = []
-    for consumers in CONSUMERS:
-        name = f"bench-{consumers}"
-        ignis.apply(QueueSpec.build(name=name, handlerType="bench", shards=32))
-        q = ignis.queue(name)
-        calls = storage_calls()
-        ids: list[str] = []
-        publish = threaded(8, n, lambda i, q=q, ids=ids: ids.append(q.publish(PAYLOAD).id))
-        publish_calls = (storage_calls() - calls) / n
-        delivered: list[str] = []
-        calls = storage_calls()
+def one_by_one_round(ignis: Ignis, threads: int, n: int, name: str) -> dict[str, float]:
+    """`threads` producers publish n messages one by one; then `threads` consumers fire + ack them one
+    by one. Verified: every published message delivered exactly once."""
+    ignis.apply(QueueSpec.build(name=name, handlerType="bench", shards=32))
+    q = ignis.queue(name)
+    calls = storage_calls()
+    ids: list[str] = []
+    # As many producers as consumers: each rate is set against the raw client with as many threads.
+    publish = threaded(threads, n, lambda i: ids.append(q.publish(PAYLOAD).id))
+    publish_calls = (storage_calls() - calls) / n
+    delivered: list[str] = []
+    calls = storage_calls()
 
-        def drain(_: int, q: Any = q, delivered: list[str] = delivered) -> None:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                message = q.fire()
-                if message is not None:
-                    delivered.append(message.id)
-                    message.ack()
-                    return
-                if len(delivered) >= n:
-                    return
+    def drain(_: int) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            message = q.fire()
+            if message is not None:
+                delivered.append(message.id)
+                message.ack()
+                return
+            if len(delivered) >= n:
+                return
+            time.sleep(IDLE_SLEEP)  # nothing claimable right now: back off as a consumer does
 
-        drain_time = threaded(consumers, n, drain)
-        drain_calls = (storage_calls() - calls) / n
-        if sorted(delivered) != sorted(ids):
-            raise SystemExit(f"drain with {consumers} consumers delivered {len(delivered)} messages, "
-                             f"{len(set(delivered))} distinct, of {len(ids)} published")
-        rows.append({"consumers": consumers, "publish/s": n / publish, "drain/s": n / drain_time,
-                     "publish calls/msg": publish_calls, "fire+ack calls/msg": drain_calls,
-                     "calls/delivered msg": publish_calls + drain_calls})
-    return rows
+    drain_time = threaded(threads, n, drain)
+    drain_calls = (storage_calls() - calls) / n
+    if sorted(delivered) != sorted(ids):
+        raise SystemExit(f"drain with {threads} consumers delivered {len(delivered)} messages, "
+                         f"{len(set(delivered))} distinct, of {len(ids)} published")
+    return {"publish/s": n / publish, "drain/s": n / drain_time, "publish calls/msg": publish_calls,
+            "fire+ack calls/msg": drain_calls}
 
 
-def batched_row(ignis: Ignis, n: int, consumers: int = 8, batch: int = 100) -> dict[str, Any]:
-    """publish_many in lists of 1000, fire_many(100) + one batched ack per batch."""
-    ignis.apply(QueueSpec.build(name="bench-batched", handlerType="bench", shards=32))
-    q = ignis.queue("bench-batched")
+def batched_round(ignis: Ignis, n: int, name: str, consumers: int = 8, batch: int = 100) -> dict[str, float]:
+    """publish_many in lists of 1000; `consumers` threads fire_many(100) + one batched ack per batch."""
+    ignis.apply(QueueSpec.build(name=name, handlerType="bench", shards=32))
+    q = ignis.queue(name)
     calls = storage_calls()
     start = time.perf_counter()
     ids = [r.id for i in range(0, n, 1000) for r in q.publish_many([PAYLOAD] * min(1000, n - i))]
@@ -131,24 +135,52 @@ def batched_row(ignis: Ignis, n: int, consumers: int = 8, batch: int = 100) -> d
                 q.ack(messages)
                 with lock:
                     delivered.extend(m.id for m in messages)
+            else:
+                time.sleep(IDLE_SLEEP)  # the others hold the rest: back off as a consumer does
 
     drain_time = threaded(consumers, consumers, drain)
     drain_calls = (storage_calls() - calls) / n
     if sorted(delivered) != sorted(ids):
         raise SystemExit(f"batched drain delivered {len(delivered)} of {len(ids)} messages")
-    return {"consumers": f"{consumers} (batches)", "publish/s": n / publish, "drain/s": n / drain_time,
-            "publish calls/msg": publish_calls, "fire+ack calls/msg": drain_calls,
-            "calls/delivered msg": publish_calls + drain_calls}
+    return {"publish/s": n / publish, "drain/s": n / drain_time, "publish calls/msg": publish_calls,
+            "fire+ack calls/msg": drain_calls}
+
+
+def measure(ignis: Ignis, client: Any, namespace: str, raw_set: str, n: int, rounds: int,
+            progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Per row, `rounds` rounds of raw client then ignis back to back; the medians, and the median of
+    each round's own ratio (a round's raw and ignis figures share the machine's load of the moment)."""
+    rows = []
+    plans: list[tuple[str, int, Callable[[str], dict[str, float]]]] = [
+        (str(t), t, lambda name, t=t: one_by_one_round(ignis, t, n, name)) for t in CONSUMERS]
+    plans.append(("8 (batches)", 8, lambda name: batched_round(ignis, n, name)))
+    for label, threads, run_ignis in plans:
+        samples: list[dict[str, float]] = []
+        for r in range(rounds):
+            progress(f"consumers {label}, round {r + 1}/{rounds}")
+            tag = f"{threads}-{len(rows)}-{r}"
+            raw = raw_round(client, namespace, raw_set, threads, n, tag)
+            mine = run_ignis(f"bench-{len(rows)}-{r}")
+            samples.append({**{f"raw {k}": v for k, v in raw.items()}, **mine,
+                            "publish/raw put": mine["publish/s"] / raw["put/s"],
+                            "drain/raw get": mine["drain/s"] / raw["get/s"]})
+        row: dict[str, Any] = {"consumers": label}
+        for key in samples[0]:
+            row[key] = statistics.median(sample[key] for sample in samples)
+        row["calls/delivered msg"] = row["publish calls/msg"] + row["fire+ack calls/msg"]
+        rows.append(row)
+    return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", default=os.environ.get(ENV), help="host:port[/namespace]")
     parser.add_argument("--emulator", action="store_true", help="calls per message on the in-memory emulator")
-    parser.add_argument("--messages", type=int, default=5000, help="messages per row")
+    parser.add_argument("--messages", type=int, default=20000, help="messages per row")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per row (medians are reported)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=max(Console().width, 180))
     if not args.server and not args.emulator:
         console.print(f"bench_aerospike needs an Aerospike server: pass --server host:port[/namespace] or set "
                       f"{ENV}. With --emulator it reports calls per message only.", markup=False)
@@ -166,10 +198,19 @@ def main() -> int:
     url = f"aerospike://{hostport}/{namespace}?farm=b{run}&client=b{run}"
     ignis = Ignis(url)
     store = ignis.store
+    status = console.status("starting")
     try:
-        raw = [] if args.emulator else raw_rows(store.client, namespace, f"b{run}_raw", args.messages)
-        rows = ignis_rows(ignis, args.messages)
-        rows.append(batched_row(ignis, args.messages))
+        with status:
+            if args.emulator:  # calls per message only: one round, no raw client
+                rows = []
+                for t in CONSUMERS:
+                    rows.append({"consumers": str(t), **one_by_one_round(ignis, t, args.messages, f"bench-{t}")})
+                rows.append({"consumers": "8 (batches)", **batched_round(ignis, args.messages, "bench-batched")})
+                for row in rows:
+                    row["calls/delivered msg"] = row["publish calls/msg"] + row["fire+ack calls/msg"]
+            else:
+                rows = measure(ignis, store.client, namespace, f"b{run}_raw", args.messages, args.rounds,
+                               lambda text: status.update(text))
     finally:
         if not args.emulator:
             for set_name in (f"b{run}_raw", f"b{run}_b{run}_ignis_queues", f"b{run}_data_set", f"b{run}_meta_set",
@@ -180,22 +221,27 @@ def main() -> int:
     if args.emulator:
         rows = [{k: v for k, v in row.items() if "/s" not in k} for row in rows]
     if args.json:
-        print(json.dumps({"target": label, "messages": args.messages, "raw": raw, "ignis": rows}, indent=2))
+        print(json.dumps({"target": label, "messages": args.messages, "rounds": args.rounds, "rows": rows},
+                         indent=2))
         return 0
-    console.print(f"[bold]{label}[/bold], {args.messages} messages of {len(PAYLOAD)} bytes per row")
-    for title, data in (("raw client (ceiling)", raw), ("ignis", rows)):
-        if not data:
-            continue
-        table = Table(title=title)
-        for column in data[0]:
-            table.add_column(column, justify="right")
-        for row in data:
-            table.add_row(*(f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row.values()))
-        console.print(table)
-    if raw:
-        for row, ceiling in zip(rows, raw, strict=False):  # the batched row has no raw twin
-            console.print(f"{row['consumers']:>2} consumers: publish {row['publish/s'] / ceiling['put/s']:.2f}x raw "
-                          f"put, drain {row['drain/s'] / ceiling['get/s']:.2f}x raw get")
+    console.print(f"[bold]{label}[/bold], {args.messages} messages of {len(PAYLOAD)} bytes per row"
+                  + ("" if args.emulator else f"; medians of {args.rounds} rounds, raw and ignis back to back"))
+    table = Table()
+    for column in rows[0]:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*(f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row.values()))
+    console.print(table)
+    if not args.emulator:
+        by = {row["consumers"]: row for row in rows}
+        one, eight = by["1"], by["8"]
+        console.print(f"one by one, 8 consumers: drain {eight['drain/raw get']:.2f}x raw get (target >= 0.30), "
+                      f"{eight['drain/s'] / one['drain/s']:.2f}x the 1-consumer drain (target >= 2)")
+        console.print("publish vs raw put, 1/8/32 threads: "
+                      + " / ".join(f"{by[str(t)]['publish/raw put']:.2f}x" for t in CONSUMERS)
+                      + " (target >= 0.45)")
+        console.print(f"batched, 8 consumers: drain {by['8 (batches)']['drain/raw get']:.2f}x the raw client's "
+                      "get rate with 8 threads (target >= 1.0)")
     return 0
 
 

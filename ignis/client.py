@@ -126,8 +126,11 @@ class Ignis:
     def refresh(self, name: str) -> Queue:
         """Re-read a queue's record and return a fresh handle (config changes take effect)."""
         with self._lock:
-            self._queues.pop(name, None)
-        return self.queue(name)
+            previous = self._queues.pop(name, None)
+        queue = self.queue(name)
+        if previous is not None:
+            queue.adopt(previous)
+        return queue
 
     def stats(self, name: str, in_flight: bool = False) -> QueueStats:
         return self.queue(name, allow_inactive=True).stats(in_flight)

@@ -246,7 +246,9 @@ class Consumer:
                 if rt is None:
                     rt = self._running[name] = _QueueRuntime(self.ignis.queue_for(spec), handler)
                 elif rt.queue.spec != spec or rt.handler is not handler:
-                    rt.queue = self.ignis.queue_for(spec)
+                    queue = self.ignis.queue_for(spec)
+                    queue.adopt(rt.queue)  # its claimed, not yet handed out messages go on with it
+                    rt.queue = queue
                     rt.handler = handler
                 self._scale(rt, spec.concurrency)
 

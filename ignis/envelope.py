@@ -87,7 +87,7 @@ class Envelope:
     """One message as stored. Mutable on purpose: fire stamps it, sideline annotates it."""
 
     __slots__ = ("attempts", "codec", "fire_ts", "headers", "history", "key", "loaded_at", "msg_id",
-                 "payload", "reason")
+                 "payload", "reason", "version")
 
     def __init__(
         self,
@@ -112,6 +112,9 @@ class Envelope:
         self.attempts = attempts
         self.reason = reason
         self.history = history
+        # The store's version of the record as read (Aerospike: its generation), or None: lets an ack
+        # check in one cheap compare that nobody wrote the record since this handle claimed it.
+        self.version: int | None = None
 
     def to_bins(self) -> dict[str, Any]:
         bins = self.content_bins()

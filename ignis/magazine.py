@@ -23,6 +23,9 @@ from ignis.metrics import FIRE_CLAIMS, HOLE_BUDGET_EXHAUSTED, HOLES_SKIPPED, LAT
 from ignis.storage.base import Claimed, MessageRef, Move, ShardPointers, SlotRef, Storage
 
 _random = random.random
+PREFETCH_MAX = 32  # messages one fire claims for other threads of its handle, at most
+PREFETCH_PER_FIRE = 4  # ... and per fire in progress beside it: each of those threads comes back for more
+PREFETCH_FRESH_SECONDS = 1.0  # a prefetched message kept longer is stamped again when handed out
 _new_tuple = tuple.__new__  # NamedTuples without their slower generated __init__
 _new_message_ref = functools.partial(_new_tuple, MessageRef)  # MessageRef from an (id, magazine, shard, slot)
 
@@ -89,6 +92,11 @@ class Magazine:
         self._drained = FIRE_CLAIMS.labels(queue, "drained")
         self._exhausted = HOLE_BUDGET_EXHAUSTED.labels(queue)
         self._count_attempt = kind == "main"  # a claim from the sideline is a shovel move, not a delivery
+        self._prefetched: deque[tuple[float, Claimed]] = deque()  # (when claimed, claimed) for later fires
+        self._firing = 0  # fires of this handle in progress, for the prefetch
+        self._firing_lock = threading.Lock()
+        # Only consumers of the main magazine prefetch: the shovel fires the sideline with an exact budget.
+        self._prefetch = kind == "main"
 
     # ---- load ------------------------------------------------------------------------------------
     # Shard choice (DESIGN §4): a keyed message goes to its key's shard, any other to a uniformly random
@@ -204,13 +212,74 @@ class Magazine:
         self._exhausted.inc()
         raise HoleBudgetExceeded(self.name, skipped)
 
+    # Prefetch for concurrent consumers: every claim costs a round trip to the meta record and one to
+    # the data, so a fire that sees other threads of this handle firing claims for them too (four more
+    # slots per fire in progress, PREFETCH_MAX at most) and keeps the extra messages here, claimed and
+    # stamped, for the next fires of any thread. A lone consumer claims exactly what it asks for.
+    # A message kept longer than PREFETCH_FRESH_SECONDS is stamped again before it is handed out, so
+    # its sweep clock starts at delivery; a process that stops leaves its kept messages to the sweeper,
+    # as a crashed consumer does.
     def fire_one(self) -> Claimed | None:
-        """The next present record, or None: `fire(1)` without its lists (the per-message consume path,
-        measurably faster)."""
-        if self._awaited or self._landed:
-            landed = self._take_landed(1)
-            if landed:
-                return landed[0]
+        """The next present record, or None: fire(1), the per-message consume path."""
+        if self._awaited or self._landed or self._prefetched:
+            ready = self._take_ready(1)
+            if ready:
+                return ready[0]
+        with self._firing_lock:
+            others = self._firing if self._prefetch else 0
+            self._firing += 1
+        try:
+            if not others:
+                return self._fire_one()
+            got = self._fire_many(1 + min(others * PREFETCH_PER_FIRE, PREFETCH_MAX), need=1)
+        finally:
+            with self._firing_lock:
+                self._firing -= 1
+        if len(got) > 1:
+            self._keep(got[1:])
+        return got[0] if got else None
+
+    def fire(self, max_messages: int = 1) -> list[Claimed]:
+        """Claim up to `max_messages` present records (stamped with fireTS and attempts + 1).
+
+        Returns [] when no shard has work. Skipped holes are counted; after `hole_budget` holes
+        without a message it raises HoleBudgetExceeded (data may remain: fire again). A slot whose
+        record is still being written is awaited, not skipped: a later fire delivers it once it lands."""
+        got = self._take_ready(max_messages) if self._awaited or self._landed or self._prefetched else []
+        want = max_messages - len(got)
+        if want <= 0:
+            return got
+        with self._firing_lock:
+            others = self._firing if self._prefetch else 0
+            self._firing += 1
+        try:
+            extra = min(others * max_messages * PREFETCH_PER_FIRE, PREFETCH_MAX) \
+                if others and max_messages < PREFETCH_MAX else 0
+            claimed = self._fire_many(want + extra, need=want)
+        except HoleBudgetExceeded:
+            if got:
+                return got
+            raise
+        finally:
+            with self._firing_lock:
+                self._firing -= 1
+        if len(claimed) > want:
+            self._keep(claimed[want:])
+        return got + claimed[:want]
+
+    def _keep(self, claimed: Sequence[Claimed]) -> None:
+        at = time.monotonic()
+        self._prefetched.extend((at, item) for item in claimed)
+
+    def _set_aside(self, item: Claimed) -> bool:
+        """A claimed slot without a record: awaited (kept to re-read later), or a hole for good (True)."""
+        if item.awaiting:
+            self._await(item.ref)
+            return False
+        return True
+
+    def _fire_one(self) -> Claimed | None:
+        """fire(1) without its lists (measurably faster)."""
         holes = skipped = 0
         try:
             while (claimed := self._claim_next(1)) is not None:
@@ -218,10 +287,7 @@ class Magazine:
                     item = claimed[0]
                     if item.envelope is not None:
                         return item
-                    if item.awaiting:
-                        self._await(item.ref)
-                    else:
-                        holes += 1
+                    holes += self._set_aside(item)
                     skipped += 1
                     if skipped >= self.hole_budget:
                         self._give_up(skipped)
@@ -230,24 +296,18 @@ class Magazine:
             if holes:
                 self._holes.inc(holes)
 
-    def fire(self, max_messages: int = 1) -> list[Claimed]:
-        """Claim up to `max_messages` present records (stamped with fireTS and attempts + 1).
-
-        Returns [] when no shard has work. Skipped holes are counted; after `hole_budget` holes
-        without a message it raises HoleBudgetExceeded (data may remain: fire again). A slot whose
-        record is still being written is awaited, not skipped: a later fire delivers it once it lands."""
-        got: list[Claimed] = self._take_landed(max_messages) if self._awaited or self._landed else []
+    def _fire_many(self, max_messages: int, need: int | None = None) -> list[Claimed]:
+        """Claims until `need` (default: all) of `max_messages` are in hand; each claim asks for the rest."""
+        need = max_messages if need is None else need
+        got: list[Claimed] = []
         holes = skipped = 0
         try:
-            while len(got) < max_messages and (claimed := self._claim_next(max_messages - len(got))) is not None:
+            while len(got) < need and (claimed := self._claim_next(max_messages - len(got))) is not None:
                 for item in claimed:
                     if item.envelope is not None:
                         got.append(item)
                         continue
-                    if item.awaiting:
-                        self._await(item.ref)
-                    else:
-                        holes += 1
+                    holes += self._set_aside(item)
                     skipped += 1
                 if skipped >= self.hole_budget:
                     if got:
@@ -268,19 +328,20 @@ class Magazine:
             self._awaited.append(_Awaited(ref, time.monotonic(), self._grace))
 
     def awaiting(self) -> int:
-        """Slots this handle claimed and has not delivered yet: awaited, or landed and not handed out."""
-        return len(self._awaited) + len(self._landed)
+        """Slots this handle claimed and has not delivered yet: awaited, landed or prefetched."""
+        return len(self._awaited) + len(self._landed) + len(self._prefetched)
 
     def next_check_in(self) -> float | None:
-        """Seconds until an awaited slot is due for a re-read (0 when a landed record waits); None when
-        this handle awaits nothing."""
-        if self._landed:
+        """Seconds until an awaited slot is due for a re-read (0 when a claimed record waits to be handed
+        out); None when this handle awaits nothing."""
+        if self._landed or self._prefetched:
             return 0.0
         with self._lock:
             due = min((a.due for a in self._awaited), default=None)
         return None if due is None else max(due - time.monotonic(), 0.0)
 
-    def _take_landed(self, n: int) -> list[Claimed]:
+    def _take_ready(self, n: int) -> list[Claimed]:
+        """Up to n claimed records waiting here: late writes that landed, then prefetched ones."""
         if self._awaited:
             self._recheck()
         out: list[Claimed] = []
@@ -289,6 +350,18 @@ class Magazine:
                 out.append(self._landed.popleft())
             except IndexError:
                 break
+        stale: list[Claimed] = []
+        if len(out) < n:
+            fresh_after = time.monotonic() - PREFETCH_FRESH_SECONDS
+            while len(out) + len(stale) < n:
+                try:
+                    at, item = self._prefetched.popleft()
+                except IndexError:
+                    break
+                (out if at >= fresh_after else stale).append(item)
+        if stale:  # kept too long: stamp again (not a new attempt); one the sweeper took meanwhile is dropped
+            restamped = self.store.restamp([c.ref for c in stale], now_ms(), False)
+            out.extend(c for c in restamped if c.envelope is not None)
         return out
 
     def _recheck(self) -> None:
@@ -334,6 +407,21 @@ class Magazine:
             if late:
                 self._late.inc(late)
 
+    def adopt(self, previous: Magazine) -> None:
+        """Take over what an earlier handle of this magazine claimed and has not handed out (awaited,
+        landed, prefetched), so replacing a handle (a config change) strands none of it."""
+        if previous is self:
+            return
+        with previous._lock:
+            awaited, previous._awaited = previous._awaited, []
+        landed, prefetched = list(previous._landed), list(previous._prefetched)
+        previous._landed.clear()
+        previous._prefetched.clear()
+        with self._lock:
+            self._awaited.extend(awaited)
+        self._landed.extend(landed)
+        self._prefetched.extend(prefetched)
+
     def invalidate(self) -> None:
         """Forget the cached active shards: the next fire re-reads the pointers."""
         with self._lock:
@@ -352,14 +440,26 @@ class Magazine:
         present records from the sweep pointer (the next slot the sweeper will examine) up to the fire
         pointer, looking at no more than the newest `scan_limit` claimed slots of a shard — claims
         older than that are the sweeper's business, and the scan must stay cheap on a big backlog."""
+        return self.in_flight_summary(sweep_pointers, scan_limit)[0]
+
+    def in_flight_summary(self, sweep_pointers: Mapping[str, int], scan_limit: int = IN_FLIGHT_SCAN_LIMIT
+                          ) -> tuple[int, int | None]:
+        """`in_flight`'s count and the oldest fire time (epoch ms) among those records, None when no
+        scanned record carries one: the age an alert compares with the queue's sweepDuration."""
         count = 0
+        oldest: int | None = None
         for shard, p in self.pointers().items():
             first = max(int(sweep_pointers.get(names.shard_label(shard), 0)), p.fire - scan_limit + 1, 1)
             while first <= p.fire:
                 last = min(p.fire, first + 999)
-                count += len(self.store.peek(self.name, shard, first, last))
+                found = self.store.peek(self.name, shard, first, last)
+                count += len(found)
+                for _, envelope in found:
+                    fired = envelope.fire_ts
+                    if fired and (oldest is None or fired < oldest):
+                        oldest = fired
                 first = last + 1
-        return count
+        return count, oldest
 
     def browse(self, limit: int = 100) -> list[tuple[SlotRef, Envelope]]:
         """Unclaimed present records, oldest slots first per shard, at most `limit`."""

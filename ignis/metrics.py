@@ -106,6 +106,8 @@ class _Child:
 
 PUBLISHED = FastCounter("ignis_published", "Messages published", ["queue"])
 DELIVERED = FastCounter("ignis_delivered", "Messages fired to a consumer", ["queue"])
+REDELIVERED = FastCounter("ignis_redelivered", "Deliveries of messages delivered before (attempts > 1: after a "
+                          "failure, a sweep or a shovel)", ["queue"])
 ACKED = FastCounter("ignis_acked", "Messages acknowledged (deleted after success)", ["queue"])
 SIDELINED = FastCounter("ignis_sidelined", "Messages moved to the sideline, by reason", ["queue", "reason"])
 DEAD_LETTERED = FastCounter("ignis_dead_lettered", "Messages moved to the dead-letter magazine",
@@ -123,6 +125,8 @@ HOLE_BUDGET_EXHAUSTED = FastCounter("ignis_hole_budget_exhausted",
 FIRE_CLAIMS = FastCounter("ignis_fire_claims", "Claim attempts by outcome (won, drained)", ["queue", "outcome"])
 STORAGE_CALLS = FastCounter("ignis_storage_calls", "Storage round trips by operation", ["operation"])
 STORAGE_RETRIES = FastCounter("ignis_storage_retries", "Storage retries by operation", ["operation"])
+STORAGE_ERRORS = FastCounter("ignis_storage_errors", "Storage calls that failed with a transient store error after "
+                             "their retries (or that could not be retried safely)", ["operation"])
 HANDLER_DURATION = Histogram("ignis_handler_duration_seconds", "Handler call duration",
                              ["queue", "outcome"])
 BATCH_SIZE = Histogram("ignis_handler_batch_size", "Messages per handler call on batching queues", ["queue"],

@@ -25,7 +25,16 @@ from ignis.envelope import (
 )
 from ignis.errors import AlreadySettled, InvalidInputError, PayloadTooLarge
 from ignis.magazine import Magazine
-from ignis.metrics import ACKED, DEAD_LETTERED, DELIVERED, IGNORED, PUBLISHED, SIDELINE_REFUSED, SIDELINED
+from ignis.metrics import (
+    ACKED,
+    DEAD_LETTERED,
+    DELIVERED,
+    IGNORED,
+    PUBLISHED,
+    REDELIVERED,
+    SIDELINE_REFUSED,
+    SIDELINED,
+)
 from ignis.spec import QueueSpec
 from ignis.storage.base import MessageRef, SlotRef, Storage
 
@@ -119,7 +128,7 @@ class Message:
         if self._settled:
             raise AlreadySettled(f"message {self.id} ({self.ref}) was already acked or nacked")
         queue = self.queue
-        queue.store.delete((self.ref,))
+        queue.store.delete((self.ref,), (self.envelope.version,))
         self._settled = True
         queue._acked.tick()
 
@@ -157,7 +166,16 @@ class Queue:
         self._published = PUBLISHED.labels(spec.name)
         self._published_tick = self._published.tick
         self._delivered = DELIVERED.labels(spec.name)
+        self._redelivered = REDELIVERED.labels(spec.name)
         self._acked = ACKED.labels(spec.name)
+
+    def adopt(self, previous: Queue) -> None:
+        """Take over the claimed-not-handed-out slots of an earlier handle of this queue (see
+        Magazine.adopt); call it when a new handle replaces an old one."""
+        for mine, theirs in ((self.main, previous.main), (self.sideline, previous.sideline),
+                             (self.dead, previous.dead)):
+            if mine.name == theirs.name:
+                mine.adopt(theirs)
 
     # ---- publish ---------------------------------------------------------------------------------
     def _check_options(self, id: str | None, key: str | None, headers: Mapping[str, str] | None
@@ -285,6 +303,8 @@ class Queue:
         if claimed is None:
             return None
         self._delivered.tick()
+        if claimed.envelope.attempts > 1:  # type: ignore[union-attr]
+            self._redelivered.tick()
         return Message(self, claimed.ref, claimed.envelope)  # type: ignore[arg-type]
 
     def fire_many(self, max_messages: int) -> list[Message]:
@@ -292,6 +312,9 @@ class Queue:
         claimed = self.main.fire(max_messages)
         if claimed:
             self._delivered.inc(len(claimed))
+            again = sum(1 for c in claimed if c.envelope.attempts > 1)  # type: ignore[union-attr]
+            if again:
+                self._redelivered.inc(again)
         return [Message(self, c.ref, c.envelope) for c in claimed]  # type: ignore[arg-type]
 
     # Settling checks every message first and marks them settled only once the store call succeeded:
@@ -364,6 +387,11 @@ class Queue:
             dead=self.dead.pending(),
             in_flight=self.main.in_flight(self._sweep_pointers()) if in_flight else None,
         )
+
+    def in_flight_summary(self) -> tuple[int, int | None]:
+        """Delivered, unsettled messages of the main magazine and the oldest one's fire time (epoch ms,
+        None when there is none): what the sweeper's gauges report."""
+        return self.main.in_flight_summary(self._sweep_pointers())
 
     def _sweep_pointers(self) -> dict[str, int]:
         record = self.store.get_queue(self.name)

@@ -47,10 +47,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     if not target:
         pytest.skip(AEROSPIKE_SKIP)
     hostport, _, namespace = target.partition("/")
-    backend = Backend("aerospike", f"aerospike://{hostport}/{namespace or 'test'}?farm=t{run}&client=c{run}")
-    yield backend
-    from support.aerospike_support import clean_up_run
+    from support.aerospike_support import clean_up_run, empty_shared_sets
 
+    backend = Backend("aerospike", f"aerospike://{hostport}/{namespace or 'test'}?farm=t{run}&client=c{run}")
+    empty_shared_sets(backend.url)
+    yield backend
     clean_up_run(backend.url, run)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from aerospike_helpers.operations import operations as ops
 from support.races import paused_publish_write
 
 from ignis import Ignis, QueueSpec
@@ -258,9 +259,39 @@ def test_purge_counts_live_records_once_and_clears_tombstones_and_seals(aero: Ae
     for ref in refs:
         assert set(raw(aero, ref) or {"purgedAt"}) == {"purgedAt"}
     again = Queue(aero, queue.spec)  # the queue declared again: slots start at 1 and take the places
-    assert [r.ref.slot for r in again.publish_many([b"n1", b"n2", b"n3", b"n4"])] == [1, 2, 3, 4]
+    first = again.publish(b"n1")  # one by one: a create-only write meets the purge leftover, then replaces it
+    assert [first.ref.slot] + [r.ref.slot for r in again.publish_many([b"n2", b"n3", b"n4"])] == [1, 2, 3, 4]
     got = []
     while batch := again.fire_many(10):
         got += [m.payload for m in batch]
         again.ack(batch)
     assert sorted(got) == [b"n1", b"n2", b"n3", b"n4"]
+
+
+# ---- acks --------------------------------------------------------------------------------------------
+def deletes() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("ignis_storage_calls_total", {"operation": "delete"}) or 0.0
+
+
+def test_an_ack_of_the_record_as_claimed_tombstones_it_and_one_written_since_takes_the_checked_path(
+        aero: AerospikeStore, queue: Queue) -> None:
+    if aero._durable:
+        pytest.skip("durable deletes on Enterprise: no tombstones")
+    queue.publish_many([b"a", b"b", b"c"])
+    untouched, moved_meanwhile, purged_meanwhile = (queue.fire() for _ in range(3))
+    assert untouched.envelope.version is not None  # the record's generation, as stamped
+    before = deletes()
+    untouched.ack()
+    assert deletes() - before == 1 and set(raw(aero, untouched.ref)) == {TOMBSTONE}
+    # A sweeper's move claimed this one since (a write: its generation moved on); the ack still deletes it.
+    aero.client.operate(aero._data_key(moved_meanwhile.ref), [ops.write(MOVE_EPOCH, 7)])
+    before = deletes()
+    moved_meanwhile.ack()
+    assert deletes() - before == 2  # the generation check refused, the filtered tombstone went through
+    assert set(raw(aero, moved_meanwhile.ref)) == {TOMBSTONE}
+    # Purged since: the purge tombstone stays what it is (a new message may yet be published there).
+    aero.purge_magazine("orders")
+    purged_meanwhile.ack()
+    assert set(raw(aero, purged_meanwhile.ref)) == {"purgedAt"}

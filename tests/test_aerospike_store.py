@@ -55,6 +55,10 @@ def retries(operation: str) -> float:
     return REGISTRY.get_sample_value("ignis_storage_retries_total", {"operation": operation}) or 0.0
 
 
+def errors(operation: str) -> float:
+    return REGISTRY.get_sample_value("ignis_storage_errors_total", {"operation": operation}) or 0.0
+
+
 def env(msg_id: str = "m") -> Envelope:
     return Envelope(b"x", msg_id, now_ms())
 
@@ -186,9 +190,25 @@ def test_transient_read_errors_are_retried(server: EmulatedServer, make) -> None
 
 def test_retries_give_up_with_a_clear_error(server: EmulatedServer, make) -> None:
     store = make()
+    before = errors("get_queue")
     server.fail_next("get", ex.TimeoutError, times=10)
     with pytest.raises(StoreUnavailable, match=r"get_queue .*timed out"):
         store.get_queue("orders")
+    assert errors("get_queue") - before == 1  # one failed call, however many attempts
+
+
+def test_storage_errors_count_failures_not_answers(server: EmulatedServer, make) -> None:
+    store = make()
+    before = errors("get_queue")
+    server.fail_next("get", ex.TimeoutError, times=2)
+    assert store.get_queue("orders") is None  # retried, then answered "not found": no error
+    assert errors("get_queue") == before
+    store.load("q", [(0, env("a"))], 600)
+    claims = errors("claim")
+    server.fail_next("operate", ex.TimeoutError, apply_first=True)  # in doubt: never retried
+    with pytest.raises(StoreUnavailable):
+        store.claim("q", 0, 1, now_ms())
+    assert errors("claim") - claims == 1
 
 
 def test_in_doubt_claim_is_not_repeated(server: EmulatedServer, make) -> None:
@@ -270,10 +290,11 @@ def test_server_errors_map_to_ignis_errors(server: EmulatedServer, make, error, 
 
 def test_index_errors_other_than_already_exists_are_reported(server: EmulatedServer, make) -> None:
     store = make()
-    store.ensure_index()  # exists: fine
     server.fail_next("index_single_value_create", ex.IndexOOM)
+    store.ensure_index()  # exists: an info call says so, and no create is sent (it would wait ~2 s)
+    store.client.index_remove("test", "f1_c1_ignis_queues_active")
     with pytest.raises(StoreError, match="cannot create secondary index 'f1_c1_ignis_queues_active'"):
-        store.ensure_index()
+        store.ensure_index()  # gone: created again, and this create fails
 
 
 # ---- credentials ----------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -46,6 +45,7 @@ from ignis.manifest import load_manifests
 from ignis.queue import NACKED, Message, Queue
 from ignis.settings import DEFAULT_STORE, IgnisSettings, load_settings
 from ignis.spec import QueueSpec
+from ignis.version import package_version
 
 # ---- exit codes --------------------------------------------------------------------------------------
 EXIT_OK = 0
@@ -145,11 +145,7 @@ QueueArg = Annotated[str, typer.Argument(metavar="QUEUE", help="queue name", sho
 
 def _version(value: bool) -> None:
     if value:
-        try:
-            v = version("ignismq")
-        except PackageNotFoundError:  # running from a source tree without installing
-            v = "unknown"
-        emit_line(f"ignis {v}")
+        emit_line(f"ignis {package_version()}")
         raise typer.Exit()
 
 

@@ -306,9 +306,10 @@ class Storage(Protocol):
         """Present records of slots first..last inclusive, in slot order. Never mutates."""
         ...
 
-    def delete(self, refs: Sequence[SlotRef]) -> int:
+    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None) -> int:
         """Delete records so they stay deleted (one batch). Returns how many were present (an expired
-        record not yet purged may count)."""
+        record not yet purged may count). `versions` (Envelope.version of each, as claimed) are a hint
+        a backend may use to skip a check; the outcome is the same without them."""
         ...
 
     def stamp_unfired(self, ref: SlotRef, now_ms: int) -> Envelope | None:

@@ -793,7 +793,7 @@ class LmdbStore:
 
         return self._read("peek", scan)
 
-    def delete(self, refs: Sequence[SlotRef]) -> int:
+    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None) -> int:
         present = 0
         try:
             with self._begin("delete", True) as txn:

@@ -13,10 +13,12 @@ from typing import Annotated, Any
 
 import typer
 
+from ignis import logs
 from ignis.cli.render import OutputFormat, emit_json, emit_line
 from ignis.errors import StoreError
 from ignis.probes import ProbeServer
 from ignis.storage import Storage, open_store
+from ignis.version import package_version
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,8 @@ def operator_command(
     interval: Annotated[float, typer.Option(help="with --manifests: seconds between checks for changed files")] = 2.0,
     output: Annotated[OutputFormat, typer.Option("--output", "-o", case_sensitive=False,
                                                  help="--once result format")] = OutputFormat.TABLE,
+    log_format: Annotated[str, typer.Option("--log-format", help="text or json (one object per line)")] = "text",
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
 ) -> None:
     """Run the IgnisQueue operator: sync IgnisQueue objects into queue records, keep status, apply
     deletionPolicy on deletion, repair drift.
@@ -64,6 +68,12 @@ def operator_command(
     mode): a removed file applies the queue's deletionPolicy; an invalid one is reported and skipped."""
     if once and manifests is None:
         raise typer.BadParameter("--once needs --manifests DIR", param_hint="--once")
+    if log_format not in logs.FORMATS:
+        raise typer.BadParameter(f"{log_format!r}: must be text or json", param_hint="--log-format")
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise typer.BadParameter(f"{log_level!r}: must be DEBUG, INFO, WARNING or ERROR", param_hint="--log-level")
+    if not once:
+        logs.configure(log_format, log_level)  # --once prints its results; the service logs
     store, client_id = _open_store(ctx)
     try:
         if manifests is not None:
@@ -72,6 +82,15 @@ def operator_command(
             _run_kopf(store, namespace or [], port=port)
     finally:
         store.close()
+
+
+def announce(mode: str, store: Storage, port: int, **fields: Any) -> None:
+    """The start-up line: version, store (its URL never carries a password), what is watched, the port."""
+    version = package_version()
+    details = ", ".join(f"{k} {v}" for k, v in fields.items())
+    log.info("ignis operator %s starting (%s): store %s, %s, probes and metrics on port %d", version, mode,
+             store.url, details, port,
+             extra={"event": "start", "version": version, "mode": mode, "store": store.url, "port": port, **fields})
 
 
 def _run_manifests(store: Storage, directory: Path, client_id: str, *, port: int, once: bool, interval: float,
@@ -94,19 +113,22 @@ def _run_manifests(store: Storage, directory: Path, client_id: str, *, port: int
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     with ProbeServer(port=port, ready=lambda: _store_ready(store)) as probes:
-        log.warning("ignis operator: syncing manifests from %s; probes and metrics on port %d", directory,
-                    probes.port)
+        announce("manifests", store, probes.port, manifests=str(directory))
         sync.run(stop, interval=interval)
 
 
 def _run_kopf(store: Storage, namespaces: list[str], *, port: int) -> None:
     import kopf
 
-    from ignis_operator.handlers import OperatorContext, build_registry, configure
+    from ignis_operator.handlers import OperatorConfig, OperatorContext, build_registry, configure
 
-    registry = build_registry(OperatorContext(store))
+    config = OperatorConfig()
+    registry = build_registry(OperatorContext(store, config))
     settings = kopf.OperatorSettings()
-    configure(settings)
-    with ProbeServer(port=port, ready=lambda: _store_ready(store)):
+    configure(settings, scanning=config.scanning)
+    with ProbeServer(port=port, ready=lambda: _store_ready(store)) as probes:
+        announce("kubernetes", store, probes.port, namespaces=",".join(namespaces) or "all",
+                 scanning="on" if config.scanning else "off")
+        # standalone: no peering objects (one replica, Recreate strategy), so no kopfpeerings RBAC.
         kopf.run(registry=registry, settings=settings, standalone=True, clusterwide=not namespaces,
                  namespaces=namespaces)

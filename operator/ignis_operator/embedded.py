@@ -29,7 +29,7 @@ from ignis.errors import InvalidInputError, InvalidSpecError, StoreError
 from ignis.manifest import manifest_files
 from ignis.spec import KIND, QueueSpec
 from ignis.storage.base import Storage, client_view
-from ignis_operator.metrics import QueueStates, timed
+from ignis_operator.metrics import DRIFT_REPAIRS, QueueStates, timed
 from ignis_operator.reconcile import (
     CONFLICT,
     INVALID_SPEC,
@@ -70,8 +70,9 @@ class ManifestSync:
         self.states = QueueStates()  # the operator's metrics: reconciles by result, queues by state
 
     # ---- one pass ------------------------------------------------------------------------------------
-    def sync_once(self) -> list[SyncResult]:
-        """Apply every manifest; one result per document (or per unreadable file), then removals."""
+    def sync_once(self, *, resync: bool = False) -> list[SyncResult]:
+        """Apply every manifest; one result per document (or per unreadable file), then removals.
+        `resync`: no file changed since the last pass, so any difference found is drift (counted)."""
         results: list[SyncResult] = []
         declared: dict[tuple[str, str], _Declared] = {}
         clean = True  # every file parsed and every document valid: removals are safe
@@ -88,7 +89,7 @@ class ManifestSync:
                 if doc is None or (isinstance(doc, dict) and doc.get("kind") != KIND):
                     continue
                 where = f"{source} (document {index})" if len(docs) > 1 else source
-                outcome = self._apply(doc, where, declared)
+                outcome = self._apply(doc, where, declared, resync)
                 clean = clean and outcome.reason != INVALID_SPEC
                 results.append(outcome)
         if clean:
@@ -97,7 +98,8 @@ class ManifestSync:
             log.info("manifest sync: removals skipped this pass because some manifests are invalid")
         return results
 
-    def _apply(self, doc: object, where: str, declared: dict[tuple[str, str], _Declared]) -> SyncResult:
+    def _apply(self, doc: object, where: str, declared: dict[tuple[str, str], _Declared], resync: bool = False
+               ) -> SyncResult:
         meta = doc.get("metadata") if isinstance(doc, dict) else None
         name = str(meta.get("name", "?")) if isinstance(meta, dict) else "?"
         try:
@@ -120,8 +122,11 @@ class ManifestSync:
         except StoreError as exc:
             result = SyncResult(spec.name, client_id, False, STORE_UNAVAILABLE, str(exc))
         self.states.record(f"{client_id}/{spec.name}", result.reason)
-        if result.diff:
+        if resync and (result.created or result.diff):  # no file changed: the store did
+            DRIFT_REPAIRS.inc()
             log.warning("drift repaired on queue %s/%s: %s", client_id, spec.name, result.message)
+        elif result.created or result.diff:
+            log.info("queue %s/%s (%s): %s", client_id, spec.name, where, result.message)
         return replace(result, source=where)
 
     def _client_of(self, doc: object) -> str:
@@ -174,7 +179,7 @@ class ManifestSync:
             try:
                 current = self._snapshot()
                 if current != snapshot or time.monotonic() - last_full >= self.resync_seconds:
-                    for result in self.sync_once():
+                    for result in self.sync_once(resync=current == snapshot):
                         if not result.ready:
                             log.warning("manifest %s: queue %s: %s: %s", result.source, result.name, result.reason,
                                         result.message)

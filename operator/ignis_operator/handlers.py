@@ -1,13 +1,21 @@
 """kopf wiring: the IgnisQueue handlers registered on a registry of their own (so tests and the benchmark
 can run several operators side by side), each a thin shell around reconcile.py.
 
-* create / update / resume -> sync the record, patch status (observedGeneration, Ready, Synced);
+* create / update / resume -> sync the record, patch status (observedGeneration, Ready, Synced), one
+  INFO line per reconcile, a Normal Event `Created` / `Updated` when the record was created / changed;
   InvalidSpec -> Warning Event + kopf.PermanentError (no retry storm); store down -> Synced=False
   StoreUnavailable + kopf.TemporaryError with a bounded exponential delay.
-* delete (kopf adds the finalizer) -> deletionPolicy; a store unreachable for longer than
-  `finalizer_timeout_seconds` releases the finalizer with a Warning Event and an error log.
+* delete (kopf adds the finalizer) -> deletionPolicy and a Normal Event `Deactivated` / `Deleted`; a store
+  unreachable for longer than `finalizer_timeout_seconds` releases the finalizer with a Warning Event and
+  an error log.
 * timer `figures` (30 s) -> status depth / inFlight / sidelined / dead.
-* timer `resync` (60 s + per-object jitter) -> drift repair: re-apply, log and report any diff.
+* timer `resync` (60 s + per-object jitter) -> drift repair: re-apply, log and report any diff
+  (`DriftRepaired` Warning Event, `ignis_operator_drift_repairs_total`); a resync that finds the record in
+  sync logs at DEBUG only.
+
+Kubernetes API calls (what the chart's RBAC grants, tests/deploy/test_rbac.py checks it against the calls
+kopf makes): list/watch and patch of ignisqueues, patch of ignisqueues/status, create of events; with
+`scanning` on, list/watch of customresourcedefinitions (and of namespaces when serving named namespaces).
 """
 
 from __future__ import annotations
@@ -24,9 +32,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ignis.errors import InvalidSpecError, StoreError
 from ignis.storage.base import Storage
-from ignis_operator.metrics import QueueStates, timed
+from ignis_operator.metrics import DRIFT_REPAIRS, QueueStates, timed
 from ignis_operator.reconcile import (
     CONFLICT,
+    DEACTIVATED,
+    DELETED,
     INVALID_SPEC,
     STORE_UNAVAILABLE,
     SYNCED,
@@ -62,6 +72,8 @@ class OperatorConfig(BaseSettings):
                                              description="release the finalizer after the store is down this long")
     backoff_seconds: float = Field(2.0, gt=0, description="first retry delay when the store is unreachable")
     backoff_max_seconds: float = Field(120.0, gt=0, description="largest retry delay when the store is unreachable")
+    scanning: bool = Field(True, description="let kopf watch CRDs (and, with named namespaces, Namespaces) so "
+                           "changes are noticed without a restart; off = no cluster-scoped API calls at all")
 
     def backoff(self, retry: int) -> float:
         """Exponential, bounded: a store outage costs a handful of calls per object, not a storm."""
@@ -116,7 +128,7 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure(settings)
+        configure(settings, scanning=None if cfg.scanning else False)  # never re-enables what a caller disabled
         # The active index of every known client's queue set (new clients get theirs on first create).
         try:
             for client_id in {ctx.store.client_id, *ctx.store.list_clients()}:
@@ -133,10 +145,19 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
             status_patch.pop("clientId", None)  # keep the clientId the queue really lives in
         patch.status.update(status_patch)
         if result.reason == SYNCED:
-            if result.diff and drift_check:
+            if drift_check and (result.created or result.diff):  # a record deleted or edited behind our back
+                DRIFT_REPAIRS.inc()
                 logger.warning("drift repaired: %s", result.message)
                 kopf.warn(body, reason="DriftRepaired", message=result.message)
-            elif result.created or result.diff:
+            elif result.created:
+                logger.info("%s", result.message)
+                kopf.event(body, type="Normal", reason="Created", message=result.message)
+            elif result.diff:
+                logger.info("%s", result.message)
+                kopf.event(body, type="Normal", reason="Updated", message=result.message)
+            elif drift_check:
+                logger.debug("%s", result.message)  # every resync of every queue: not worth an INFO line
+            else:
                 logger.info("%s", result.message)
             return
         if result.reason == STORE_UNAVAILABLE:
@@ -189,7 +210,7 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
             return
         owner = Owner(uid, _key(namespace, name), parse_k8s_time(meta.get("creationTimestamp")))
         try:
-            message = finalize_queue(ctx.store, qspec, owner)
+            done = finalize_queue(ctx.store, qspec, owner)
         except StoreError as exc:
             waited = runtime.total_seconds()
             if waited >= cfg.finalizer_timeout_seconds:
@@ -200,16 +221,25 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
                 return
             raise kopf.TemporaryError(f"store unreachable: {exc}", delay=min(
                 cfg.backoff(retry), max(cfg.finalizer_timeout_seconds - waited, 0.1))) from None
-        logger.info("%s", message)
+        logger.info("%s", done.message)
+        if done.action in (DEACTIVATED, DELETED):
+            kopf.event(body, type="Normal", reason=done.action, message=done.message)
 
     return registry
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+def configure(settings: kopf.OperatorSettings, *, scanning: bool | None = None) -> None:
     """Our own finalizer name; handler progress kept in annotations (the structural schema of the status
-    would prune kopf's own status fields); only warnings and errors become Events (kopf would otherwise
-    post an Event per handler log line, an API call each)."""
+    would prune kopf's own status fields); only warnings and errors become Events through logging (kopf
+    would otherwise post an Event per handler log line, an API call each; our Normal Events are explicit
+    `kopf.event` calls, which `posting.level` does not filter).
+
+    `scanning=False` (kopf's `settings.scanning.disabled`; None leaves it as it is): no list/watch of CRDs
+    and Namespaces, so a namespace-scoped install needs no cluster-scoped permission and kopf logs no "not
+    enough permissions" warning; CRD changes are then noticed on restart (kopf/_core/reactor/observation.py)."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.level = logging.WARNING
+    if scanning is not None:
+        settings.scanning.disabled = not scanning

@@ -1,4 +1,5 @@
-"""Operator metrics (DESIGN §7): reconciles by result, reconcile duration, declared queues by state."""
+"""Operator metrics (DESIGN §7): reconciles by result, reconcile duration, declared queues by state, drift
+repairs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ RECONCILES = Counter("ignis_operator_reconciles", "Queue reconciles by result (t
 RECONCILE_DURATION = Histogram("ignis_operator_reconcile_duration_seconds", "Duration of one queue reconcile",
                                buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 QUEUES = Gauge("ignis_operator_queues", "Declared queues by state (the Ready reason)", ["state"])
+DRIFT_REPAIRS = Counter("ignis_operator_drift_repairs", "Queue records restored or reverted by the periodic resync "
+                        "(deleted, or config bins edited behind the operator's back)")
 
 
 class QueueStates:

@@ -137,23 +137,41 @@ def sync_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_client_
     return SyncResult(spec.name, client_id, True, SYNCED, message, created=created, diff={} if created else diff)
 
 
-def finalize_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_client_id: str | None = None) -> str:
+# What finalize_queue did: also the reason of the Normal Event the operator posts about it.
+DEACTIVATED = "Deactivated"
+DELETED = "Deleted"
+UNTOUCHED = "Untouched"
+
+
+@dataclass(frozen=True, slots=True)
+class Finalized:
+    """The outcome of applying a deletion policy: `action` (Deactivated, Deleted, Untouched), `message`."""
+
+    action: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def finalize_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_client_id: str | None = None
+                   ) -> Finalized:
     """Apply the deletion policy of a declaration that goes away. Only the owner of the record acts (a
     Conflict loser going away must not touch the winner's queue). Returns what was done, for logs/events."""
     client_id = spec.client_id or default_client_id or store.client_id
     s = client_view(store, client_id)
     current = s.get_queue(spec.name)
     if current is None:
-        return f"queue {spec.name!r} has no record; nothing to do"
+        return Finalized(UNTOUCHED, f"queue {spec.name!r} has no record; nothing to do")
     holder = Owner.from_bin(current.bins.get(OWNER_BIN))
     if holder is not None and holder.uid != owner.uid:
-        return f"queue {spec.name!r} is owned by {holder.ref}; left untouched"
+        return Finalized(UNTOUCHED, f"queue {spec.name!r} is owned by {holder.ref}; left untouched")
     if spec.deletion_policy is DeletionPolicy.DELETE:
         removed = sum(s.purge_magazine(m) for m in (spec.name, names.sideline_of(spec.name), names.dead_of(spec.name)))
         s.delete_queue(spec.name)
-        return f"queue {spec.name!r} deleted with {removed} messages (deletionPolicy Delete)"
+        return Finalized(DELETED, f"queue {spec.name!r} deleted with {removed} messages (deletionPolicy Delete)")
     s.set_queue_active(spec.name, False)
-    return f"queue {spec.name!r} deactivated, data kept (deletionPolicy Retain)"
+    return Finalized(DEACTIVATED, f"queue {spec.name!r} deactivated, data kept (deletionPolicy Retain)")
 
 
 def queue_figures(store: Storage, spec: QueueSpec, *, default_client_id: str | None = None) -> dict[str, int]:

@@ -32,9 +32,9 @@ class FaultyStore:
         self.calls.append(("load", magazine))
         return refs
 
-    def delete(self, refs):
+    def delete(self, refs, versions=None):
         self.calls.append(("delete", ",".join(sorted({r.magazine for r in refs}))))
-        return self._inner.delete(refs)
+        return self._inner.delete(refs, versions)
 
 
 def declare(ignis: Ignis, **fields: Any):
@@ -267,11 +267,11 @@ class FailingDeletes(FaultyStore):
         super().__init__(inner)
         self.failures = failures
 
-    def delete(self, refs):
+    def delete(self, refs, versions=None):
         if self.failures:
             self.failures -= 1
             raise OSError("injected delete failure")
-        return super().delete(refs)
+        return super().delete(refs, versions)
 
 
 def test_a_failed_ack_can_be_retried(backend) -> None:

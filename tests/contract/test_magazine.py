@@ -27,6 +27,19 @@ def env(payload: bytes = b"x", msg_id: str = "m") -> Envelope:
     return Envelope(payload, msg_id, now_ms())
 
 
+def run_threads(produce, producers: int, consume, consumers: int, published: threading.Event) -> None:
+    """Producer and consumer threads together; `published` is set once every producer is done."""
+    producing = [threading.Thread(target=produce) for _ in range(producers)]
+    consuming = [threading.Thread(target=consume) for _ in range(consumers)]
+    for t in producing + consuming:
+        t.start()
+    for t in producing:
+        t.join()
+    published.set()
+    for t in consuming:
+        t.join()
+
+
 # ---- primitives -------------------------------------------------------------------------------------
 def test_load_allocates_one_based_slots_per_shard(store: Storage) -> None:
     refs = store.load("q", [(0, env(msg_id="a")), (1, env(msg_id="b")), (0, env(msg_id="c"))], 60)
@@ -356,6 +369,78 @@ def test_concurrent_consumer_threads_never_share_a_slot(make_queue) -> None:
     assert {msg_id for _, msg_id in claimed} == published and len(claimed) == 4000
 
 
+class _PausedClaims:
+    """A store whose first claim waits until released: a fire held in flight, as a slow round trip."""
+
+    def __init__(self, store: Storage) -> None:
+        self._store = store
+        self.claims = 0
+        self.in_claim, self.release = threading.Event(), threading.Event()
+
+    def claim(self, *args, **kwargs):
+        self.claims += 1
+        if self.claims == 1:
+            self.in_claim.set()
+            assert self.release.wait(10)
+        return self._store.claim(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+
+def test_a_fire_beside_another_claims_for_it_and_keeps_the_rest_for_the_next_fires(
+        make_queue, monkeypatch) -> None:
+    from ignis import magazine as magazine_module
+    from ignis.magazine import PREFETCH_PER_FIRE as AHEAD
+
+    q = make_queue(shards=1)
+    payloads = [b"m%d" % i for i in range(AHEAD + 3)]
+    q.publish_many(payloads)
+    store = _PausedClaims(q.main.store)
+    monkeypatch.setattr(q.main, "store", store)
+    first: list = []
+    slow = threading.Thread(target=lambda: first.append(q.fire()))
+    slow.start()
+    assert store.in_claim.wait(10)  # one fire in flight: the next claims for itself and AHEAD more
+    second = q.fire()
+    assert second is not None and store.claims == 2
+    assert q.main.awaiting() == AHEAD and q.main.next_check_in() == 0.0  # kept, claimed, for the next fires
+    store.release.set()
+    slow.join(10)
+    assert first[0] is not None and q.main.awaiting() == AHEAD
+    kept = [q.fire() for _ in range(AHEAD - 1)]
+    assert store.claims == 2 and q.main.awaiting() == 1  # handed out from the kept ones: no claim
+    kept_at = q.store.read([q.main._prefetched[0][1].ref])[0].fire_ts
+    monkeypatch.setattr(magazine_module, "PREFETCH_FRESH_SECONDS", 0.0)  # kept too long: stamped again
+    time.sleep(0.01)
+    last_kept = q.fire()
+    assert store.claims == 2 and last_kept is not None and q.main.awaiting() == 0
+    assert last_kept.envelope.fire_ts > kept_at and last_kept.attempts == 1  # restamped, not a new attempt
+    rest = [q.fire() for _ in range(len(payloads) - AHEAD - 2)]
+    assert q.fire() is None
+    delivered = [first[0], second, *kept, last_kept, *rest]
+    assert sorted(m.payload for m in delivered) == sorted(payloads)  # each exactly once
+
+
+def test_a_refreshed_handle_takes_over_what_the_old_one_claimed(ignis: Ignis, make_queue, monkeypatch) -> None:
+    from ignis.magazine import PREFETCH_PER_FIRE as AHEAD
+
+    q = make_queue(shards=1)
+    q.publish_many([b"m%d" % i for i in range(AHEAD + 2)])
+    store = _PausedClaims(q.main.store)
+    monkeypatch.setattr(q.main, "store", store)
+    slow = threading.Thread(target=q.fire)
+    slow.start()
+    assert store.in_claim.wait(10)
+    assert q.fire() is not None and q.main.awaiting() == AHEAD  # kept by the old handle
+    store.release.set()
+    slow.join(10)
+    fresh = ignis.refresh("orders")  # e.g. a config change
+    assert fresh is not q and q.main.awaiting() == 0 and fresh.main.awaiting() == AHEAD
+    taken = [fresh.fire() for _ in range(AHEAD)]
+    assert all(taken) and store.claims == 2 and fresh.fire() is None
+
+
 def test_a_drained_shard_is_kept_while_a_load_raced_the_claim_that_found_it_drained(make_queue) -> None:
     # The lock-free active-shard protocol, step by step (the stress test below can only hope to hit it).
     main = make_queue(shards=4).main
@@ -420,15 +505,7 @@ def test_messages_published_while_consumers_drop_drained_shards_are_never_hidden
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)
     try:
-        producing = [threading.Thread(target=produce) for _ in range(producers)]
-        consuming = [threading.Thread(target=consume) for _ in range(4)]
-        for t in producing + consuming:
-            t.start()
-        for t in producing:
-            t.join()
-        published.set()
-        for t in consuming:
-            t.join()
+        run_threads(produce, producers, consume, 4, published)
     finally:
         sys.setswitchinterval(switch)
     stats = q.stats(in_flight=True)
@@ -506,15 +583,7 @@ def test_concurrent_publish_and_fire_many_strand_nothing(make_queue) -> None:
             else:
                 time.sleep(0.001)
 
-    producing = [threading.Thread(target=produce) for _ in range(producers)]
-    consuming = [threading.Thread(target=consume) for _ in range(4)]
-    for t in producing + consuming:
-        t.start()
-    for t in producing:
-        t.join()
-    published.set()
-    for t in consuming:
-        t.join()
+    run_threads(produce, producers, consume, 4, published)
     stats = q.stats(in_flight=True)
     assert len(set(delivered)) == len(delivered) == total, \
         f"{total - len(set(delivered))} of {total} never delivered, {stats.in_flight} stranded in flight"

@@ -16,12 +16,19 @@ import pytest_asyncio
 from ignis_operator.emulation import declare_resources, start_operator
 from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext, build_registry
 from kmock import KubernetesEmulator
+from support.kmock_naming import NamingEmulator
 
 from ignis.errors import StoreUnavailable
 from ignis.storage import Storage, open_store
 
 BASE = f"/apis/{GROUP}/{VERSION}"
 NAMESPACES = ("ns1", "ns2")
+
+
+@pytest.fixture
+def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
+    """The `kmock` fixture's options (kmock's own fixture) with the emulator that names Events."""
+    return {**kmock_options, "cls": NamingEmulator}
 
 
 class Outage:

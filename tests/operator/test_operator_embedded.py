@@ -12,6 +12,7 @@ import pytest
 from admission import ROOT
 from ignis_operator.embedded import ManifestSync
 from ignis_operator.reconcile import CONFLICT, INVALID_SPEC, OWNER_BIN, REMOVED
+from prometheus_client import REGISTRY
 from support.polling import wait_for
 
 from ignis.cli.app import run
@@ -152,8 +153,10 @@ def test_run_picks_up_changes_and_repairs_drift(lmdb: Storage, manifests: Path) 
         wait_for(lambda: active(lmdb) == ["audit", "events", "orders"])
         write(manifests, "new.yaml", "fresh")
         wait_for(lambda: "fresh" in active(lmdb))
+        repairs = REGISTRY.get_sample_value("ignis_operator_drift_repairs_total") or 0
         lmdb.delete_queue("audit")  # drift: restored by the periodic resync without any file change
         wait_for(lambda: "audit" in active(lmdb))
+        wait_for(lambda: (REGISTRY.get_sample_value("ignis_operator_drift_repairs_total") or 0) > repairs)
     finally:
         stop.set()
         thread.join(timeout=10)

@@ -74,11 +74,13 @@ def test_every_handler_twice_gives_the_same_store_state(store: Storage) -> None:
     assert records(store) == first
     finalize_queue(store, spec(), OLD)
     after_retain = records(store)
-    assert finalize_queue(store, spec(), OLD).startswith("queue 'orders' deactivated")
+    done = finalize_queue(store, spec(), OLD)
+    assert done.action == "Deactivated" and done.message.startswith("queue 'orders' deactivated")
     assert records(store) == after_retain
     finalize_queue(store, spec(deletionPolicy="Delete"), OLD)
     assert records(store) == {}
-    assert finalize_queue(store, spec(deletionPolicy="Delete"), OLD) == "queue 'orders' has no record; nothing to do"
+    done = finalize_queue(store, spec(deletionPolicy="Delete"), OLD)
+    assert (done.action, done.message) == ("Untouched", "queue 'orders' has no record; nothing to do")
 
 
 def test_runtime_bins_survive_an_update(store: Storage) -> None:
@@ -137,8 +139,8 @@ def test_claim_keeps_its_age_across_resyncs(store: Storage) -> None:
 
 def test_finalize_by_a_non_owner_leaves_the_queue_alone(store: Storage) -> None:
     sync_queue(store, spec(), OLD)
-    message = finalize_queue(store, spec(deletionPolicy="Delete"), NEW)
-    assert "owned by shop/orders" in message
+    done = finalize_queue(store, spec(deletionPolicy="Delete"), NEW)
+    assert done.action == "Untouched" and "owned by shop/orders" in done.message
     assert records(store)["orders"]["active"] == "true"
 
 
@@ -159,8 +161,8 @@ def test_delete_removes_messages_sideline_dead_and_record(store: Storage) -> Non
     message = queue.fire()
     assert message is not None
     message.nack("test")
-    message = finalize_queue(store, spec(deletionPolicy="Delete"), OLD)
-    assert "deleted with 3 messages" in message
+    done = finalize_queue(store, spec(deletionPolicy="Delete"), OLD)
+    assert done.action == "Deleted" and "deleted with 3 messages" in done.message
     assert records(store) == {}
     for magazine in ("orders", names.sideline_of("orders"), names.dead_of("orders")):
         assert all(p.load == 0 for p in view.pointers(magazine, 4).values()), magazine

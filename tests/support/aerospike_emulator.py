@@ -472,8 +472,12 @@ class EmulatedClient:
                 raise _err(fault.error, "injected after apply", in_doubt=True)
             return out
 
-    def _operate(self, key: tuple, list_: list[dict], meta: dict | None, policy: dict | None
-                 ) -> tuple[tuple, dict, dict]:
+    def _operate(self, key: tuple, list_: list[dict], meta: dict | None, policy: dict | None,
+                 all_ops: bool = False) -> tuple[tuple, dict, dict]:
+        """`all_ops`: answer like a batch write, where the server responds to every operation (measured
+        on Aerospike 8.1): a write or increment gives its bin None, a read of a missing bin gives None,
+        and a later operation on the same bin overwrites an earlier one's result. A single-record
+        operate returns only the reads of bins that exist."""
         writes = {aerospike.OPERATOR_WRITE, aerospike.OPERATOR_INCR, aerospike.OP_MAP_PUT, aerospike.OP_EXPR_WRITE}
         has_write = any(op["op"] in writes for op in list_)
 
@@ -482,9 +486,13 @@ class EmulatedClient:
             user_key = existing.user_key if existing else None
             for op in list_:
                 code, name = op["op"], op.get("bin")
+                if all_ops and code in writes and code != aerospike.OP_MAP_PUT:
+                    result[name] = None
                 if code == aerospike.OPERATOR_READ:
                     if name in bins:
                         result[name] = copy.deepcopy(bins[name])
+                    elif all_ops:
+                        result[name] = None
                 elif code == aerospike.OPERATOR_WRITE:
                     _check_bins({name: None})
                     bins[name] = copy.deepcopy(op["val"])
@@ -511,6 +519,8 @@ class EmulatedClient:
                     if value is UNKNOWN:
                         if not op.get("expr_flags", 0) & aerospike.EXP_READ_EVAL_NO_FAIL:
                             raise _err(ex.OpNotApplicable, "expression read failed")
+                        if all_ops:
+                            result[name] = None
                     else:
                         result[name] = value
                 elif code == aerospike.OP_EXPR_WRITE:
@@ -567,7 +577,8 @@ class EmulatedClient:
             for record in batch_records.batch_records:
                 try:
                     if isinstance(record, Write):
-                        record.record = self._operate(record.key, record.ops, record.meta, record.policy)
+                        record.record = self._operate(record.key, record.ops, record.meta, record.policy,
+                                                      all_ops=True)
                     elif isinstance(record, Read):
                         record.record = self._operate(record.key, record.ops or [], None, record.policy)
                     elif isinstance(record, Remove):
@@ -679,4 +690,8 @@ class EmulatedClient:
                 entries = [f"ns={n}:indexname={name}:set={set_name}:bin={bin_name}:type=string:state=RW"
                            for (n, name), (set_name, bin_name) in sorted(self.server.indexes.items()) if n == ns]
                 return {"BB9000000000001": (None, f"{command}\t{';'.join(entries)}\n")}
+            if command.startswith("sindex-exists:"):
+                fields = dict(part.split("=", 1) for part in command.split(":", 1)[1].split(";"))
+                found = (fields["namespace"], fields["indexname"]) in self.server.indexes
+                return {"BB9000000000001": (None, f"{command}\t{str(found).lower()}\n")}
             raise NotImplementedError(f"aerospike emulator: info command {command!r} is not emulated")

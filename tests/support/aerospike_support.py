@@ -4,7 +4,7 @@ of a real-server run. Imported by tests/conftest.py only when an aerospike backe
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -18,7 +18,10 @@ AEROSPIKE_ENV = "IGNIS_TEST_AEROSPIKE"
 AEROSPIKE_SKIP = f"aerospike contract run skipped: set {AEROSPIKE_ENV}=host:port[/namespace] to run it against a server"
 EMULATOR_IN_PROCESS = ("the Aerospike emulator lives in this process; cross-process tests need a real server "
                        "(set IGNIS_TEST_AEROSPIKE=host:port[/namespace])")
-OTHER_CLIENTS = ("other-app", "other", "billing", "alpha")  # clientIds the contract tests use besides c{run}
+# clientIds the tests use besides c{run}. Their magazine sets ({clientId}_data_set, _meta_set) carry no
+# run id (DESIGN §3: magazines belong to the client, in every farm), so a real-server run empties them
+# before and after each test: a message left by an earlier test must not be counted by the next one.
+OTHER_CLIENTS = ("other-app", "other", "billing", "alpha", "shop", "newcomer")
 
 
 def emulated_backend(request: pytest.FixtureRequest, run: str, make: Callable[..., Any]) -> Iterator[Any]:
@@ -31,27 +34,47 @@ def emulated_backend(request: pytest.FixtureRequest, run: str, make: Callable[..
     yield make("aerospike-emu", f"aerospike://emulator:3000/test?farm=t{run}&client=c{run}", server)
 
 
-def run_sets(farm: str, client: str) -> list[str]:
+def run_sets(farm: str, client: str, registered: Iterable[str] = ()) -> list[str]:
     sets = [names.system_set(farm)]
-    for c in (client, *OTHER_CLIENTS):
-        sets.append(names.queue_set(farm, c))
-    sets += [names.data_set(client), names.meta_set(client)]
+    clients = sorted({client, *OTHER_CLIENTS, *registered})
+    for c in clients:
+        sets += [names.queue_set(farm, c), names.data_set(c), names.meta_set(c)]
     return sets
+
+
+def _client_for(url: str) -> tuple[Any, str, dict[str, str]]:
+    import aerospike
+
+    parts = urlsplit(url)
+    hosts = [(h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in parts.netloc.split(",")]
+    return aerospike.client({"hosts": hosts}), parts.path.strip("/"), dict(parse_qsl(parts.query))
+
+
+def empty_shared_sets(url: str) -> None:
+    """Empty the magazine sets of OTHER_CLIENTS (shared by every run) before a real-server test."""
+    client, namespace, _ = _client_for(url)
+    try:
+        for c in OTHER_CLIENTS:
+            client.truncate(namespace, names.data_set(c), 0)
+            client.truncate(namespace, names.meta_set(c), 0)
+    finally:
+        client.close()
 
 
 def clean_up_run(url: str, run: str) -> None:
     """Truncate every set a real-server test run wrote (their names carry the run id) and drop its indexes."""
     import aerospike
 
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    namespace = parts.path.strip("/")
-    hosts = [(h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in parts.netloc.split(",")]
-    client = aerospike.client({"hosts": hosts})
+    client, namespace, query = _client_for(url)
     try:
-        for set_name in run_sets(query["farm"], query["client"]):
+        try:  # every client this run registered in its farm (DESIGN §3 client registry)
+            _, _, bins = client.get((namespace, names.system_set(query["farm"]), "clients"))
+            registered = list((bins or {}).get("clients") or {})
+        except aerospike.exception.RecordNotFound:
+            registered = []
+        for set_name in run_sets(query["farm"], query["client"], registered):
             client.truncate(namespace, set_name, 0)
-        for c in (query["client"], *OTHER_CLIENTS):
+        for c in {query["client"], *OTHER_CLIENTS, *registered}:
             with contextlib.suppress(aerospike.exception.AerospikeError):  # never created for this client
                 client.index_remove(namespace, names.active_index(query["farm"], c))
     finally:

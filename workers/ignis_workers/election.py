@@ -215,6 +215,7 @@ class LeaderElector:
                 LeaseView(self.identity, wall, wall, self.lease_duration, 0, ""), None)
             return self._took(stored, now)
         if self._observed is None or current.version != self._observed.version:
+            self._note_holder(current)
             self._observed, self._observed_at = current, now
         mine = current.holder == self.identity
         if current.holder and not mine and now - self._observed_at < self.lease_duration:
@@ -223,6 +224,14 @@ class LeaderElector:
         lease = LeaseView(self.identity, current.acquired_ms if mine else wall, wall, self.lease_duration,
                           current.transitions if mine else current.transitions + 1, "")
         return self._took(await self.backend.write(lease, current), now)
+
+    def _note_holder(self, current: LeaseView) -> None:
+        """One INFO line when the lease changes hands (as seen by this candidate)."""
+        previous = self._observed.holder if self._observed is not None else None
+        if current.holder != previous and current.holder != self.identity:
+            log.info("lease holder is now %s", current.holder or "nobody (released)",
+                     extra={"event": "lease_holder", "identity": self.identity, "holder": current.holder,
+                            "transitions": current.transitions})
 
     def _took(self, stored: LeaseView | None, at: float) -> bool:
         if stored is None:

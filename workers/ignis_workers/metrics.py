@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, Info
 
 SWEPT = Counter("ignis_swept", "Abandoned messages re-homed to the sideline by the sweeper",
                 ["queue", "magazine"])
@@ -25,3 +25,17 @@ QUEUE_DEPTH = Gauge("ignis_queue_depth", "Unclaimed messages in the main magazin
 QUEUE_IN_FLIGHT = Gauge("ignis_queue_in_flight", "Delivered, unsettled messages", ["queue"])
 QUEUE_SIDELINED = Gauge("ignis_queue_sidelined", "Messages waiting in the sideline", ["queue"])
 QUEUE_DEAD = Gauge("ignis_queue_dead", "Messages in the dead-letter magazine", ["queue"])
+SHOVEL_PASSES = Counter("ignis_shovel_passes", "Shovel passes of one queue (successful or not)", ["queue"])
+SWEEP_PASSES = Counter("ignis_sweep_passes", "Sweep passes over every active queue, by outcome (ok: every "
+                       "queue swept cleanly; failed: some queue or shard failed)", ["outcome"])
+SWEEP_LAST_PASS = Gauge("ignis_sweep_last_pass_timestamp_seconds", "End of the leader's last sweep pass (the "
+                        "moment it won the lease until its first pass ends); NaN on standbys")
+SWEEP_LAST_PASS.set(float("nan"))  # every process that imports this module exports it: NaN never alerts
+SWEEP_INTERVAL = Gauge("ignis_sweep_interval_seconds", "Configured time between sweep passes")
+QUEUE_OLDEST_IN_FLIGHT = Gauge("ignis_queue_oldest_in_flight_seconds", "Age of the oldest delivered, unsettled "
+                               "message (among the newest claims of each shard; 0 when none)", ["queue"])
+QUEUE_SWEEP_DURATION = Gauge("ignis_queue_sweep_duration_seconds", "The queue's sweepDuration: a claim unsettled "
+                             "this long is re-homed by the sweeper", ["queue"])
+SWEEPER_INFO = Info("ignis_sweeper", "This sweeper process: version, lease backend, candidate identity")
+# Set by the leader each pass; cleared when it stops leading, so only the leader reports them.
+QUEUE_GAUGES = (QUEUE_DEPTH, QUEUE_IN_FLIGHT, QUEUE_SIDELINED, QUEUE_DEAD, QUEUE_OLDEST_IN_FLIGHT, QUEUE_SWEEP_DURATION)

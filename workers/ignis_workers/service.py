@@ -31,8 +31,28 @@ from ignis.probes import ProbeServer
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
 from ignis.storage.base import Storage, client_view
-from ignis_workers.election import LEASE_NAME, KubeLease, LeaderElector, LeaseBackend, StoreLease
-from ignis_workers.metrics import QUEUE_DEAD, QUEUE_DEPTH, QUEUE_IN_FLIGHT, QUEUE_SIDELINED
+from ignis.version import package_version
+from ignis_workers.election import (
+    LEASE_NAME,
+    KubeLease,
+    LeaderElector,
+    LeaseBackend,
+    StoreLease,
+    default_identity,
+)
+from ignis_workers.metrics import (
+    QUEUE_DEAD,
+    QUEUE_DEPTH,
+    QUEUE_GAUGES,
+    QUEUE_IN_FLIGHT,
+    QUEUE_OLDEST_IN_FLIGHT,
+    QUEUE_SIDELINED,
+    QUEUE_SWEEP_DURATION,
+    SWEEP_INTERVAL,
+    SWEEP_LAST_PASS,
+    SWEEP_PASSES,
+    SWEEPER_INFO,
+)
 from ignis_workers.shovel import Shovel
 from ignis_workers.sweeper import LeadershipLost, Sweeper
 
@@ -108,6 +128,7 @@ class SweeperService:
                              guard=self.leading)
         self._wake = threading.Event()  # set when leadership is won: sweep at once
         self.probes: ProbeServer | None = None  # set while run() serves them
+        self.identity = s.identity or default_identity()  # chosen now, so the start-up line can name it
         self._elector_error: Exception | None = None
 
     # ---- leadership ----------------------------------------------------------------------------------
@@ -122,6 +143,7 @@ class SweeperService:
 
     def _on_started(self) -> None:
         self._epoch = self.store.next_epoch()
+        SWEEP_LAST_PASS.set(time.time())  # a new leader is not "late" before its first pass could end
         log.info("leading with epoch %d", self._epoch, extra={"epoch": self._epoch, "event": "leading",
                                                                "identity": self._identity()})
         self._wake.set()
@@ -129,6 +151,11 @@ class SweeperService:
     def _on_stopped(self) -> None:
         log.info("not leading", extra={"epoch": self._epoch, "event": "stopped", "identity": self._identity()})
         self._epoch = None
+        # Only the leader reports queue figures: a standby keeping its last values would be summed with
+        # (or mistaken for) the new leader's. A gauge's children are dropped, so the series end.
+        for gauge in QUEUE_GAUGES:
+            gauge.clear()
+        SWEEP_LAST_PASS.set(float("nan"))
 
     def _identity(self) -> str | None:
         return self.elector.identity if self.elector else None
@@ -147,6 +174,7 @@ class SweeperService:
         s = self.settings
         if self._lease_backend is None and s.lease == "kubernetes":
             self._load_kube_config()  # fail fast, before any thread starts, with a one-line error
+        self._announce()
         probes = None
         if s.probe_port >= 0:
             probes = self.probes = ProbeServer(s.probe_host, s.probe_port, ready=self.ready).start()
@@ -172,6 +200,28 @@ class SweeperService:
             log.info("sweeper stopped", extra={"event": "exit"})
         if self._elector_error is not None:
             raise self._elector_error
+
+    def _lease_where(self) -> str:
+        s = self.settings
+        if self._lease_backend is not None:
+            return "custom"
+        if s.lease == "kubernetes":
+            return f"kubernetes Lease {s.lease_namespace or _pod_namespace()}/{s.lease_name}"
+        return f"store lease {s.lease_name}"
+
+    def _announce(self) -> None:
+        """The start-up line: what an SRE needs to know which process this is and what it talks to."""
+        s = self.settings
+        identity = s.identity or self.identity
+        version = package_version()
+        SWEEP_INTERVAL.set(s.sweep_interval_seconds)
+        SWEEP_LAST_PASS.set(float("nan"))
+        SWEEPER_INFO.info({"version": version, "identity": identity, "lease": s.lease})
+        log.info("ignis sweeper %s starting: store %s, %s, identity %s, sweep every %gs on %d threads",
+                 version, self.store.url, self._lease_where(), identity, s.sweep_interval_seconds, s.threads,
+                 extra={"event": "start", "version": version, "store": self.store.url, "lease": self._lease_where(),
+                        "identity": identity, "sweep_interval_seconds": s.sweep_interval_seconds,
+                        "threads": s.threads})
 
     def _make_backend(self) -> LeaseBackend:
         if self._lease_backend is not None:
@@ -201,7 +251,7 @@ class SweeperService:
             threading.Thread(target=lambda: (stop.wait(), loop.call_soon_threadsafe(astop.set)),
                              daemon=True, name="ignis-stop-bridge").start()
             self.elector = LeaderElector(
-                self._make_backend(), s.identity, lease_duration=s.lease_duration_seconds,
+                self._make_backend(), s.identity or self.identity, lease_duration=s.lease_duration_seconds,
                 renew_deadline=s.renew_deadline_seconds, retry_period=s.retry_period_seconds,
                 on_started=self._on_started, on_stopped=self._on_stopped)
             await self.elector.run(astop)
@@ -239,6 +289,9 @@ class SweeperService:
             if reports is None:
                 continue
             self.passes += 1
+            SWEEP_PASSES.labels("ok" if all(r.ok for r in reports) else "failed").inc()
+            if self.leading():
+                SWEEP_LAST_PASS.set(ended)
             log.info("sweep pass: %d queue(s), %d moved", len(reports), sum(r.moved for r in reports),
                      extra={"event": "sweep_pass", "epoch": epoch, "identity": self._identity(),
                             "started": started, "ended": ended, "queues": len(reports),
@@ -254,11 +307,18 @@ class SweeperService:
                 record = store.get_queue(name)
                 if record is None:
                     continue
-                stats = Queue(store, QueueSpec.from_bins(name, record.bins, client_id)).stats(in_flight=True)
+                queue = Queue(store, QueueSpec.from_bins(name, record.bins, client_id))
+                stats = queue.stats()
+                in_flight, oldest = queue.in_flight_summary()
+                if not self.leading():
+                    return  # lost the lease meanwhile: the gauges were cleared and must stay so
                 QUEUE_DEPTH.labels(name).set(stats.depth)
-                QUEUE_IN_FLIGHT.labels(name).set(stats.in_flight or 0)
+                QUEUE_IN_FLIGHT.labels(name).set(in_flight)
                 QUEUE_SIDELINED.labels(name).set(stats.sidelined)
                 QUEUE_DEAD.labels(name).set(stats.dead)
+                # The sweeper's clock: a demo's clock runs ahead, and its sweep judges ages by it too.
+                QUEUE_OLDEST_IN_FLIGHT.labels(name).set(max(0.0, (self.clock() - oldest) / 1000) if oldest else 0.0)
+                QUEUE_SWEEP_DURATION.labels(name).set(queue.spec.sweep_duration_seconds)
             except Exception as exc:
                 log.warning("gauges of %s/%s: %s: %s", client_id, name, type(exc).__name__, exc)
 

@@ -31,7 +31,7 @@ from ignis.metrics import DEAD_LETTERED
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
 from ignis.storage.base import Claimed, SlotRef, Storage, client_view
-from ignis_workers.metrics import SHOVEL_FAILURES, SHOVELLED
+from ignis_workers.metrics import SHOVEL_FAILURES, SHOVEL_PASSES, SHOVELLED
 from ignis_workers.sweeper import LeadershipLost
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class Shovel:
                       type(exc).__name__, exc)
             SHOVEL_FAILURES.labels(queue_name).inc()
             report.error = f"{type(exc).__name__}: {exc}"
+        SHOVEL_PASSES.labels(queue_name).inc()
         return report
 
     def _work(self, queue: Queue, source: Source, state: _Pass) -> None:

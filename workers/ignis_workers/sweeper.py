@@ -246,9 +246,21 @@ class Sweeper:
         if abandoned:
             try:
                 # Copy first, delete only after the copy landed: a crash in between duplicates, never loses.
-                # A record settled or taken over meanwhile is not moved (and its slot is passed).
-                moved = sum(queue.sideline.move_in(
-                    epoch, [(ref, env.fire_ts, env.for_transfer(SWEPT_REASON, now)) for ref, env in abandoned]))
+                # A record settled meanwhile is not moved, and its slot is passed. One its holder took over
+                # meanwhile (stamped again: a late write that landed, a prefetched message handed out late)
+                # is not moved either, and is a time boundary: the pointer must not pass a claim that may
+                # still be abandoned, or no later pass would ever look at it again.
+                flags = queue.sideline.move_in(
+                    epoch, [(ref, env.fire_ts, env.for_transfer(SWEPT_REASON, now)) for ref, env in abandoned])
+                moved = sum(flags)
+                refused = [ref for (ref, _), ok in zip(abandoned, flags, strict=True) if not ok]
+                if refused:
+                    for ref, env in zip(refused, store.read(refused), strict=True):
+                        if env is not None and ref.shard in advance and ref.slot < advance[ref.shard]:
+                            advance[ref.shard] = ref.slot
+                            todo.pop(ref.shard, None)  # stopped at a boundary
+                    for shard in [shard for shard, to in advance.items() if to <= starts[shard]]:
+                        del advance[shard]  # nothing passed after all
             except StaleEpoch:
                 raise
             except Exception as exc:

@@ -1,0 +1,272 @@
+"""The IgnisMQ alert rules: one source for the chart's PrometheusRule, the plain rules file in
+deploy/prometheus/ and the promtool unit tests (each alert fires on a bad series and stays quiet on a
+healthy one). Annotations use only `{{ $labels.NAME }}`, so the expected annotations of a unit test
+are rendered here the way Prometheus renders them.
+
+Label conventions: component series (sweeper, operator) carry the scrape target's `namespace`;
+application series (publish, ack, handler: the PodMonitor) are joined by `queue` only, because they
+come from the applications' own namespaces.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+RUNBOOK_BASE_URL = "https://github.com/ignismq/ignismq/blob/main/docs/runbook.md"
+GROUP = "ignismq"
+
+
+@dataclass(frozen=True)
+class Case:
+    """promtool input series (series -> values notation), when to evaluate, and the alerts expected
+    then (their labels besides alertname and severity); `[]` = none."""
+
+    series: dict[str, str]
+    eval_time: str
+    expect: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+    fires: Case
+    quiet: Case
+
+    @property
+    def runbook_anchor(self) -> str:
+        return self.name.lower()  # GitHub's anchor of the heading "## <name>"
+
+    def rule(self, runbook_base: str = RUNBOOK_BASE_URL) -> dict:
+        rule: dict = {"alert": self.name, "expr": self.expr}
+        if self.for_ != "0m":
+            rule["for"] = self.for_
+        rule["labels"] = {"severity": self.severity}
+        rule["annotations"] = {"summary": self.summary, "description": self.description,
+                               "runbook_url": f"{runbook_base}#{self.runbook_anchor}"}
+        return rule
+
+
+def render(template: str, labels: dict[str, str]) -> str:
+    """`{{ $labels.x }}` as Prometheus renders it (a missing label is empty)."""
+    return re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), template)
+
+
+NS = 'namespace="ignis"'
+SWEEPER_A = f'{NS},instance="sweeper-a:9090"'
+SWEEPER_B = f'{NS},instance="sweeper-b:9090"'
+OPERATOR = f'{NS},instance="operator:9090"'
+INFO_A = f'ignis_sweeper_info{{{SWEEPER_A},identity="sweeper-a-1-abcdef",lease="kubernetes",version="0.1.0"}}'
+INFO_B = f'ignis_sweeper_info{{{SWEEPER_B},identity="sweeper-b-1-fedcba",lease="kubernetes",version="0.1.0"}}'
+INFO_OPERATOR = f"ignis_sweeper_info{{{OPERATOR}}}"  # every ignis process exports the metric, unset
+
+ALERTS: list[Alert] = [
+    Alert(
+        "IgnisSweeperNoLeader",
+        '(sum by (namespace) (ignis_sweeper_leader and on (instance) ignis_sweeper_info{identity!=""}) < 1)'
+        ' or absent(ignis_sweeper_info{identity!=""})',
+        "2m", "critical",
+        "No IgnisMQ sweeper leads in {{ $labels.namespace }}",
+        "No sweeper process holds the lease (or no sweeper is scraped at all): abandoned messages are not "
+        "re-homed, sidelined ones are not shovelled back, and queue gauges are not refreshed.",
+        Case({f"ignis_sweeper_leader{{{SWEEPER_A}}}": "0x15", f"ignis_sweeper_leader{{{SWEEPER_B}}}": "0x15",
+              INFO_A: "1x15", INFO_B: "1x15"}, "5m", [{"namespace": "ignis"}]),
+        Case({f"ignis_sweeper_leader{{{SWEEPER_A}}}": "1x15", f"ignis_sweeper_leader{{{SWEEPER_B}}}": "0x15",
+              f"ignis_sweeper_leader{{{OPERATOR}}}": "0x15", INFO_A: "1x15", INFO_B: "1x15",
+              INFO_OPERATOR: "1x15"}, "5m"),
+    ),
+    Alert(
+        "IgnisSweeperLeaderFlapping",
+        'sum by (namespace) (increase(ignis_sweeper_leader_transitions_total{outcome="won"}[15m])) > 3',
+        "0m", "warning",
+        "The IgnisMQ sweeper lease changes hands often in {{ $labels.namespace }}",
+        "More than 3 sweeper leadership wins in 15 minutes: leaders lose the lease before renewing it (API "
+        "server latency, CPU throttling, pods restarting). Each new leader takes a new epoch and restarts "
+        "its sweep.",
+        Case({f'ignis_sweeper_leader_transitions_total{{{SWEEPER_A},outcome="won"}}': "0+1x20",
+              f'ignis_sweeper_leader_transitions_total{{{SWEEPER_B},outcome="won"}}': "0+1x20"}, "16m",
+             [{"namespace": "ignis"}]),
+        Case({f'ignis_sweeper_leader_transitions_total{{{SWEEPER_A},outcome="won"}}': "1x20",
+              f'ignis_sweeper_leader_transitions_total{{{SWEEPER_B},outcome="lost"}}': "1x20"}, "16m"),
+    ),
+    Alert(
+        "IgnisSweepFailing",
+        "sum by (namespace, queue) (increase(ignis_sweep_failures_total[15m])) > 0",
+        "5m", "warning",
+        "Sweeps of queue {{ $labels.queue }} fail",
+        "The leader's sweeps of {{ $labels.queue }} keep failing (on some shard or magazine): abandoned "
+        "claims of that queue stay claimed and are not redelivered.",
+        Case({f'ignis_sweep_failures_total{{{SWEEPER_A},queue="orders",magazine="main"}}': "0+1x30"}, "20m",
+             [{"namespace": "ignis", "queue": "orders"}]),
+        Case({f'ignis_sweep_failures_total{{{SWEEPER_A},queue="orders",magazine="main"}}': "0x30"}, "20m"),
+    ),
+    Alert(
+        "IgnisShovelFailing",
+        "sum by (namespace, queue) (increase(ignis_shovel_failures_total[30m])) > 0",
+        "15m", "warning",
+        "Shovel passes of queue {{ $labels.queue }} fail",
+        "Sidelined messages of {{ $labels.queue }} are not moved back to the main magazine for "
+        "redelivery (nor dead-lettered).",
+        Case({f'ignis_shovel_failures_total{{{SWEEPER_A},queue="orders"}}': "0+1x40"}, "30m",
+             [{"namespace": "ignis", "queue": "orders"}]),
+        Case({f'ignis_shovel_failures_total{{{SWEEPER_A},queue="orders"}}': "2x40"}, "30m"),
+    ),
+    Alert(
+        "IgnisSweepNotRunning",
+        "time() - ignis_sweep_last_pass_timestamp_seconds > 3 * ignis_sweep_interval_seconds + 60",
+        "5m", "critical",
+        "The IgnisMQ sweeper leader has not finished a sweep pass in three intervals",
+        "The leader {{ $labels.instance }} holds the lease but its sweep pass is stuck or very slow "
+        "(a hung store call, a huge backlog of abandoned claims, too few threads).",
+        Case({f"ignis_sweep_last_pass_timestamp_seconds{{{SWEEPER_A}}}": "0x30",
+              f"ignis_sweep_interval_seconds{{{SWEEPER_A}}}": "60x30"}, "20m",
+             [{"namespace": "ignis", "instance": "sweeper-a:9090"}]),
+        Case({f"ignis_sweep_last_pass_timestamp_seconds{{{SWEEPER_A}}}": "0+60x30",
+              f"ignis_sweep_interval_seconds{{{SWEEPER_A}}}": "60x30",
+              f"ignis_sweep_last_pass_timestamp_seconds{{{SWEEPER_B}}}": " ".join(["NaN"] * 31),  # a standby
+              f"ignis_sweep_interval_seconds{{{SWEEPER_B}}}": "60x30"}, "20m"),
+    ),
+    Alert(
+        "IgnisBacklogGrowingWithoutAcks",
+        "(sum by (queue) (delta(ignis_queue_depth[15m])) > 0) and on (queue) (sum by (queue) (ignis_queue_depth) > 0)"
+        " unless on (queue) (sum by (queue) (rate(ignis_acked_total[15m])) > 0)",
+        "15m", "critical",
+        "Queue {{ $labels.queue }} grows and nothing is acked",
+        "Messages of {{ $labels.queue }} pile up and no consumer has acknowledged any for 15 minutes: "
+        "consumers are down, stuck, or failing every message.",
+        Case({'ignis_queue_depth{namespace="ignis",queue="orders"}': "0+10x60"}, "40m", [{"queue": "orders"}]),
+        Case({'ignis_queue_depth{namespace="ignis",queue="orders"}': "0+10x60",
+              'ignis_acked_total{namespace="shop",queue="orders"}': "0+5x60"}, "40m"),
+    ),
+    Alert(
+        "IgnisInFlightOlderThanSweepDuration",
+        "max by (queue) (ignis_queue_oldest_in_flight_seconds) > on (queue) (max by (queue) "
+        "(ignis_queue_sweep_duration_seconds) + 2 * scalar(max(ignis_sweep_interval_seconds)))",
+        "10m", "warning",
+        "A delivered message of {{ $labels.queue }} is unsettled for longer than its sweepDuration",
+        "The oldest in-flight message of {{ $labels.queue }} was claimed longer ago than the queue's "
+        "sweepDuration plus two sweep intervals: the sweeper should have re-homed it and has not.",
+        Case({'ignis_queue_oldest_in_flight_seconds{namespace="ignis",queue="orders"}': "1500+60x30",
+              'ignis_queue_sweep_duration_seconds{namespace="ignis",queue="orders"}': "1200x30",
+              f"ignis_sweep_interval_seconds{{{SWEEPER_A}}}": "60x30"}, "20m", [{"queue": "orders"}]),
+        Case({'ignis_queue_oldest_in_flight_seconds{namespace="ignis",queue="orders"}': "30x30",
+              'ignis_queue_sweep_duration_seconds{namespace="ignis",queue="orders"}': "1200x30",
+              f"ignis_sweep_interval_seconds{{{SWEEPER_A}}}": "60x30"}, "20m"),
+    ),
+    Alert(
+        "IgnisSidelineGrowing",
+        "(sum by (queue) (delta(ignis_queue_sidelined[30m])) > 0) and on (queue) (sum by (queue) "
+        "(ignis_queue_sidelined) > 0)",
+        "30m", "warning",
+        "The sideline of {{ $labels.queue }} keeps growing",
+        "Failed messages of {{ $labels.queue }} accumulate in its sideline faster than the shovel brings "
+        "them back: handlers reject or raise on them.",
+        Case({'ignis_queue_sidelined{namespace="ignis",queue="orders"}': "0+5x90"}, "70m", [{"queue": "orders"}]),
+        Case({'ignis_queue_sidelined{namespace="ignis",queue="orders"}': "50x90"}, "70m"),
+    ),
+    Alert(
+        "IgnisDeadLettersArriving",
+        "sum by (queue, reason) (increase(ignis_dead_lettered_total[10m])) > 0",
+        "0m", "warning",
+        "Messages of {{ $labels.queue }} are dead-lettered ({{ $labels.reason }})",
+        "Messages of {{ $labels.queue }} failed maxDeliveries times and went to {{ $labels.queue }}_DEAD "
+        "(last reason: {{ $labels.reason }}). They are kept, not retried.",
+        Case({'ignis_dead_lettered_total{namespace="shop",queue="orders",reason="exception"}': "0+1x20"}, "15m",
+             [{"queue": "orders", "reason": "exception"}]),
+        Case({'ignis_dead_lettered_total{namespace="shop",queue="orders",reason="exception"}': "3x20"}, "15m"),
+    ),
+    Alert(
+        "IgnisStorageRetriesHigh",
+        "sum by (namespace, operation) (rate(ignis_storage_retries_total[5m])) / sum by (namespace, operation) "
+        "(rate(ignis_storage_calls_total[5m])) > 0.05",
+        "10m", "warning",
+        "Storage calls {{ $labels.operation }} are retried often in {{ $labels.namespace }}",
+        "More than 5% of the Aerospike calls {{ $labels.operation }} needed a retry (timeouts, cluster "
+        "changes, hot keys): latency grows and an outage may follow.",
+        Case({f'ignis_storage_calls_total{{{SWEEPER_A},operation="claim"}}': "0+100x30",
+              f'ignis_storage_retries_total{{{SWEEPER_A},operation="claim"}}': "0+20x30"}, "20m",
+             [{"namespace": "ignis", "operation": "claim"}]),
+        Case({f'ignis_storage_calls_total{{{SWEEPER_A},operation="claim"}}': "0+100x30",
+              f'ignis_storage_retries_total{{{SWEEPER_A},operation="claim"}}': "0+1x30"}, "20m"),
+    ),
+    Alert(
+        "IgnisStorageErrors",
+        "sum by (namespace, operation) (rate(ignis_storage_errors_total[5m])) > 0",
+        "5m", "critical",
+        "Storage calls {{ $labels.operation }} fail in {{ $labels.namespace }}",
+        "Aerospike calls {{ $labels.operation }} fail even after their retries: the store is unreachable, "
+        "overloaded or refusing writes.",
+        Case({f'ignis_storage_errors_total{{{SWEEPER_A},operation="get_queue"}}': "0+3x30"}, "20m",
+             [{"namespace": "ignis", "operation": "get_queue"}]),
+        Case({f'ignis_storage_errors_total{{{SWEEPER_A},operation="get_queue"}}': "2x30"}, "20m"),
+    ),
+    Alert(
+        "IgnisOperatorReconcileFailures",
+        'sum by (namespace, result) (rate(ignis_operator_reconciles_total{result!="Synced"}[10m])) > 0',
+        "15m", "warning",
+        "IgnisQueue reconciles fail with {{ $labels.result }} in {{ $labels.namespace }}",
+        "The operator keeps failing to sync IgnisQueue objects into queue records (result "
+        "{{ $labels.result }}). `kubectl get iq -A` shows which ones; their Events say why.",
+        Case({f'ignis_operator_reconciles_total{{{OPERATOR},result="StoreUnavailable"}}': "0+2x40"}, "30m",
+             [{"namespace": "ignis", "result": "StoreUnavailable"}]),
+        Case({f'ignis_operator_reconciles_total{{{OPERATOR},result="Synced"}}': "0+5x40",
+              f'ignis_operator_reconciles_total{{{OPERATOR},result="StoreUnavailable"}}': "1x40"}, "30m"),
+    ),
+    Alert(
+        "IgnisQueueNotReady",
+        'sum by (namespace, state) (ignis_operator_queues{state!="Synced"}) > 0',
+        "10m", "warning",
+        "IgnisQueues are not Ready ({{ $labels.state }})",
+        "Some declared queues have been Ready=False with reason {{ $labels.state }} for 10 minutes: their "
+        "records are missing or stale, so producers and consumers may fail with QueueNotFound.",
+        Case({f'ignis_operator_queues{{{OPERATOR},state="InvalidSpec"}}': "1x30",
+              f'ignis_operator_queues{{{OPERATOR},state="Synced"}}': "4x30"}, "20m",
+             [{"namespace": "ignis", "state": "InvalidSpec"}]),
+        Case({f'ignis_operator_queues{{{OPERATOR},state="InvalidSpec"}}': "0x30",
+              f'ignis_operator_queues{{{OPERATOR},state="Synced"}}': "4x30"}, "20m"),
+    ),
+    Alert(
+        "IgnisHoleBudgetExhausted",
+        "sum by (queue) (increase(ignis_hole_budget_exhausted_total[10m])) > 0",
+        "0m", "warning",
+        "Consumers of {{ $labels.queue }} gave up after skipping their hole budget",
+        "Fire calls on {{ $labels.queue }} skipped IGNIS_HOLE_BUDGET empty slots in a row and returned "
+        "nothing: many publishes failed between allocating a slot and writing it, or messages expired "
+        "unread.",
+        Case({'ignis_hole_budget_exhausted_total{namespace="shop",queue="orders"}': "0+1x20"}, "15m",
+             [{"queue": "orders"}]),
+        Case({'ignis_hole_budget_exhausted_total{namespace="shop",queue="orders"}': "0x20"}, "15m"),
+    ),
+]
+
+
+def rule_groups(runbook_base: str = RUNBOOK_BASE_URL) -> dict:
+    """The `groups:` document (a rules file; also a PrometheusRule's spec)."""
+    return {"groups": [{"name": GROUP, "rules": [a.rule(runbook_base) for a in ALERTS]}]}
+
+
+def unit_tests(rules_file: str) -> dict:
+    """promtool test rules input: per alert, a firing case and a quiet case."""
+    tests = []
+    for alert in ALERTS:
+        for case in (alert.fires, alert.quiet):
+            expected = []
+            for labels in case.expect:
+                all_labels = {**labels, "severity": alert.severity}
+                expected.append({"exp_labels": all_labels, "exp_annotations": {
+                    "summary": render(alert.summary, all_labels),
+                    "description": render(alert.description, all_labels),
+                    "runbook_url": f"{RUNBOOK_BASE_URL}#{alert.runbook_anchor}"}})
+            tests.append({
+                "name": f"{alert.name} {'fires' if case.expect else 'stays quiet'}",
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in case.series.items()],
+                "alert_rule_test": [{"eval_time": case.eval_time, "alertname": alert.name,
+                                     "exp_alerts": expected}],
+            })
+    return {"rule_files": [rules_file], "evaluation_interval": "1m", "tests": tests}

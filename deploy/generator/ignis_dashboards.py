@@ -1,0 +1,333 @@
+"""The Grafana dashboards "IgnisMQ overview" and "IgnisMQ operator" (classic JSON model), built here and
+written by generate.py into the chart (and deploy/grafana/); tests compare the committed files with
+this output, check every metric name against the code's registries and evaluate every query on a real
+Prometheus.
+
+Variables: `datasource` (every panel's datasource), `namespace` (where the IgnisMQ components run:
+sweeper and operator series), `queue`. Application series (publish, deliver, ack, handler: scraped
+from the applications' pods) are selected by queue only: they live in the applications' namespaces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+SCHEMA_VERSION = 41  # Grafana 12's classic dashboard model; older Grafanas migrate it on load
+DS = {"type": "prometheus", "uid": "${datasource}"}
+NS = 'namespace=~"$namespace"'
+Q = 'queue=~"$queue"'
+RATE = "$__rate_interval"
+
+
+class Layout:
+    """Hands out unique panel ids and grid positions, row by row (a 24-column grid)."""
+
+    def __init__(self) -> None:
+        self.next_id = 1
+        self.y = 0
+        self.x = 0
+        self.row_height = 0
+
+    def place(self, w: int, h: int) -> dict[str, int]:
+        if self.x + w > 24:
+            self.newline()
+        pos = {"h": h, "w": w, "x": self.x, "y": self.y}
+        self.x += w
+        self.row_height = max(self.row_height, h)
+        return pos
+
+    def newline(self) -> None:
+        self.y += self.row_height
+        self.x = 0
+        self.row_height = 0
+
+    def id(self) -> int:
+        value = self.next_id
+        self.next_id += 1
+        return value
+
+
+def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False) -> dict[str, Any]:
+    t: dict[str, Any] = {"datasource": DS, "editorMode": "code", "expr": expr, "legendFormat": legend or "__auto",
+                         "range": not instant, "instant": instant, "refId": ref}
+    return t
+
+
+def targets(*pairs: tuple[str, str]) -> list[dict[str, Any]]:
+    return [target(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(pairs)]
+
+
+def stat(layout: Layout, title: str, expr: str, unit: str = "short", description: str = "", w: int = 3,
+         thresholds: list[tuple[float | None, str]] | None = None) -> dict[str, Any]:
+    steps = [{"color": color, "value": value} for value, color in (thresholds or [(None, "green")])]
+    return {
+        "id": layout.id(), "type": "stat", "title": title, "description": description, "datasource": DS,
+        "gridPos": layout.place(w, 4), "targets": [target(expr, title)],
+        "fieldConfig": {"defaults": {"unit": unit, **({"decimals": 0} if unit == "short" else {}),
+                                     "thresholds": {"mode": "absolute", "steps": steps},
+                                     "color": {"mode": "thresholds"}}, "overrides": []},
+        "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                    "colorMode": "value", "graphMode": "area", "justifyMode": "auto", "textMode": "auto",
+                    "orientation": "auto"},
+    }
+
+
+def timeseries(layout: Layout, title: str, queries: list[tuple[str, str]], unit: str = "short",
+               description: str = "", w: int = 12, h: int = 8, stack: bool = False) -> dict[str, Any]:
+    return {
+        "id": layout.id(), "type": "timeseries", "title": title, "description": description, "datasource": DS,
+        "gridPos": layout.place(w, h), "targets": targets(*queries),
+        "fieldConfig": {"defaults": {"unit": unit, "min": 0, "custom": {
+            "drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "showPoints": "never", "spanNulls": True,
+            "stacking": {"mode": "normal" if stack else "none", "group": "A"}}}, "overrides": []},
+        "options": {"legend": {"displayMode": "table", "placement": "bottom", "showLegend": True,
+                               "calcs": ["lastNotNull", "max"]},
+                    "tooltip": {"mode": "multi", "sort": "desc"}},
+    }
+
+
+def table(layout: Layout, title: str, expr: str, description: str = "", w: int = 12, h: int = 6,
+          hide: tuple[str, ...] = ("Time",)) -> dict[str, Any]:
+    return {
+        "id": layout.id(), "type": "table", "title": title, "description": description, "datasource": DS,
+        "gridPos": layout.place(w, h), "targets": [dict(target(expr, "", instant=True), format="table")],
+        "fieldConfig": {"defaults": {}, "overrides": []},
+        "options": {"showHeader": True, "cellHeight": "sm"},
+        "transformations": [{"id": "organize", "options": {"excludeByName": dict.fromkeys(hide, True)}}],
+    }
+
+
+def row(layout: Layout, title: str, repeat: str | None = None) -> dict[str, Any]:
+    layout.newline()
+    panel: dict[str, Any] = {"id": layout.id(), "type": "row", "title": title, "collapsed": False, "panels": [],
+                             "gridPos": {"h": 1, "w": 24, "x": 0, "y": layout.y}}
+    if repeat:
+        panel["repeat"] = repeat
+    layout.y += 1
+    return panel
+
+
+def variables(with_queue: bool = True) -> list[dict[str, Any]]:
+    found = [
+        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+         "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []},
+        {"name": "namespace", "label": "Namespace", "type": "query", "datasource": DS,
+         "query": {"query": "label_values(ignis_sweeper_leader, namespace)", "refId": "namespace"},
+         "definition": "label_values(ignis_sweeper_leader, namespace)", "refresh": 2, "sort": 1,
+         "multi": True, "includeAll": True, "allValue": ".*", "current": {"text": "All", "value": "$__all"},
+         "hide": 0, "options": [], "regex": ""},
+    ]
+    if with_queue:
+        found.append(
+            {"name": "queue", "label": "Queue", "type": "query", "datasource": DS,
+             "query": {"query": f"label_values(ignis_queue_depth{{{NS}}}, queue)", "refId": "queue"},
+             "definition": f"label_values(ignis_queue_depth{{{NS}}}, queue)", "refresh": 2, "sort": 1,
+             "multi": True, "includeAll": True, "allValue": ".*", "current": {"text": "All", "value": "$__all"},
+             "hide": 0, "options": [], "regex": ""})
+    return found
+
+
+def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any]], *, with_queue: bool = True
+              ) -> dict[str, Any]:
+    return {
+        "uid": uid, "title": title, "description": description, "tags": ["ignismq"], "editable": True,
+        "graphTooltip": 1, "schemaVersion": SCHEMA_VERSION, "version": 1, "refresh": "30s", "timezone": "browser",
+        "time": {"from": "now-3h", "to": "now"}, "timepicker": {}, "fiscalYearStartMonth": 0, "liveNow": False,
+        "annotations": {"list": [{"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                                  "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+                                  "name": "Annotations & Alerts", "type": "dashboard"}]},
+        "links": [{"title": "IgnisMQ dashboards", "type": "dashboards", "tags": ["ignismq"], "asDropdown": True,
+                   "includeVars": True, "keepTime": True}],
+        "templating": {"list": variables(with_queue)},
+        "panels": panels,
+    }
+
+
+# ---- IgnisMQ overview -----------------------------------------------------------------------------
+# group_left keeps the info series' labels (identity, version); a plain `on` match would keep only instance.
+LEADER = f'ignis_sweeper_info{{{NS}, identity!=""}} * on (instance) group_left () ignis_sweeper_leader{{{NS}}}'
+
+
+def overview() -> dict[str, Any]:
+    lay = Layout()
+    panels: list[dict[str, Any]] = [row(lay, "Overview")]
+    rates = f"[{RATE}]"
+    panels += [
+        stat(lay, "Queues", f"count(max by (queue) (ignis_queue_depth{{{NS}, {Q}}}))",
+             description="Active queues the sweeper leader reports."),
+        stat(lay, "Depth", f"sum(ignis_queue_depth{{{NS}, {Q}}})", description="Unclaimed messages."),
+        stat(lay, "In flight", f"sum(ignis_queue_in_flight{{{NS}, {Q}}})",
+             description="Delivered, not yet acked or nacked."),
+        stat(lay, "Sidelined", f"sum(ignis_queue_sidelined{{{NS}, {Q}}})",
+             thresholds=[(None, "green"), (1, "orange")], description="Failed messages waiting for the shovel."),
+        stat(lay, "Dead", f"sum(ignis_queue_dead{{{NS}, {Q}}})", thresholds=[(None, "green"), (1, "red")],
+             description="Messages that failed maxDeliveries times."),
+        stat(lay, "Leader", f"sum(ignis_sweeper_leader{{{NS}}})", thresholds=[(None, "red"), (1, "green")],
+             description="Sweeper processes leading (must be 1)."),
+        stat(lay, "Oldest in flight", f"max(ignis_queue_oldest_in_flight_seconds{{{NS}, {Q}}})", unit="s",
+             w=6, description="Age of the oldest delivered, unsettled message."),
+        stat(lay, "Publish/s", f"sum(rate(ignis_published_total{{{Q}}}{rates}))", unit="reqps", w=4),
+        stat(lay, "Deliver/s", f"sum(rate(ignis_delivered_total{{{Q}}}{rates}))", unit="reqps", w=4),
+        stat(lay, "Ack/s", f"sum(rate(ignis_acked_total{{{Q}}}{rates}))", unit="reqps", w=4),
+        stat(lay, "Redeliveries/s", f"sum(rate(ignis_redelivered_total{{{Q}}}{rates}))", unit="reqps", w=4,
+             description="Deliveries of messages delivered before (after a failure, a sweep or a shovel)."),
+        stat(lay, "Sidelined/s", f"sum(rate(ignis_sidelined_total{{{Q}}}{rates}))", unit="reqps", w=4),
+        stat(lay, "Dead-lettered/s", f"sum(rate(ignis_dead_lettered_total{{{Q}}}{rates}))", unit="reqps", w=4),
+    ]
+    lay.newline()
+    panels += [
+        timeseries(lay, "Messages: depth, in flight, sidelined, dead", [
+            (f"sum(ignis_queue_depth{{{NS}, {Q}}})", "depth"),
+            (f"sum(ignis_queue_in_flight{{{NS}, {Q}}})", "in flight"),
+            (f"sum(ignis_queue_sidelined{{{NS}, {Q}}})", "sidelined"),
+            (f"sum(ignis_queue_dead{{{NS}, {Q}}})", "dead")]),
+        timeseries(lay, "Message rates", [
+            (f"sum(rate(ignis_published_total{{{Q}}}{rates}))", "publish"),
+            (f"sum(rate(ignis_delivered_total{{{Q}}}{rates}))", "deliver"),
+            (f"sum(rate(ignis_acked_total{{{Q}}}{rates}))", "ack"),
+            (f"sum(rate(ignis_redelivered_total{{{Q}}}{rates}))", "redeliver")], unit="reqps"),
+    ]
+
+    # Per-queue rows: Grafana repeats the row (and its panels) for every selected queue.
+    panels.append(row(lay, "Queue $queue", repeat="queue"))
+    one = 'queue="$queue"'
+    panels += [
+        timeseries(lay, "Depth and in flight", [
+            (f"sum(ignis_queue_depth{{{NS}, {one}}})", "depth"),
+            (f"sum(ignis_queue_in_flight{{{NS}, {one}}})", "in flight"),
+            (f"sum(ignis_queue_sidelined{{{NS}, {one}}})", "sidelined"),
+            (f"sum(ignis_queue_dead{{{NS}, {one}}})", "dead")], w=8),
+        timeseries(lay, "Publish vs ack", [
+            (f"sum(rate(ignis_published_total{{{one}}}{rates}))", "publish"),
+            (f"sum(rate(ignis_delivered_total{{{one}}}{rates}))", "deliver"),
+            (f"sum(rate(ignis_acked_total{{{one}}}{rates}))", "ack")], unit="reqps", w=8),
+        timeseries(lay, "Sidelined and dead-lettered by reason", [
+            (f"sum by (reason) (rate(ignis_sidelined_total{{{one}}}{rates}))", "sidelined {{reason}}"),
+            (f"sum by (reason) (rate(ignis_dead_lettered_total{{{one}}}{rates}))", "dead {{reason}}")],
+            unit="reqps", w=8),
+        timeseries(lay, "Handler duration", [
+            (f"histogram_quantile(0.5, sum by (le) (rate(ignis_handler_duration_seconds_bucket{{{one}}}{rates})))",
+             "p50"),
+            (f"histogram_quantile(0.95, sum by (le) (rate(ignis_handler_duration_seconds_bucket{{{one}}}{rates})))",
+             "p95"),
+            (f"histogram_quantile(0.99, sum by (le) (rate(ignis_handler_duration_seconds_bucket{{{one}}}{rates})))",
+             "p99")], unit="s", w=8),
+        timeseries(lay, "Batch size", [
+            (f"sum(rate(ignis_handler_batch_size_sum{{{one}}}{rates})) / "
+             f"sum(rate(ignis_handler_batch_size_count{{{one}}}{rates}))", "mean"),
+            (f"histogram_quantile(0.95, sum by (le) (rate(ignis_handler_batch_size_bucket{{{one}}}{rates})))",
+             "p95")], w=8, description="Messages per handler call on batching queues."),
+        timeseries(lay, "Oldest in flight vs sweepDuration", [
+            (f"max(ignis_queue_oldest_in_flight_seconds{{{NS}, {one}}})", "oldest in flight"),
+            (f"max(ignis_queue_sweep_duration_seconds{{{NS}, {one}}})", "sweepDuration")], unit="s", w=8),
+    ]
+
+    panels.append(row(lay, "Sweeper"))
+    panels += [
+        table(lay, "Sweeper processes (1 = leader)", LEADER, w=8,
+              description="Every sweeper process, its candidate identity and version; the leader shows 1.",
+              hide=("Time", "__name__", "job")),
+        timeseries(lay, "Leader and transitions", [
+            (f"sum(ignis_sweeper_leader{{{NS}}})", "leaders"),
+            (f'sum by (outcome) (increase(ignis_sweeper_leader_transitions_total{{{NS}}}[{RATE}]))',
+             "transitions {{outcome}}")], w=8),
+        timeseries(lay, "Swept and shovelled per pass", [
+            (f"sum(increase(ignis_swept_total{{{NS}}}[{RATE}])) / "
+             f"clamp_min(sum(increase(ignis_sweep_passes_total{{{NS}}}[{RATE}])), 1)", "swept per sweep pass"),
+            (f"sum(increase(ignis_shovelled_total{{{NS}}}[{RATE}])) / "
+             f"clamp_min(sum(increase(ignis_shovel_passes_total{{{NS}}}[{RATE}])), 1)", "shovelled per shovel pass")],
+            w=8),
+        timeseries(lay, "Sweep duration", [
+            (f"histogram_quantile(0.5, sum by (le) (rate(ignis_sweep_duration_seconds_bucket{{{NS}}}{rates})))",
+             "p50"),
+            (f"histogram_quantile(0.99, sum by (le) (rate(ignis_sweep_duration_seconds_bucket{{{NS}}}{rates})))",
+             "p99"),
+            (f"time() - max(ignis_sweep_last_pass_timestamp_seconds{{{NS}}})", "since last pass")], unit="s", w=8),
+        timeseries(lay, "Sweeper moves", [
+            (f"sum by (magazine) (rate(ignis_swept_total{{{NS}, {Q}}}{rates}))", "swept from {{magazine}}"),
+            (f"sum by (magazine) (rate(ignis_shovelled_total{{{NS}, {Q}}}{rates}))", "shovelled from {{magazine}}"),
+            (f"sum(rate(ignis_sweep_stamped_total{{{NS}, {Q}}}{rates}))", "stamped")], unit="reqps", w=8),
+        timeseries(lay, "Sweeper failures", [
+            (f"sum by (queue, magazine) (increase(ignis_sweep_failures_total{{{NS}, {Q}}}[{RATE}]))",
+             "sweep {{queue}} {{magazine}}"),
+            (f"sum by (queue) (increase(ignis_shovel_failures_total{{{NS}, {Q}}}[{RATE}]))", "shovel {{queue}}"),
+            (f'sum(increase(ignis_sweep_passes_total{{{NS}, outcome="failed"}}[{RATE}]))', "failed passes")],
+            w=8),
+    ]
+
+    panels.append(row(lay, "Storage"))
+    panels += [
+        timeseries(lay, "Storage calls by operation", [
+            ("sum by (operation) (rate(ignis_storage_calls_total[$__rate_interval]))", "{{operation}}")],
+            unit="reqps", w=8),
+        timeseries(lay, "Retries and errors by operation", [
+            ("sum by (operation) (rate(ignis_storage_retries_total[$__rate_interval]))", "retries {{operation}}"),
+            ("sum by (operation) (rate(ignis_storage_errors_total[$__rate_interval]))", "errors {{operation}}")],
+            unit="reqps", w=8),
+        timeseries(lay, "Holes skipped and late writes", [
+            (f"sum by (queue, magazine) (rate(ignis_holes_skipped_total{{{Q}}}{rates}))",
+             "holes {{queue}} {{magazine}}"),
+            (f"sum by (queue) (rate(ignis_hole_budget_exhausted_total{{{Q}}}{rates}))",
+             "budget exhausted {{queue}}"),
+            (f"sum by (queue) (rate(ignis_late_writes_total{{{Q}}}{rates}))", "late writes {{queue}}")],
+            unit="reqps", w=8),
+    ]
+    return dashboard("ignismq-overview", "IgnisMQ overview",
+                     "Queues, message rates, the sweeper and the store (IgnisMQ for Python).", panels)
+
+
+# ---- IgnisMQ operator -----------------------------------------------------------------------------
+def operator() -> dict[str, Any]:
+    lay = Layout()
+    rates = f"[{RATE}]"
+    panels: list[dict[str, Any]] = [row(lay, "Operator")]
+    panels += [
+        stat(lay, "Queues declared", f"sum(ignis_operator_queues{{{NS}}})", w=4),
+        stat(lay, "Ready", f'sum(ignis_operator_queues{{{NS}, state="Synced"}})', w=4),
+        stat(lay, "Not Ready", f'sum(ignis_operator_queues{{{NS}, state!="Synced"}}) or vector(0)', w=4,
+             thresholds=[(None, "green"), (1, "red")]),
+        stat(lay, "Reconciles/s", f"sum(rate(ignis_operator_reconciles_total{{{NS}}}{rates}))", unit="reqps", w=4),
+        stat(lay, "Failed reconciles/s", f'sum(rate(ignis_operator_reconciles_total{{{NS}, result!="Synced"}}'
+             f"{rates})) or vector(0)", unit="reqps", w=4, thresholds=[(None, "green"), (0.001, "orange")]),
+        stat(lay, "Drift repairs (24h)", f"sum(increase(ignis_operator_drift_repairs_total{{{NS}}}[24h]))", w=4,
+             thresholds=[(None, "green"), (1, "orange")]),
+    ]
+    lay.newline()
+    panels += [
+        timeseries(lay, "Reconciles by result", [
+            (f"sum by (result) (rate(ignis_operator_reconciles_total{{{NS}}}{rates}))", "{{result}}")],
+            unit="reqps", stack=True),
+        timeseries(lay, "Reconcile duration", [
+            (f"histogram_quantile(0.5, sum by (le) (rate(ignis_operator_reconcile_duration_seconds_bucket{{{NS}}}"
+             f"{rates})))", "p50"),
+            (f"histogram_quantile(0.99, sum by (le) (rate(ignis_operator_reconcile_duration_seconds_bucket{{{NS}}}"
+             f"{rates})))", "p99"),
+            (f"sum(rate(ignis_operator_reconcile_duration_seconds_sum{{{NS}}}{rates})) / "
+             f"sum(rate(ignis_operator_reconcile_duration_seconds_count{{{NS}}}{rates}))", "mean")], unit="s"),
+        timeseries(lay, "Queues by state", [
+            (f"sum by (state) (ignis_operator_queues{{{NS}}})", "{{state}}")], stack=True),
+        timeseries(lay, "Drift repairs", [
+            (f"sum(increase(ignis_operator_drift_repairs_total{{{NS}}}{rates}))", "repairs")],
+            description="Queue records restored or reverted by the periodic resync (someone deleted or edited "
+                        "them behind the operator's back)."),
+    ]
+    return dashboard("ignismq-operator", "IgnisMQ operator",
+                     "The IgnisQueue operator: reconciles, their duration, queues by state, drift repairs.",
+                     panels, with_queue=False)
+
+
+DASHBOARDS = {"ignismq-overview": overview, "ignismq-operator": operator}
+
+
+def all_panels(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in doc["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def queries(doc: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(panel title, PromQL) of every panel target."""
+    for panel in all_panels(doc):
+        for t in panel.get("targets", []):
+            yield panel["title"], t["expr"]

@@ -1,0 +1,70 @@
+"""Structured logs for the long-running processes (`ignis sweeper`, `ignis operator`): plain text for
+people, or one JSON object per line for a log pipeline (`--log-format json`). Fields passed as
+`extra={...}` become JSON keys.
+
+kopf's per-object loggers attach `k8s_ref` (the object), `settings` and `k8s_skip` to every record
+(kopf/_core/actions/loggers.py, ObjectLogger): the object becomes `"object": "namespace/name"` (a
+`[namespace/name]` prefix in text), the other two are kopf internals and are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+# Attributes every LogRecord has; anything else on a record came from `extra=` and is emitted.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+_KOPF_INTERNAL = {"settings", "k8s_skip", "k8s_ref"}
+
+FORMATS = ("text", "json")
+
+
+def _object_of(record: logging.LogRecord) -> str | None:
+    ref: Any = getattr(record, "k8s_ref", None)
+    if not isinstance(ref, dict) or not ref.get("name"):
+        return None
+    return f"{ref['namespace']}/{ref['name']}" if ref.get("namespace") else str(ref["name"])
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        obj = _object_of(record)
+        if obj:
+            doc["object"] = obj
+        doc.update({k: v for k, v in vars(record).items() if k not in _STANDARD and k not in _KOPF_INTERNAL})
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        obj = _object_of(record)
+        if obj:
+            head, sep, message = text.partition(": ")
+            text = f"{head}{sep}[{obj}] {message}"
+        return text
+
+
+def configure(fmt: str = "text", level: str = "INFO") -> None:
+    """Route the root logger to stderr in the chosen format (replaces earlier handlers)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format {fmt!r}: must be text or json")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

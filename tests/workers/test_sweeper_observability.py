@@ -1,0 +1,110 @@
+"""What the sweeper tells an SRE: a start-up line, one line per lease change, the leader's queue gauges
+(cleared when it stops leading), sweep pass metrics, and redeliveries counted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from ignis_workers.election import LeaderElector, StoreLease
+from ignis_workers.service import SweeperService, load_sweeper_settings, scaled_clock
+from ignis_workers.shovel import Shovel
+from prometheus_client import REGISTRY
+from support.polling import wait_for
+
+from ignis import Ignis, QueueSpec
+from ignis.storage import open_store
+from ignis.version import package_version
+
+
+def sample(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_leader_reports_gauges_and_passes_and_clears_them_when_it_stops(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    store = open_store(f"lmdb://{tmp_path}/store?durability=fast")
+    client = Ignis(store)
+    client.apply(QueueSpec.build(name="gauged", handlerType="gauged", shards=2, sweepDurationSeconds=300))
+    queue = client.queue("gauged")
+    queue.publish_many([b"m%d" % i for i in range(5)])
+    assert len(queue.fire_many(2)) == 2  # in flight, never settled
+    settings = load_sweeper_settings(sweep_interval_seconds=0.2, threads=2, lease_duration_seconds=3,
+                                     renew_deadline_seconds=2, retry_period_seconds=0.2, probe_port=-1)
+    # The service's clock runs 100 s ahead: the claims look 100 s old, younger than sweepDuration.
+    service = SweeperService(store, settings, clock=scaled_clock(offset_seconds=100))
+    passes_before = sample("ignis_sweep_passes_total", outcome="ok") or 0
+    stop = threading.Event()
+    runner = threading.Thread(target=service.run, args=(stop,))
+    runner.start()
+    try:
+        wait_for(lambda: (sample("ignis_queue_oldest_in_flight_seconds", queue="gauged") or 0) >= 99)
+        assert sample("ignis_queue_depth", queue="gauged") == 3
+        assert sample("ignis_queue_in_flight", queue="gauged") == 2
+        assert sample("ignis_queue_sweep_duration_seconds", queue="gauged") == 300
+        assert sample("ignis_queue_oldest_in_flight_seconds", queue="gauged") < 110
+        assert sample("ignis_sweep_interval_seconds") == 0.2
+        assert abs(time.time() - sample("ignis_sweep_last_pass_timestamp_seconds")) < 5
+        wait_for(lambda: (sample("ignis_sweep_passes_total", outcome="ok") or 0) > passes_before)
+        info = {"identity": service.identity, "lease": "store", "version": package_version()}
+        assert sample("ignis_sweeper_info", **info) == 1
+    finally:
+        stop.set()
+        runner.join(20)
+    assert not runner.is_alive()
+    # Only a leader reports queue figures: a stopped (or standby) process exports none.
+    for gauge in ("ignis_queue_depth", "ignis_queue_in_flight", "ignis_queue_oldest_in_flight_seconds",
+                  "ignis_queue_sweep_duration_seconds"):
+        assert sample(gauge, queue="gauged") is None, gauge
+    assert math.isnan(sample("ignis_sweep_last_pass_timestamp_seconds"))
+    (start,) = [r for r in caplog.records if getattr(r, "event", None) == "start"]
+    assert start.levelno == logging.INFO
+    assert start.getMessage().startswith(f"ignis sweeper {package_version()} starting: store lmdb://")
+    assert f"store lease ignis-sweeper, identity {service.identity}" in start.getMessage()
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert "leading" in events and "stopped" in events
+    store.close()
+
+
+def test_a_standby_logs_who_holds_the_lease(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    store = open_store(f"lmdb://{tmp_path}/store?durability=fast")
+
+    async def main() -> None:
+        first = LeaderElector(StoreLease(store), "sweeper-a")
+        second = LeaderElector(StoreLease(store), "sweeper-b")
+        assert await first.try_acquire_or_renew()
+        assert not await second.try_acquire_or_renew()
+        assert not await second.try_acquire_or_renew()  # no change: no new line
+        await first.release()
+        assert await second.try_acquire_or_renew()
+
+    asyncio.run(main())
+    store.close()
+    changes = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "lease_holder"]
+    assert changes == ["lease holder is now sweeper-a", "lease holder is now nobody (released)"]
+
+
+def test_redeliveries_are_counted(tmp_path: Path) -> None:
+    store = open_store(f"lmdb://{tmp_path}/store?durability=fast")
+    client = Ignis(store)
+    client.apply(QueueSpec.build(name="again", handlerType="again", shards=1))
+    queue = client.queue("again")
+    queue.publish(b"x")
+    before = sample("ignis_redelivered_total", queue="again") or 0
+    (message,) = queue.fire_many(1)
+    message.nack("try again")
+    assert (sample("ignis_redelivered_total", queue="again") or 0) == before  # a first delivery
+    epoch = store.next_epoch()
+    assert Shovel(store, epoch_source=lambda: epoch).shovel_queue(store.client_id, "again").moved == 1
+    queue.main.invalidate()
+    (again,) = queue.fire_many(1)
+    assert again.attempts == 2
+    assert sample("ignis_redelivered_total", queue="again") == before + 1
+    store.close()
