@@ -9,7 +9,10 @@ COPY ignis ./ignis
 COPY operator ./operator
 COPY workers ./workers
 COPY pipeline ./pipeline
-RUN pip install . && useradd --uid 10001 --no-create-home ignis && mkdir /data && chown 10001 /data
+# The pipeline (ignis pipeline ..., spark-submit of ignis_pipeline/jobs) runs Spark, which needs Java 17+.
+RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && rm -rf /var/lib/apt/lists/*
+RUN pip install '.[spark]' && useradd --uid 10001 --no-create-home ignis && mkdir /data && chown 10001 /data
 USER 10001
 # The embedded default store lives here when no aerospike:// URL is configured.
 ENV IGNIS_STORE=lmdb:///data

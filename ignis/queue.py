@@ -14,6 +14,8 @@ from typing import Any
 
 from ignis import names
 from ignis.envelope import (
+    CODEC_BYTES,
+    CODECS,
     Envelope,
     NewMessages,
     encode_payload,
@@ -241,6 +243,56 @@ class Queue:
             return []
         refs = self.main.load_new(_new_tuple(NewMessages, (data, new_message_ids(len(data)), codecs, now_ms(),
                                                            shared_headers, key)))
+        self._published.inc(len(refs))
+        return refs
+
+    def publish_each(self, payloads: Sequence[bytes], *, ids: Sequence[str | None] | None = None,
+                     codecs: Sequence[str] | None = None, keys: Sequence[str | None] | None = None,
+                     headers: Sequence[Mapping[str, str] | None] | None = None) -> list[MessageRef]:
+        """Publish already-encoded messages, each with its own id, codec, partition key and headers (a
+        replay of exported messages, a Spark write), in one group commit. Columns are parallel to
+        `payloads`; a None column or entry means "none" (a None id: a new one). Every message is checked
+        before anything is written, so a bad one leaves the queue unchanged."""
+        count = len(payloads)
+        for name, column in (("ids", ids), ("codecs", codecs), ("keys", keys), ("headers", headers)):
+            if column is not None and len(column) != count:
+                raise InvalidInputError(f"publish_each: {name} has {len(column)} entries for {count} payloads")
+        limit = self.max_payload_bytes
+        # C-level checks of the whole batch (map/set/max); the per-message loop only names the bad one.
+        if payloads and (set(map(type, payloads)) != {bytes} or max(map(len, payloads)) > limit):
+            for i, data in enumerate(payloads):
+                if type(data) is not bytes:
+                    raise InvalidInputError(f"message {i}: payload must be bytes, not {type(data).__name__}")
+                if len(data) > limit:
+                    raise PayloadTooLarge(len(data), limit, self.name)
+        if codecs is not None and not set(codecs) <= set(CODECS):
+            bad = sorted(set(codecs) - set(CODECS), key=str)
+            raise InvalidInputError(f"codec {bad[0]!r}: must be one of {', '.join(CODECS)}")
+        if ids is not None:
+            lengths = set(map(len, ids)) if set(map(type, ids)) == {str} else {0}
+            if min(lengths, default=1) < 1 or max(lengths, default=1) > MAX_ID_LENGTH:
+                for msg_id in ids:
+                    if msg_id is not None:
+                        self._check_options(msg_id, None, None)
+                generated = iter(new_message_ids(sum(msg_id is None for msg_id in ids)))
+                ids = [next(generated) if msg_id is None else msg_id for msg_id in ids]
+        if not count:
+            return []
+        at = now_ms()
+        if not any(keys or ()) and not any(headers or ()):
+            # Nothing per message but id and codec: the columnar publish path (as publish_many).
+            refs = self.main.load_new(_new_tuple(NewMessages, (payloads, ids or new_message_ids(count), codecs, at,
+                                                               None, None)))
+        else:  # per-message keys or headers: one envelope each, placed by key, one group commit
+            all_ids = ids or new_message_ids(count)
+            envelopes = [Envelope(data, all_ids[i], at, codec=codecs[i] if codecs else CODEC_BYTES,
+                                  headers=self._check_options(None, keys[i] if keys else None,
+                                                              headers[i] if headers else None),
+                                  key=keys[i] if keys else None)
+                         for i, data in enumerate(payloads)]
+            slots = self.main.load(envelopes)
+            refs = [MessageRef(env.msg_id, ref.magazine, ref.shard, ref.slot)
+                    for env, ref in zip(envelopes, slots, strict=True)]
         self._published.inc(len(refs))
         return refs
 

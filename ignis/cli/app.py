@@ -26,9 +26,8 @@ try:  # typer >= 0.2x vendors click; these exception types are only reachable th
 except ImportError:  # older typer runs on the click package
     from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[no-redef]
 
-from ignis_workers.cli import register as register_worker_commands
-
 from ignis.cli import render
+from ignis.cli.plugins import load_plugins
 from ignis.cli.render import OutputFormat, emit_json, emit_line
 from ignis.client import Ignis
 from ignis.demo import run_demo
@@ -137,10 +136,6 @@ sideline_app = typer.Typer(help="Inspect failed messages: the sideline and the d
                            no_args_is_help=True, epilog=EXIT_CODES_HELP, rich_markup_mode="markdown")
 app.add_typer(queue_app, name="queue")
 app.add_typer(sideline_app, name="sideline")
-register_worker_commands(app, sideline_app)  # ignis sweep, ignis sweeper, sideline shovel/redrive
-from ignis_operator.cli import operator_command  # noqa: E402  (the operator part registers one command)
-
-app.command("operator")(operator_command)
 
 OutputOpt = Annotated[OutputFormat, typer.Option(
     "--output", "-o", case_sensitive=False,
@@ -601,6 +596,12 @@ def demo(
                          "`ignis queue describe demo` the queue itself.", markup=False)
     if not result.drained:
         raise CliError(f"the demo queue was not drained within the time limit ({doc['stats']['depth']} left)")
+
+
+# ---- plug-ins ------------------------------------------------------------------------------------------
+# `ignis operator`, `ignis up|sweep|sweeper`, `ignis sideline shovel|redrive` and `ignis pipeline` come from
+# the operator/, workers/ and pipeline/ parts through entry points: the core imports none of them.
+load_plugins(app, {"queue": queue_app, "sideline": sideline_app})
 
 
 # ---- entry point ---------------------------------------------------------------------------------------

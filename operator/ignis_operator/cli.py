@@ -1,11 +1,13 @@
 """`ignis operator`: the kopf operator against the current cluster, or (with --manifests DIR) the same
-reconciler over manifest files without a cluster. Registered on the `ignis` app by ignis/cli/app.py."""
+reconciler over manifest files without a cluster. Registered on the `ignis` app by `register`, a plug-in
+found through the `ignis.cli` entry point group (pyproject.toml)."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,6 +23,11 @@ from ignis.version import package_version
 log = logging.getLogger(__name__)
 
 EXIT_INVALID = 2  # the CLI's "bad input" code: some manifest was not applied
+
+
+def register(app: typer.Typer, groups: Mapping[str, typer.Typer]) -> None:
+    """Entry point `ignis.cli`: add `ignis operator`."""
+    app.command("operator")(operator_command)
 
 
 def _open_store(ctx: typer.Context) -> tuple[Storage, str]:

@@ -1,4 +1,5 @@
-"""CLI commands of the sweeper, registered on the core `ignis` app by `register(app, sideline_app)`:
+"""CLI commands of the sweeper, registered on the core `ignis` app by `register(app, groups)` (a plug-in found
+through the `ignis.cli` entry point group):
 
 * `ignis sweep QUEUE` — one sweep pass over one queue, prints what moved (`-o json`);
 * `ignis sweeper` — the long-running service (leader election, sweep and shovel loops, probes);
@@ -7,7 +8,7 @@
 
 The root callback's `State` (ctx.obj) gives the store options; errors are the core's types, so the
 core's `run` turns them into one line and its exit code. Nothing here imports `ignis.cli.app` at
-module level (it imports this module).
+module level (it loads this module while it is being imported).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import signal
 import tempfile
 import threading
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -276,10 +278,10 @@ def _run_journey(ignis: Any, manifest_dir: Path, messages: int) -> journey.Journ
                                    on_settled=lambda n: progress.update(settled, completed=n))
 
 
-def register(app: typer.Typer, sideline_app: typer.Typer) -> None:
-    """Add the sweeper's commands to the core CLI."""
+def register(app: typer.Typer, groups: Mapping[str, typer.Typer]) -> None:
+    """Entry point `ignis.cli` (pyproject.toml): add the sweeper's commands to the core CLI."""
     app.command("up")(up)
     app.command("sweep")(sweep)
     app.command("sweeper")(sweeper)
-    sideline_app.command("shovel")(shovel)
-    sideline_app.command("redrive")(redrive)
+    groups["sideline"].command("shovel")(shovel)
+    groups["sideline"].command("redrive")(redrive)

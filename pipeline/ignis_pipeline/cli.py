@@ -1,0 +1,265 @@
+"""`ignis pipeline export|replay|redrive|stats`: the jobs on Spark, `local[*]` unless `--master URL`; every
+`--conf k=v` goes to the SparkSession. A plug-in of the core CLI (entry point `ignis.cli`): pyspark is
+imported only when a job runs, so `ignis --help` works without the `spark` extra.
+
+Under spark-submit the job modules (`ignis_pipeline/jobs/*.py`) call `run_job`, which runs the same
+commands through the core CLI (store from IGNIS_STORE / IGNIS_CLIENT_ID / IGNIS_FARM_ID).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ignis.cli import render
+from ignis.cli.render import OutputFormat, emit_json, emit_line
+from ignis.errors import IgnisError, InvalidInputError, QueueNotFound
+from ignis.settings import load_settings
+
+OutputOpt = Annotated[OutputFormat, typer.Option(
+    "--output", "-o", case_sensitive=False,
+    help="table for people; json prints one JSON document on stdout and nothing else there.")]
+WhereOpt = Annotated[str | None, typer.Option(
+    "--where", show_default=False, help="SQL condition on the data source's columns, e.g. \"reason = 'timeout'\"")]
+RateOpt = Annotated[float | None, typer.Option(
+    "--rate", min=0.001, show_default=False, help="at most N messages per second, across all tasks")]
+CanaryOpt = Annotated[int | None, typer.Option(
+    "--canary", min=1, show_default=False,
+    help="publish the first N, wait until they are settled, and go on only if at least 95% were acked")]
+CanaryTimeoutOpt = Annotated[float, typer.Option(
+    "--canary-timeout", min=1, help="seconds to wait for the canary to settle (unsettled ones count as failed)")]
+
+
+class Magazine(StrEnum):
+    MAIN = "main"
+    SIDELINE = "sideline"
+    DEAD = "dead"
+    ALL = "all"
+
+
+class Source(StrEnum):
+    DEAD = "dead"
+    SIDELINE = "sideline"
+
+
+class Format(StrEnum):
+    PARQUET = "parquet"
+    JSON = "json"
+
+
+pipeline_app = typer.Typer(
+    help="Bulk jobs over queue data on Spark (Java 17+ and the spark extra): export to Parquet, replay an "
+         "export, redrive dead letters, backlog stats.",
+    no_args_is_help=True, rich_markup_mode="markdown")
+
+
+def register(app: typer.Typer, groups: Mapping[str, typer.Typer]) -> None:
+    """Entry point `ignis.cli`: add `ignis pipeline ...`."""
+    app.add_typer(pipeline_app, name="pipeline")
+
+
+@pipeline_app.callback()
+def pipeline(
+    ctx: typer.Context,
+    master: Annotated[str | None, typer.Option(
+        "--master", show_default=False, help="Spark master URL [default: local[*], or spark-submit's]")] = None,
+    conf: Annotated[list[str] | None, typer.Option(
+        "--conf", show_default=False, help="Spark setting KEY=VALUE (repeatable)")] = None,
+) -> None:
+    """Bulk jobs over queue data on Spark: export, replay, redrive, stats."""
+    ctx.meta["ignis.spark"] = (master, conf or [])
+
+
+def _session(ctx: typer.Context, job: str) -> Any:
+    from ignis_pipeline.session import build_session, parse_conf
+
+    master, conf = ctx.meta.get("ignis.spark", (None, []))
+    # Our own progress line replaces Spark's console bar; failures come back as exceptions, turned into one
+    # `error:` line by the core CLI, so Spark's own error logs (stack traces) would only repeat them.
+    settings = {"spark.ui.showConsoleProgress": "false", **parse_conf(conf)}
+    spark = build_session(f"ignis-pipeline-{job}", master, settings)
+    spark.sparkContext.setLogLevel("FATAL")
+    return spark
+
+
+def _store(ctx: typer.Context) -> dict[str, str]:
+    """The store options of every job: the CLI's --store/--client-id/--farm-id, else the environment."""
+    from ignis_pipeline.options import SourceOptions
+
+    state = ctx.find_root().obj
+    settings = state.settings() if hasattr(state, "settings") else load_settings()
+    parsed = SourceOptions.parse({"store": settings.store, "farmId": settings.farm_id,
+                                  "clientId": settings.client_id, "queue": "*"})
+    return {"store": parsed.store, "farmId": parsed.farm_id, "clientId": parsed.client_id}
+
+
+_OUR_ERROR = re.compile(r"\b(InvalidInputError|QueueNotFound|QueueInactive|PayloadTooLarge|StoreUnavailable|"
+                        r"StoreFull|StoreError|StaleEpoch|CanaryFailed|InvalidSpecError): (.+)")
+
+
+def _job(ctx: typer.Context, name: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Run a job; a failure inside Spark comes back as one line naming the problem."""
+    spark = _session(ctx, name)
+    try:
+        return fn(spark, _store(ctx), *args, **kwargs)
+    except IgnisError:
+        raise
+    except Exception as exc:
+        found = _OUR_ERROR.search(str(exc))
+        if found is None:
+            from pyspark.errors import AnalysisException
+
+            if isinstance(exc, AnalysisException):  # bad input as Spark sees it: a path, a --where
+                raise InvalidInputError(f"Spark: {str(exc).splitlines()[0]}") from None
+            raise
+        message = found.group(2).strip()
+        if found.group(1) in ("QueueNotFound", "QueueInactive"):
+            raise _NotFound(message) from None
+        raise InvalidInputError(message) from None
+    finally:
+        spark.stop()
+
+
+class _NotFound(QueueNotFound):
+    def __init__(self, message: str) -> None:
+        IgnisError.__init__(self, message)
+
+
+@pipeline_app.command()
+def export(
+    ctx: typer.Context,
+    queues: Annotated[list[str] | None, typer.Argument(
+        metavar="[QUEUE]...", show_default=False, help="queues to export [default: every queue of the client]")] = None,
+    to: Annotated[str, typer.Option("--to", show_default=False, help="output directory (any Spark path)")] = "",
+    magazine: Annotated[Magazine, typer.Option("--magazine", case_sensitive=False)] = Magazine.MAIN,
+    fmt: Annotated[Format, typer.Option("--format", case_sensitive=False)] = Format.PARQUET,
+    since: Annotated[str | None, typer.Option(help="load time from (ISO-8601 or epoch ms)")] = None,
+    until: Annotated[str | None, typer.Option(help="load time up to (ISO-8601 or epoch ms)")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace PATH if it exists")] = False,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Snapshot queue messages to Parquet (or JSON), partitioned by queue and magazine. Nothing is consumed."""
+    from ignis_pipeline.jobs.export import export as run
+
+    if not to:
+        raise InvalidInputError("--to PATH is required: where to write the export")
+    doc = _job(ctx, "export", run, list(queues or []), to, magazine=magazine.value, fmt=fmt.value, since=since,
+               until=until, overwrite=overwrite)
+    _emit(doc, output, f"exported {doc['exported']} message(s) to {doc['path']} ({doc['format']})")
+
+
+@pipeline_app.command()
+def replay(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Option("--from", show_default=False, help="an export's directory")] = "",
+    queue: Annotated[str, typer.Option("--to", show_default=False, help="queue to publish into")] = "",
+    fmt: Annotated[Format, typer.Option("--format", case_sensitive=False)] = Format.PARQUET,
+    where: WhereOpt = None,
+    rate: RateOpt = None,
+    canary: CanaryOpt = None,
+    canary_timeout: CanaryTimeoutOpt = 300.0,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Publish an export into a queue again, ids, keys and headers kept."""
+    from ignis_pipeline.jobs.replay import replay as run
+
+    if not source or not queue:
+        raise InvalidInputError("--from PATH and --to QUEUE are both required")
+    doc = _job(ctx, "replay", run, source, queue, fmt=fmt.value, where=where, rate=rate, canary=canary,
+               canary_timeout=canary_timeout)
+    _emit(doc, output, f"replayed {doc['published']} message(s) from {source} into {queue}" + _canary(doc))
+
+
+@pipeline_app.command()
+def redrive(
+    ctx: typer.Context,
+    queue: Annotated[str, typer.Argument(metavar="QUEUE", show_default=False)],
+    source: Annotated[Source, typer.Option("--from", case_sensitive=False)] = Source.DEAD,
+    where: WhereOpt = None,
+    rate: RateOpt = None,
+    canary: CanaryOpt = None,
+    canary_timeout: CanaryTimeoutOpt = 300.0,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Move dead letters (or sidelined messages) matching --where back to main: ids kept, attempts reset,
+    each moved once."""
+    from ignis_pipeline.jobs.redrive import redrive as run
+
+    doc = _job(ctx, "redrive", run, queue, source.value, where=where, rate=rate, canary=canary,
+               canary_timeout=canary_timeout)
+    line = f"moved {doc['moved']} message(s) from the {source.value} of {queue} back to main"
+    if doc["gone"]:
+        line += f"; {doc['gone']} had been moved or expired meanwhile"
+    _emit(doc, output, line + _canary(doc))
+
+
+@pipeline_app.command()
+def stats(
+    ctx: typer.Context,
+    queues: Annotated[list[str] | None, typer.Argument(
+        metavar="[QUEUE]...", show_default=False, help="queues [default: every queue of the client]")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", show_default=False, help="also draw the backlog-age distribution and depth per shard (PNG)")] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Backlog analytics per queue and magazine: depth, in flight, ages (oldest, p50/p90/p99), attempts,
+    reasons, top keys, depth per shard."""
+    from ignis_pipeline.jobs.plot import plot as draw
+    from ignis_pipeline.jobs.stats import stats as run
+
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise InvalidInputError(f"--plot {plot}: the file name must end in .png")
+    doc = _job(ctx, "stats", run, list(queues or []))
+    if plot is not None:
+        doc["plot"] = str(draw(doc, plot))
+    if output is OutputFormat.JSON:
+        emit_json(doc)
+        return
+    render.out.print(_stats_table(doc))
+    if plot is not None:
+        render.err.print(f"plot written to {plot}", markup=False)
+
+
+def _canary(doc: dict[str, Any]) -> str:
+    report = doc.get("canary")
+    return "" if not report else (f" (canary: {report['acked']}/{report['published']} acked in "
+                                  f"{report['seconds']:.0f} s)")
+
+
+def _emit(doc: dict[str, Any], output: OutputFormat, line: str) -> None:
+    if output is OutputFormat.JSON:
+        emit_json(doc)
+    else:
+        emit_line(line)
+
+
+def _stats_table(doc: dict[str, Any]) -> Table:
+    table = Table(title="backlog")
+    for column in ("queue", "magazine", "depth", "in flight", "oldest", "p50", "p90", "p99", "attempts",
+                   "reasons", "top keys"):
+        table.add_column(column, justify="right" if column in ("depth", "in flight") else "left")
+
+    def age(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}s"
+
+    for row in doc["magazines"]:
+        table.add_row(row["queue"], row["magazine"], str(row["depth"]), str(row["inFlight"]),
+                      age(row["oldestAgeSeconds"]), age(row["ageSeconds"]["p50"]), age(row["ageSeconds"]["p90"]),
+                      age(row["ageSeconds"]["p99"]),
+                      " ".join(f"{k}:{v}" for k, v in row["attempts"].items()) or "-",
+                      " ".join(f"{k}:{v}" for k, v in row["reasons"].items()) or "-",
+                      " ".join(f"{k['key']}:{k['count']}" for k in row["topKeys"][:3]) or "-")
+    return table
+
+
+def run_job(job: str, argv: Sequence[str]) -> int:
+    """Run one job through the core CLI (spark-submit entry of the job modules)."""
+    from ignis.cli.app import run
+
+    return run(["pipeline", job, *argv])

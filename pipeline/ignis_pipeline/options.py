@@ -1,0 +1,162 @@
+"""The options of the `ignis` Spark data source, parsed and checked once, on the driver side.
+
+Every error names the option, the value and the rule. Credentials never travel in options (Spark shows
+options in plans and logs): the store URL must not carry `user:password@`; executors read credentials
+from their own environment or config file, as the library does (`IGNIS_AEROSPIKE_USER`, ...).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ignis import names
+from ignis.errors import InvalidInputError
+from ignis.settings import load_settings
+
+MAGAZINE_KINDS = ("main", "sideline", "dead")
+DEFAULT_SLOTS_PER_PARTITION = 100_000
+DEFAULT_MAX_MESSAGES_PER_TRIGGER = 10_000
+DEFAULT_CHUNK = 5_000  # messages per publish call of a write task (one group commit each)
+_CREDENTIALS = re.compile(r"://[^/@?]*@")
+KNOWN = frozenset({
+    "store", "clientid", "farmid", "queue", "magazine", "since", "until", "slotsperpartition",
+    "maxmessagespertrigger", "chunksize", "maxmessagespersecondpertask", "path",
+})
+
+
+def parse_time(name: str, value: Any) -> int:
+    """Epoch milliseconds from epoch ms (digits) or ISO-8601 (no zone = UTC)."""
+    text = str(value).strip()
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInputError(f"option {name}={text!r}: not epoch milliseconds or an ISO-8601 time "
+                                "(e.g. 2026-11-23T08:00:00Z)") from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return int(at.timestamp() * 1000)
+
+
+def _positive(options: Mapping[str, str], name: str, default: int) -> int:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw))
+    except ValueError:
+        raise InvalidInputError(f"option {name}={raw!r}: not an integer") from None
+    if value < 1:
+        raise InvalidInputError(f"option {name}={value}: must be at least 1")
+    return value
+
+
+def _float_or_none(options: Mapping[str, str], name: str) -> float | None:
+    raw = options.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(str(raw))
+    except ValueError:
+        raise InvalidInputError(f"option {name}={raw!r}: not a number") from None
+    if value <= 0:
+        raise InvalidInputError(f"option {name}={value}: must be above 0")
+    return value
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What a task needs to reach the store: picklable, credential-free."""
+
+    store: str
+    farm_id: str
+    client_id: str
+    queues: tuple[str, ...] | None  # None = every queue of the client ("*")
+    magazines: tuple[str, ...]
+    since: int | None
+    until: int | None
+    slots_per_partition: int
+    max_messages_per_trigger: int
+    chunk_size: int
+    rate_per_task: float | None
+    planner_host: str  # where the driver side runs: an lmdb store is only reachable on this host
+
+    @property
+    def is_lmdb(self) -> bool:
+        return self.store.startswith("lmdb:")
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        given = {str(k).lower(): v for k, v in options.items()}
+        unknown = sorted(set(given) - KNOWN)
+        if unknown:
+            raise InvalidInputError(f"unknown option(s) {', '.join(unknown)} for format 'ignis'; known: store, "
+                                    "clientId, farmId, queue, magazine, since, until, slotsPerPartition, "
+                                    "maxMessagesPerTrigger, chunkSize, maxMessagesPerSecondPerTask")
+        settings = load_settings()
+        store = str(given.get("store") or settings.store)
+        if _CREDENTIALS.search(store):
+            raise InvalidInputError("option store: the URL carries credentials; options show up in Spark plans "
+                                    "and logs, so give them as IGNIS_AEROSPIKE_USER / IGNIS_AEROSPIKE_PASSWORD "
+                                    "(or the config file) on the driver and every executor instead")
+        if store.startswith("lmdb:"):
+            store = _absolute_lmdb(store)
+        farm_id = names.check_id("farmId", str(given.get("farmid") or settings.farm_id))
+        client_id = names.check_id("clientId", str(given.get("clientid") or settings.client_id))
+        queues = _queues(given.get("queue") or given.get("path"))
+        magazine = str(given.get("magazine") or "main").strip().lower()
+        if magazine == "all":
+            magazines = MAGAZINE_KINDS
+        elif magazine in MAGAZINE_KINDS:
+            magazines = (magazine,)
+        else:
+            raise InvalidInputError(f"option magazine={magazine!r}: must be main, sideline, dead or all")
+        since = parse_time("since", given["since"]) if given.get("since") is not None else None
+        until = parse_time("until", given["until"]) if given.get("until") is not None else None
+        if since is not None and until is not None and until < since:
+            raise InvalidInputError(f"option until ({until}) is before since ({since})")
+        return cls(store=store, farm_id=farm_id, client_id=client_id, queues=queues, magazines=magazines,
+                   since=since, until=until,
+                   slots_per_partition=_positive(given, "slotsperpartition", DEFAULT_SLOTS_PER_PARTITION),
+                   max_messages_per_trigger=_positive(given, "maxmessagespertrigger",
+                                                      DEFAULT_MAX_MESSAGES_PER_TRIGGER),
+                   chunk_size=_positive(given, "chunksize", DEFAULT_CHUNK),
+                   rate_per_task=_float_or_none(given, "maxmessagespersecondpertask"),
+                   planner_host=socket.gethostname())
+
+    def single_queue(self, what: str) -> str:
+        if self.queues is None or len(self.queues) != 1:
+            raise InvalidInputError(f"{what} needs option queue naming exactly one queue (got "
+                                    f"{'*' if self.queues is None else ','.join(self.queues) or 'none'})")
+        return self.queues[0]
+
+
+def _queues(raw: Any) -> tuple[str, ...] | None:
+    if raw is None or not str(raw).strip():
+        raise InvalidInputError("option queue is missing: name one queue, a comma list, or * for every queue")
+    text = str(raw).strip()
+    if text == "*":
+        return None
+    found = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    for name in found:
+        if "_" in name or not names.ID_PATTERN.match(name):
+            raise InvalidInputError(f"option queue: {name!r} is not a queue name (lowercase letters, digits, '-')")
+    return found
+
+
+def _absolute_lmdb(url: str) -> str:
+    """lmdb://relative/path resolved on the driver, so every task opens the same directory whatever its
+    working directory."""
+    import os
+
+    rest = url[len("lmdb://"):]
+    location, sep, query = rest.partition("?")
+    if location and not location.startswith("/"):
+        location = os.path.abspath(location)
+    return f"lmdb://{location}{sep}{query}"

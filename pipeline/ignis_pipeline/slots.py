@@ -1,0 +1,119 @@
+"""Which slots a batch read must look at: per (queue, magazine, shard), from the lowest slot that can
+still hold a record to the load pointer, cut into ranges; and the `since` search.
+
+Everything here goes through the storage interface (queue records, pointers, peek), so it runs the same
+on every backend.
+
+Lower bound of a shard: the sweeper's pointer (the next slot it will examine) in main and sideline —
+everything below it was acked, swept or moved — and slot 1 in the dead-letter magazine, which is never
+swept.
+
+`since`: within a main shard, messages published directly (no failure history) are stored in load-time
+order, up to a small skew between producers (a publish takes its time stamp before its slot). Messages
+moved back from the sideline (shovel, redrive) keep their first load time and carry a history, so the
+search skips them, as it skips holes, acked and expired slots. The search only moves right on evidence
+(a direct publish older than `since` minus the skew), so it never skips a message it should read; with
+no evidence nearby it keeps the slots. The sideline and dead-letter magazines hold moved messages only,
+in no load-time order: there `since` filters rows but cannot skip slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ignis import names
+from ignis.errors import QueueNotFound
+from ignis.storage.base import Storage
+
+SINCE_SKEW_MS = 1_000  # producers' time stamps may trail their slot order by this much (plus write grace)
+PROBE_FIRST = 1  # slots a probe reads at first; it grows 4x while it finds nothing to judge by
+PROBE_LIMIT = 4_096  # slots one probe may read in all before it gives up (and keeps the slots)
+
+
+@dataclass(frozen=True)
+class SlotRange:
+    queue: str
+    kind: str  # main | sideline | dead
+    magazine: str  # stored magazine name (q, q_SIDELINE, q_DEAD)
+    shard: int
+    first: int
+    last: int
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+
+def magazine_name(queue: str, kind: str) -> str:
+    return {"main": queue, "sideline": names.sideline_of(queue), "dead": names.dead_of(queue)}[kind]
+
+
+def _probe(store: Storage, magazine: str, shard: int, start: int, stop: int) -> tuple[int, int] | None:
+    """(slot, loaded_at) of the first directly published record in start..stop, read in growing steps."""
+    at, step, spent = start, PROBE_FIRST, 0
+    while at <= stop and spent < PROBE_LIMIT:
+        last = min(stop, at + step - 1)
+        for ref, envelope in store.peek(magazine, shard, at, last):
+            if not envelope.history:
+                return ref.slot, envelope.loaded_at
+        spent += last - at + 1
+        at, step = last + 1, step * 4
+    return None
+
+
+def first_slot_since(store: Storage, magazine: str, shard: int, first: int, last: int, since_ms: int) -> int:
+    """A slot s in first..last+1 such that every directly published record before s was loaded before
+    `since_ms`: the binary search of the module docstring. Holes, acked and expired slots and moved
+    messages never make it skip a record it should keep."""
+    cutoff = since_ms - SINCE_SKEW_MS - store.write_grace_ms
+    left, right = first, last + 1  # the answer is in left..right
+    while left < right:
+        mid = (left + right) // 2
+        found = _probe(store, magazine, shard, mid, right - 1)
+        if found is not None and found[1] < cutoff:
+            left = found[0] + 1  # every direct publish up to found[0] is older than since
+        else:
+            right = mid  # evidence that mid.. is recent enough, or none: keep mid..
+    return left
+
+
+def queue_shards(store: Storage, queues: Iterable[str] | None) -> list[tuple[str, int, dict[str, dict[str, int]]]]:
+    """(queue, shards, sweep pointers by kind) of the named queues (None = every queue of the client).
+    A named queue that does not exist is an error."""
+    records = []
+    if queues is None:
+        records = store.list_queues(active=None)
+    else:
+        for name in queues:
+            record = store.get_queue(name)
+            if record is None:
+                raise QueueNotFound(name, store.client_id)
+            records.append(record)
+    return [(r.name, int(r.bins.get("shards", 0)),
+             {"main": r.sweep_pointers("main"), "sideline": r.sweep_pointers("sideline"), "dead": {}})
+            for r in records]
+
+
+def plan(store: Storage, queues: Iterable[str] | None, kinds: Iterable[str], *, since_ms: int | None,
+         slots_per_partition: int, shard_ok: Callable[[int], bool] = lambda _: True) -> list[SlotRange]:
+    """Exhaustive, disjoint slot ranges covering every record that may match."""
+    ranges: list[SlotRange] = []
+    kinds = list(kinds)
+    for queue, shards, sweep in queue_shards(store, queues):
+        for kind in kinds:
+            magazine = magazine_name(queue, kind)
+            pointers = store.pointers(magazine, shards)
+            for shard in range(shards):
+                if not shard_ok(shard):
+                    continue
+                first = max(1, int(sweep[kind].get(names.shard_label(shard), 1)))
+                last = pointers[shard].load
+                if first > last:
+                    continue
+                if since_ms is not None and kind == "main":
+                    first = first_slot_since(store, magazine, shard, first, last, since_ms)
+                for start in range(first, last + 1, slots_per_partition):
+                    ranges.append(SlotRange(queue, kind, magazine, shard, start,
+                                            min(last, start + slots_per_partition - 1)))
+    return ranges

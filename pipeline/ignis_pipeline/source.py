@@ -1,0 +1,52 @@
+"""The `ignis` Spark data source (Spark 4's Python Data Source API, `pyspark.sql.datasource`).
+
+    import ignis_pipeline
+    ignis_pipeline.register(spark)                      # once per SparkSession
+    df = spark.read.format("ignis").option("queue", "orders").load()
+
+Spark instantiates `IgnisDataSource(options)` wherever it needs it (a Python process on the driver side
+for planning, Python workers for tasks); the options are parsed and checked when a reader or writer is
+made, on the driver side, so a bad option fails the query before any task starts. (`DataSource.__init__`
+"should not be overridden", says pyspark.sql.datasource: hence the cached property.)
+Reading: reader.py; writing: writer.py; streaming: stream.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceWriter
+from pyspark.sql.types import StructType
+
+from ignis_pipeline import schema
+from ignis_pipeline.options import SourceOptions
+
+
+class IgnisDataSource(DataSource):
+    """Format `ignis`: batch read (a non-destructive snapshot), batch write (publish), streaming consume."""
+
+    @functools.cached_property
+    def parsed(self) -> SourceOptions:
+        return SourceOptions.parse(self.options)
+
+    @classmethod
+    def name(cls) -> str:
+        return "ignis"
+
+    def schema(self) -> str:
+        return schema.DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        from ignis_pipeline.reader import IgnisReader
+
+        return IgnisReader(self.parsed)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from ignis_pipeline.writer import IgnisWriter
+
+        return IgnisWriter(self.parsed, schema, overwrite)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from ignis_pipeline.stream import IgnisStreamReader
+
+        return IgnisStreamReader(self.parsed)

@@ -1,0 +1,173 @@
+"""The pipeline jobs (export, replay, redrive, stats) as functions over the shared SparkSession, and the
+`ignis pipeline` CLI itself in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ignis_pipeline.jobs.export import export
+from ignis_pipeline.jobs.gate import CanaryFailed
+from ignis_pipeline.jobs.redrive import redrive
+from ignis_pipeline.jobs.replay import replay
+from ignis_pipeline.jobs.stats import stats
+
+from ignis import Ignis
+
+IGNIS = Path(sys.executable).parent / "ignis"
+
+
+@pytest.fixture
+def store(ignis: Ignis, store_url: str) -> dict[str, str]:
+    from ignis_pipeline.options import SourceOptions
+
+    parsed = SourceOptions.parse({"store": store_url, "queue": "*", "farmId": ignis.store.farm_id,
+                                  "clientId": ignis.client_id})
+    return {"store": parsed.store, "farmId": parsed.farm_id, "clientId": parsed.client_id}
+
+
+def _messages(q: Any) -> dict[str, tuple[Any, ...]]:
+    out = {}
+    for shard, p in q.main.pointers().items():
+        if p.load:
+            for _, env in q.store.peek(q.name, shard, 1, p.load):
+                out[env.msg_id] = (env.payload, env.codec, env.key, env.headers or None)
+    return out
+
+
+def test_export_then_replay_into_a_new_queue_equals_the_original(spark: Any, store: dict[str, str],
+                                                                   make_queue: Any, tmp_path: Path) -> None:
+    orders = make_queue("orders", shards=4)
+    orders.publish_many([b"bin%d" % i for i in range(30)], headers={"src": "a"})
+    orders.publish_many([f"text{i}" for i in range(20)], key="cust-1")
+    orders.publish({"json": True}, id="the-json")
+    copy = make_queue("copy", shards=2)
+    result = export(spark, store, ["orders"], str(tmp_path / "export"))
+    assert result["exported"] == 51
+    assert (tmp_path / "export" / "queue=orders" / "magazine=main").is_dir()
+    done = replay(spark, store, str(tmp_path / "export"), "copy")
+    assert done["published"] == 51
+    assert _messages(copy) == _messages(orders)
+    with pytest.raises(Exception, match="already exists"):
+        export(spark, store, ["orders"], str(tmp_path / "export"))
+
+
+def test_replay_where_and_rate(spark: Any, store: dict[str, str], make_queue: Any, tmp_path: Path) -> None:
+    src = make_queue("src", shards=2)
+    src.publish_many([b"a%d" % i for i in range(40)], key="k1")
+    src.publish_many([b"b%d" % i for i in range(40)], key="k2")
+    dst = make_queue("dst", shards=2)
+    export(spark, store, ["src"], str(tmp_path / "e"))
+    import time
+
+    began = time.monotonic()
+    done = replay(spark, store, str(tmp_path / "e"), "dst", where="key = 'k2'", rate=40)
+    assert done["published"] == 40
+    assert time.monotonic() - began >= 0.9  # 40 messages at 40/s: about a second of publishing
+    assert sorted(p for p, *_ in _messages(dst).values()) == sorted(b"b%d" % i for i in range(40))
+
+
+def test_canary_that_is_not_acked_stops_the_replay(spark: Any, store: dict[str, str], make_queue: Any,
+                                                    tmp_path: Path) -> None:
+    make_queue("from", shards=2).publish_many([b"x%d" % i for i in range(20)])
+    target = make_queue("nobody-consumes", shards=2)
+    export(spark, store, ["from"], str(tmp_path / "e"))
+    with pytest.raises(CanaryFailed, match="canary of 5: 0 acked") as caught:
+        replay(spark, store, str(tmp_path / "e"), "nobody-consumes", canary=5, canary_timeout=2)
+    assert caught.value.report.pending == 5
+    assert target.stats().published == 5  # the rest was never published
+
+
+def test_canary_that_is_acked_lets_the_replay_go_on(spark: Any, store: dict[str, str], make_queue: Any,
+                                                     tmp_path: Path) -> None:
+    make_queue("from", shards=2).publish_many([b"x%d" % i for i in range(20)])
+    target = make_queue("consumed", shards=2)
+    export(spark, store, ["from"], str(tmp_path / "e"))
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            got = target.fire_many(100)
+            if got:
+                target.ack(got)
+            stop.wait(0.05)
+
+    worker = threading.Thread(target=consume, daemon=True)
+    worker.start()
+    try:
+        done = replay(spark, store, str(tmp_path / "e"), "consumed", canary=5, canary_timeout=60)
+    finally:
+        stop.set()
+        worker.join(5)
+    assert done["published"] == 20
+    assert done["canary"]["acked"] == 5 and done["canary"]["passed"]
+
+
+def test_redrive_where_moves_exactly_the_matching_dead_letters(spark: Any, store: dict[str, str],
+                                                               make_queue: Any) -> None:
+    q = make_queue("work", shards=2, maxDeliveries=1)
+    q.publish_many([b"t%d" % i for i in range(6)], headers={"kind": "t"})
+    q.publish_many([b"o%d" % i for i in range(9)])
+    for m in q.fire_many(20):
+        q.nack([m], "timeout" if m.data.startswith(b"t") else "rejected")  # maxDeliveries 1: dead letters
+    timeouts = {env.msg_id for _, env in q.dead.browse(100) if env.reason == "timeout"}
+    assert len(timeouts) == 6 and q.stats().dead == 15
+
+    done = redrive(spark, store, "work", "dead", where="reason = 'timeout'")
+    assert done["moved"] == 6 and done["gone"] == 0
+    main = {env.msg_id: env for _, env in q.main.browse(100)}
+    assert set(main) == timeouts  # ids kept
+    assert {env.attempts for env in main.values()} == {0}  # attempts reset
+    assert {env.headers["kind"] for env in main.values()} == {"t"}
+    assert {env.reason for _, env in q.dead.browse(100)} == {"rejected"}
+    assert len(q.dead.browse(100)) == 9
+    again = redrive(spark, store, "work", "dead", where="reason = 'timeout'")
+    assert again["moved"] == 0  # each moved exactly once
+
+
+def test_stats_and_plot(spark: Any, store: dict[str, str], make_queue: Any, tmp_path: Path) -> None:
+    from ignis_pipeline.jobs.plot import plot
+
+    q = make_queue("backlog", shards=2, maxDeliveries=3)
+    q.publish_many([b"a"] * 10, key="hot")
+    q.publish_many([b"b"] * 5)
+    q.nack(q.fire_many(3), "timeout")
+    doc = stats(spark, store, ["backlog"])
+    rows = {r["magazine"]: r for r in doc["magazines"]}
+    assert rows["main"]["depth"] == 12 and rows["sideline"]["depth"] == 3
+    assert rows["sideline"]["reasons"] == {"timeout": 3}
+    assert rows["main"]["attempts"] == {"0": 12}
+    assert sum(rows["main"]["shards"].values()) == 12
+    assert rows["main"]["topKeys"][0]["key"] == "hot"
+    assert rows["main"]["oldestAgeSeconds"] >= 0 and rows["main"]["ageSeconds"]["p99"] is not None
+    png = plot(doc, tmp_path / "backlog.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_pipeline_stats_json_in_a_subprocess(ignis: Ignis, store_url: str, make_queue: Any,
+                                                tmp_path: Path) -> None:
+    if not store_url.startswith("lmdb:"):
+        pytest.skip("one CLI run is enough")
+    make_queue("cli", shards=2).publish_many([b"x"] * 7)
+    env = {**os.environ, "IGNIS_STORE": store_url, "IGNIS_CLIENT_ID": ignis.client_id}
+    proc = subprocess.run([str(IGNIS), "pipeline", "--master", "local[1]", "--conf", "spark.ui.enabled=false",
+                           "stats", "cli", "-o", "json", "--plot", str(tmp_path / "s.png")],
+                          capture_output=True, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    doc = json.loads(proc.stdout)
+    assert [(r["magazine"], r["depth"]) for r in doc["magazines"]] == [("main", 7)]
+    assert (tmp_path / "s.png").exists()
+    bad = subprocess.run([str(IGNIS), "pipeline", "export", "cli"], capture_output=True, env=env, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.decode().startswith("error: --to PATH is required")
+    missing = subprocess.run([str(IGNIS), "pipeline", "--conf", "spark.ui.enabled=false", "export", "nope", "--to",
+                              str(tmp_path / "never")], capture_output=True, env=env, timeout=240)
+    assert missing.returncode == 3
+    assert missing.stderr.decode().splitlines()[-1] == ("error: queue 'nope' not found (clientId 'default'); apply "
+                                                        "its manifest first")
+    assert not (tmp_path / "never").exists()  # nothing was started, nothing half-written

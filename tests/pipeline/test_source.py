@@ -1,0 +1,251 @@
+"""The `ignis` data source on a real local SparkSession: batch read, pushed filters, `since`, write,
+errors. The Aerospike run happens when IGNIS_TEST_AEROSPIKE is set (see conftest)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from ignis_pipeline import reader as reader_module
+from ignis_pipeline.options import SourceOptions
+from ignis_pipeline.reader import IgnisReader
+from ignis_pipeline.slots import SINCE_SKEW_MS
+from ignis_pipeline.source import IgnisDataSource
+from pyspark.sql.datasource import EqualTo, GreaterThan, In
+
+from ignis import Ignis
+from ignis.storage import open_store
+
+
+def _by_id(rows: list[Any]) -> dict[str, Any]:
+    return {r.id: r for r in rows}
+
+
+def test_read_returns_what_was_published_in_every_magazine(ignis: Ignis, make_queue: Any, read: Any) -> None:
+    q = make_queue("orders", maxDeliveries=2)
+    q.publish(b"\x00raw\xff", id="raw-1", key="cust-7", headers={"trace": "t1"})
+    q.publish("text", id="text-1")
+    q.publish({"n": 1}, id="json-1", headers={"a": "b", "c": "d"})
+    refs = q.publish_many([b"m%d" % i for i in range(20)])
+    failed = q.fire_many(30)
+    victims = [m for m in failed if m.id in (refs[0].id, refs[1].id)]
+    q.nack(victims[:1], "timeout")  # attempts 1 < 2: sideline
+    keep = {"raw-1", "text-1", "json-1", victims[0].id, victims[1].id}  # left delivered, unsettled (or nacked)
+    q.ack([m for m in failed if m.id not in keep])
+    rows = _by_id(read(queue="orders", magazine="all").collect())
+
+    raw, text, js = rows["raw-1"], rows["text-1"], rows["json-1"]
+    assert (raw.payload, raw.codec, raw.key, raw.headers, raw.magazine) == (b"\x00raw\xff", "bytes", "cust-7",
+                                                                           {"trace": "t1"}, "main")
+    assert (text.payload, text.codec, text.key, text.headers) == (b"text", "str", None, None)
+    assert (js.payload, js.codec, js.headers) == (b'{"n":1}', "json", {"a": "b", "c": "d"})
+    assert raw.attempts == 1 and raw.fired_at is not None  # delivered once (fire_many above), unsettled
+    sidelined = rows[victims[0].id]
+    assert (sidelined.magazine, sidelined.reason, sidelined.attempts) == ("sideline", "timeout", 1)
+    assert [(h.reason, h.attempt) for h in sidelined.history] == [("timeout", 1)]
+    in_flight = rows[victims[1].id]
+    assert (in_flight.magazine, in_flight.attempts) == ("main", 1)
+    acked = {m.id for m in failed} - {"raw-1", "text-1", "json-1"} - {v.id for v in victims[:2]}
+    assert not acked & set(rows)  # acked messages are gone
+    assert set(rows) == {"raw-1", "text-1", "json-1", victims[0].id, victims[1].id}
+    # The read is a peek: nothing was claimed, stamped or acked by it.
+    assert ignis.stats("orders").depth == q.stats().depth
+    assert _by_id(read(queue="orders", magazine="all").collect())["raw-1"].attempts == 1
+
+
+def test_dead_letters_read_after_real_failures(make_queue: Any, read: Any) -> None:
+    q = make_queue("jobs", maxDeliveries=1)
+    q.publish_many([b"a", b"b", b"c"])
+    q.nack(q.fire_many(3), "rejected")  # attempts 1 >= maxDeliveries 1: dead letters
+    dead = read(queue="jobs", magazine="dead").collect()
+    assert sorted(r.payload for r in dead) == [b"a", b"b", b"c"]
+    assert {(r.magazine, r.reason, r.attempts) for r in dead} == {("dead", "rejected", 1)}
+    assert read(queue="jobs").count() == 0
+
+
+def test_filters_are_pushed_and_results_are_right(store_url: str, make_queue: Any, read: Any) -> None:
+    for name in ("alpha", "beta"):
+        make_queue(name, shards=4).publish_many([f"{name}-{i}".encode() for i in range(40)])
+    everything = read(queue="*", magazine="all").collect()
+    got = read(queue="*", magazine="all").where("queue = 'beta' and shard in (1, 2) and magazine = 'main'").collect()
+    expected = {r.id for r in everything if r.queue == "beta" and r.shard in (1, 2) and r.magazine == "main"}
+    assert {r.id for r in got} == expected and expected
+
+    reader = IgnisReader(SourceOptions.parse({"store": store_url, "queue": "*", "magazine": "all"}))
+    shard_filter, queue_filter, other = In(("shard",), (1, 2)), EqualTo(("queue",), "beta"), EqualTo(("id",), "x")
+    later = GreaterThan(("loaded_at",), 0)
+    assert list(reader.pushFilters([shard_filter, queue_filter, other, later])) == [other, later]
+    ranges = reader.plan()
+    assert {(r.queue, r.shard) for r in ranges} == {("beta", 1), ("beta", 2)}  # alpha and other shards skipped
+
+
+def test_partitions_are_exhaustive_and_disjoint(store_url: str, make_queue: Any, read: Any) -> None:
+    q = make_queue("wide", shards=3)
+    refs = q.publish_many([b"x%d" % i for i in range(500)])
+    reader = IgnisReader(SourceOptions.parse({"store": store_url, "queue": "wide", "slotsPerPartition": "37"}))
+    ranges = reader.plan()
+    assert all(r.size <= 37 for r in ranges)
+    covered = [(r.shard, slot) for r in ranges for slot in range(r.first, r.last + 1)]
+    assert len(covered) == len(set(covered)) == 500
+    assert set(covered) == {(ref.shard, ref.slot) for ref in refs}
+    rows = read(queue="wide", slotsPerPartition=37).select("id").collect()
+    assert sorted(r.id for r in rows) == sorted(ref.id for ref in refs)
+
+
+class CountingStore:
+    """A real store that counts the slots its peeks cover (to see how much a read touches)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.slots = 0
+        self.calls = 0
+
+    def peek(self, magazine: str, shard: int, first: int, last: int) -> Any:
+        self.calls += 1
+        self.slots += max(0, last - first + 1)
+        return self.store.peek(magazine, shard, first, last)
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_since_reads_about_one_percent_of_a_big_queue(store_url: str, make_queue: Any, read: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    q = make_queue("big", shards=4)
+    payloads = [b"p" * 16] * 1_000
+    for _ in range(99):
+        q.publish_many(payloads)
+    # Beyond the search's allowance for producers' clock order (1 s, plus the store's write grace: 0 on lmdb).
+    time.sleep((SINCE_SKEW_MS + q.store.write_grace_ms) / 1000 + 0.2)
+    since = int(time.time() * 1000)
+    time.sleep(0.01)
+    recent = {ref.id for ref in q.publish_many(payloads)}
+
+    store = open_store(store_url, purge_interval=0)
+    counting = CountingStore(store)
+    monkeypatch.setattr(reader_module, "open_driver_store", lambda _: counting)
+    monkeypatch.setattr(reader_module, "task_store", lambda _: counting)
+    source = IgnisDataSource({"store": store_url, "queue": "big", "since": str(since)})
+    r = source.reader(None)
+    ids = {i for p in r.partitions() for batch in r.read(p) for i in batch.column("id").to_pylist()}
+    store.close()
+    assert ids == recent
+    # 100,000 slots in all: the search plus the read touch about 1% of them, in a few dozen calls.
+    assert counting.slots <= 1_300, counting.slots
+    assert counting.calls <= 100, counting.calls
+    assert {r.id for r in read(queue="big", since=since).select("id").collect()} == recent
+
+
+def test_since_skips_nothing_over_holes_acks_and_moved_messages(store_url: str, make_queue: Any) -> None:
+    q = make_queue("holey", shards=1, maxDeliveries=5)
+    old = q.publish_many([b"old%d" % i for i in range(300)])
+    q.ack(q.fire_many(150))  # acked prefix: holes for the search
+    time.sleep((SINCE_SKEW_MS + q.store.write_grace_ms) / 1000 + 0.2)
+    since = int(time.time() * 1000)
+    time.sleep(0.01)
+    new = q.publish_many([b"new%d" % i for i in range(50)])
+    # A message moved back into main after `since` keeps its old load time: not in the window.
+    q.nack(q.fire_many(1), "rejected")
+    with Ignis(store_url, purge_interval=0) as other:
+        epoch = other.store.next_epoch()
+        from ignis_workers.shovel import Shovel
+
+        Shovel(other.store, epoch_source=lambda: epoch).shovel_queue(other.client_id, "holey")
+    tail = q.publish_many([b"tail%d" % i for i in range(5)])
+    reader = IgnisDataSource({"store": store_url, "queue": "holey", "since": str(since)}).reader(None)
+    got = {i for p in reader.partitions() for b in reader.read(p) for i in b.column("id").to_pylist()}
+    assert got == {r.id for r in new + tail}
+    assert len(old) == 300
+
+
+def test_write_publishes_rows_with_ids_keys_headers(spark: Any, store_url: str, make_queue: Any, read: Any) -> None:
+    q = make_queue("sink", shards=4)
+    rows = [(f"payload-{i}", f"id-{i}", f"k{i % 3}" if i % 2 else None, {"n": str(i)} if i % 4 == 0 else None)
+            for i in range(200)]
+    df = spark.createDataFrame(rows, "payload string, id string, key string, headers map<string,string>")
+    df.repartition(3).write.format("ignis").option("store", store_url).option("queue", "sink").option(
+        "chunkSize", 17).mode("append").save()
+    got = {m.id: m for m in q.fire_many(500)}
+    assert set(got) == {f"id-{i}" for i in range(200)}
+    for payload, msg_id, key, headers in rows:
+        m = got[msg_id]
+        assert (m.payload, m.key, m.headers or None) == (payload, key, headers)
+    # Keyed messages keep per-key shards.
+    assert len({got[f"id-{i}"].ref.shard for i in range(1, 200, 6)}) == 1
+
+
+def test_write_generates_ids_when_there_are_none(spark: Any, store_url: str, make_queue: Any) -> None:
+    q = make_queue("gen", shards=2)
+    spark.createDataFrame([(bytes([i]),) for i in range(50)], "payload binary").write.format("ignis").option(
+        "store", store_url).option("queue", "gen").mode("append").save()
+    got = q.fire_many(100)
+    assert sorted(m.data for m in got) == [bytes([i]) for i in range(50)]
+    assert len({m.id for m in got}) == 50 and all(len(m.id) == 32 for m in got)
+
+
+def _error(call: Any) -> str:
+    with pytest.raises(Exception) as caught:
+        call()
+    return str(caught.value)
+
+
+def test_bad_input_is_one_clear_error_and_writes_nothing(spark: Any, store_url: str, make_queue: Any,
+                                                         read: Any) -> None:
+    q = make_queue("strict", shards=2)
+
+    def write(df: Any, mode: str = "append", **options: str) -> Any:
+        w = df.write.format("ignis").option("store", store_url).mode(mode)
+        for k, v in options.items():
+            w = w.option(k, v)
+        return lambda: w.save()
+
+    ok = spark.createDataFrame([(b"x",)], "payload binary")
+    assert "option queue is missing" in _error(write(ok))
+    assert "queue 'nope' not found" in _error(write(ok, queue="nope"))
+    assert "cannot be overwritten" in _error(write(ok, "overwrite", queue="strict"))
+    assert "needs a column 'payload'" in _error(write(spark.createDataFrame([("x",)], "body string"), queue="strict"))
+    assert "column payload is int" in _error(write(spark.createDataFrame([(1,)], "payload int"), queue="strict"))
+    assert "unknown column(s) extra" in _error(write(spark.createDataFrame([(b"x", 1)], "payload binary, extra int"),
+                                                     queue="strict"))
+    big = spark.createDataFrame([(b"x",)] * 5 + [(b"y" * (2 << 20),)], "payload binary").coalesce(1)
+    assert "exceeds the maximum of 1048576 bytes" in _error(write(big, queue="strict"))
+    assert "unknown option(s) bogus" in _error(lambda: read(queue="strict", bogus=1).collect())
+    assert "option magazine='nope'" in _error(lambda: read(queue="strict", magazine="nope").collect())
+    assert "option since='yesterday'" in _error(lambda: read(queue="strict", since="yesterday").collect())
+    assert "queue 'missing' not found" in _error(lambda: read(queue="missing").collect())
+    assert q.stats().published == 0  # nothing of any of it was written
+
+
+def test_store_credentials_are_refused_in_options() -> None:
+    with pytest.raises(Exception, match="carries credentials") as caught:
+        SourceOptions.parse({"store": "aerospike://admin:s3cret@db:3000/ignis", "queue": "q"})
+    assert "s3cret" not in str(caught.value)
+
+
+def test_lmdb_store_is_refused_on_another_host(store_url: str) -> None:
+    from ignis_pipeline.stores import check_host
+
+    from ignis.errors import StoreUnavailable
+
+    options = SourceOptions.parse({"store": store_url, "queue": "q"})
+    moved = SourceOptions(**{**options.__dict__, "planner_host": "driver-elsewhere"})
+    if options.is_lmdb:
+        with pytest.raises(StoreUnavailable, match="only with a local master"):
+            check_host(moved)
+    else:
+        check_host(moved)  # every executor reaches Aerospike with the same URL
+
+
+def test_a_job_refuses_lmdb_with_a_cluster_master() -> None:
+    from ignis_pipeline.session import check_master
+
+    from ignis.errors import StoreUnavailable
+
+    with pytest.raises(StoreUnavailable, match="local master"):
+        check_master("spark://spark-master:7077", "lmdb:///data")
+    check_master("spark://spark-master:7077", "aerospike://aero:3000/ignis")
+    check_master("local[2]", "lmdb:///data")
