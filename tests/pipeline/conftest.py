@@ -5,14 +5,12 @@ which Spark's workers are not)."""
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.aerospike_support import AEROSPIKE_ENV, AEROSPIKE_SKIP
+from support.aerospike_support import lmdb_or_real_server_url
 
 from ignis import Ignis, QueueSpec
 
@@ -35,19 +33,7 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(params=["lmdb", "aerospike"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "lmdb":
-        yield f"lmdb://{tmp_path}/store?durability=fast"
-        return
-    target = os.environ.get(AEROSPIKE_ENV)
-    if not target:
-        pytest.skip(AEROSPIKE_SKIP)
-    run = uuid.uuid4().hex[:8]
-    hostport, _, namespace = target.partition("/")
-    url = f"aerospike://{hostport}/{namespace or 'test'}?farm=t{run}&client=c{run}"
-    yield url
-    from support.aerospike_support import clean_up_run
-
-    clean_up_run(url, run)
+    yield from lmdb_or_real_server_url(request.param, tmp_path)
 
 
 @pytest.fixture

@@ -79,3 +79,23 @@ def clean_up_run(url: str, run: str) -> None:
                 client.index_remove(namespace, names.active_index(query["farm"], c))
     finally:
         client.close()
+
+
+def lmdb_or_real_server_url(param: str, tmp_path: Any) -> Iterator[str]:
+    """The body of a fixture parametrized over ["lmdb", "aerospike"] for tests that share a store across
+    processes (the in-process emulator cannot): an lmdb URL, or a fresh farm/client on the real server
+    named by IGNIS_TEST_AEROSPIKE (skipped without one), cleaned up afterwards."""
+    import os
+    import uuid
+
+    if param == "lmdb":
+        yield f"lmdb://{tmp_path}/store?durability=fast"
+        return
+    target = os.environ.get(AEROSPIKE_ENV)
+    if not target:
+        pytest.skip(AEROSPIKE_SKIP)
+    run = uuid.uuid4().hex[:8]
+    hostport, _, namespace = target.partition("/")
+    url = f"aerospike://{hostport}/{namespace or 'test'}?farm=t{run}&client=c{run}"
+    yield url
+    clean_up_run(url, run)

@@ -14,14 +14,13 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ignis_workers.election import LEASE_NAME
-from support.aerospike_support import AEROSPIKE_ENV, AEROSPIKE_SKIP
+from support.aerospike_support import lmdb_or_real_server_url
 from support.polling import wait_for
 
 from ignis import Ignis, QueueSpec
@@ -93,19 +92,7 @@ def with_resume(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(params=["lmdb", "aerospike"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "lmdb":
-        yield f"lmdb://{tmp_path}/store?durability=fast"
-        return
-    target = os.environ.get(AEROSPIKE_ENV)
-    if not target:
-        pytest.skip(AEROSPIKE_SKIP)
-    from support.aerospike_support import clean_up_run
-
-    run = uuid.uuid4().hex[:8]
-    hostport, _, namespace = target.partition("/")
-    url = f"aerospike://{hostport}/{namespace or 'test'}?farm=t{run}&client=c{run}"
-    yield url
-    clean_up_run(url, run)
+    yield from lmdb_or_real_server_url(request.param, tmp_path)
 
 
 @pytest.fixture
