@@ -141,9 +141,16 @@ _CLAIM_GUARD = exp.LT(exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER)).compil
 # A claim of one slot needs no expression: under the guard FIRE < LOAD an increment by one cannot pass
 # the load pointer (a claim of k takes min(FIRE + k, LOAD), an expression write).
 _CLAIM_ONE = [ops.increment(FIRE_POINTER, 1), ops.read(FIRE_POINTER)]
-# A load of one message: the allocate of _allocate for a single slot.
-_ALLOCATE_ONE = [ops.increment(LOAD_POINTER, 1), ops.increment(FIRE_POINTER, 0), ops.write(TOMBSTONE, None),
-                 ops.write(PURGED, None), ops.read(LOAD_POINTER)]
+
+
+def _allocate_ops(n: int) -> list[dict[str, Any]]:
+    """Allocate n slots on a meta record: increment the load pointer and read it back; also create the
+    fire pointer (the claim guard needs it) and drop a purge tombstone's bins."""
+    return [ops.increment(LOAD_POINTER, n), ops.increment(FIRE_POINTER, 0), ops.write(TOMBSTONE, None),
+            ops.write(PURGED, None), ops.read(LOAD_POINTER)]
+
+
+_ALLOCATE_ONE = _allocate_ops(1)  # built once: the per-message publish path
 _READ_ENVELOPE = [ops.read(b) for b in ENVELOPE_BINS]
 _READ_STAMPED = [*_READ_ENVELOPE, ops.read(PURGED)]
 _READ_TOMBSTONE = ops.read(TOMBSTONE)
@@ -661,9 +668,7 @@ class AerospikeStore:
         next_slot: dict[int, int] = {}
         for shard, n in counts.items():
             _, _, got = self._call(operation, self._client.operate, self._meta_key(magazine, shard),
-                                   [ops.increment(LOAD_POINTER, n), ops.increment(FIRE_POINTER, 0),
-                                    ops.write(TOMBSTONE, None), ops.write(PURGED, None), ops.read(LOAD_POINTER)],
-                                   None, self._never)
+                                   _allocate_ops(n), None, self._never)
             next_slot[shard] = int(got[LOAD_POINTER]) - n + 1
         refs = []
         for shard in shards:
