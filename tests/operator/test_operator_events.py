@@ -47,6 +47,10 @@ async def test_normal_events_tell_a_queues_story(harness: Harness, caplog: pytes
 async def test_drift_repairs_are_counted(harness: Harness) -> None:
     await harness.create("orders", shards=2)
     await harness.until(lambda: normal(harness, "Created", "orders"), what="created")
+    # Creation handlers are at-least-once (kopf may run one again for a repeated watch event): delete the
+    # record only once a resync has found it in sync, so the repair below is the resync's, not a late create.
+    await harness.until(lambda: harness.condition("orders").get("message") == "queue record in sync",
+                        what="a resync of the created record")
     before = drift_repairs()
     harness.store.with_client("ns1").delete_queue("orders")
     await harness.until(lambda: harness.events("DriftRepaired"), what="a DriftRepaired warning")
