@@ -154,6 +154,9 @@ _ALLOCATE_ONE = _allocate_ops(1)  # built once: the per-message publish path
 _READ_ENVELOPE = [ops.read(b) for b in ENVELOPE_BINS]
 _READ_STAMPED = [*_READ_ENVELOPE, ops.read(PURGED)]
 _READ_TOMBSTONE = ops.read(TOMBSTONE)
+# What an ack, a delete or a seal leaves in a slot. Not a purge's mark: slot numbering starts afresh
+# after a purge, so a new message may still be written over it.
+_SETTLED_BINS = [TOMBSTONE]
 _MISSING = (ex.RecordNotFound, ex.FilteredOut)
 # A move reads the target of an earlier claim while writing its own. A plain read of mvTo would come
 # back overwritten by the write's None (a batch write answers every operation, later ones winning), so
@@ -943,6 +946,21 @@ class AerospikeStore:
         except ex.AerospikeError as exc:
             raise self._fail(exc, "peek", self._data_set) from None
         return [(ref, self._envelope(bins)) for ref, bins in zip(refs, found, strict=True) if bins is not None]
+
+    def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
+        if not refs:
+            return []
+        out = []
+        try:
+            keys = [self._data_key(ref) for ref in refs]
+            for start in range(0, len(keys), BATCH_CHUNK):
+                done = self._call("settled", self._client.batch_read, keys[start:start + BATCH_CHUNK], _SETTLED_BINS)
+                for record in done.batch_records:
+                    bins = record.record[2] if record.result == 0 and record.record is not None else None
+                    out.append(bool(bins) and bins.get(TOMBSTONE) is not None)
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "settled", self._data_set) from None
+        return out
 
     def _remove_one(self, operation: str, key: tuple[str, str, str]) -> bool:
         """Delete so it stays deleted: a durable delete, or a tombstone. True if it was present."""

@@ -306,6 +306,13 @@ class Storage(Protocol):
         """Present records of slots first..last inclusive, in slot order. Never mutates."""
         ...
 
+    def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
+        """Per slot (one batch): True if it holds the trace of a record settled for good (an ack's or a
+        purge's tombstone, a seal), so no write can still land there; False for a live record or no
+        record at all. A backend that keeps no trace of a delete answers False (the caller then waits
+        until the slot's write deadline is known to be over)."""
+        ...
+
     def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None) -> int:
         """Delete records so they stay deleted (one batch). Returns how many were present (an expired
         record not yet purged may count). `versions` (Envelope.version of each, as claimed) are a hint

@@ -793,6 +793,11 @@ class LmdbStore:
 
         return self._read("peek", scan)
 
+    def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
+        # A delete leaves no trace here; nor is one needed: a publish writes its slot in the transaction
+        # that allocates it, so no slot below a fire pointer waits for its write (write_grace_ms = 0).
+        return [False] * len(refs)
+
     def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None) -> int:
         present = 0
         try:

@@ -149,6 +149,18 @@ def test_restamp_stamps_what_landed_and_seal_gives_up_what_did_not(store: Storag
     assert store.read([refs[1]])[0].msg_id == "b" and store.read([SlotRef("q", 0, 8)]) == [None]
 
 
+def test_settled_tells_the_trace_of_an_ack_or_a_seal_from_a_slot_that_may_still_be_written(store: Storage) -> None:
+    refs = store.load("q", [(0, env(msg_id="a")), (0, env(msg_id="b"))], 60)
+    store.claim("q", 0, 2, 1000)
+    store.delete([refs[0]])
+    store.seal([SlotRef("q", 0, 3)], 60)
+    traces = bool(store.write_grace_ms)  # a one-step publish (lmdb) keeps no trace of a delete
+    # acked; live; sealed; never written
+    assert store.settled([refs[0], refs[1], SlotRef("q", 0, 3), SlotRef("q", 0, 4)]) == [traces, False, traces,
+                                                                                          False]
+    assert store.settled([]) == []
+
+
 def test_move_copies_then_deletes_and_skips_a_record_that_changed_or_went(store: Storage) -> None:
     from ignis.storage.base import Move
 

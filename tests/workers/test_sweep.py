@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from ignis_workers.sweeper import LeadershipLost, Sweeper
+from support.races import paused_publish_write
 from sweeper_helpers import FaultStore, PausingStore
 
 from ignis import names
@@ -75,6 +78,59 @@ def test_acked_slots_are_passed_and_counter_counts_moves_only(store, declare, cl
     record = store.get_queue(q.name)
     assert record.bins[SWEPT_COUNTER] == 2
     assert record.bins[SWEEP_POINTERS] == {"SHARD_0": 6}
+
+
+def _two_step_publish_only(store) -> None:
+    if not store.write_grace_ms:
+        pytest.skip("lmdb allocates and writes a slot in one transaction: no slot ever waits for its write")
+
+
+def test_a_claimed_slot_whose_write_has_not_landed_is_not_passed(store, declare, clock):
+    # A consumer claims a slot between the publish's increment and its write, and dies; a sweep comes
+    # in between. Passing the empty slot would leave the record, landing a moment later, behind the
+    # sweep pointer for good: never delivered. The sweeper stops there instead, and sweeps it later.
+    _two_step_publish_only(store)
+    q = declare()
+    q.publish(b"acked")
+    q.fire().ack()  # slot 1: an ack's tombstone, which the sweep passes
+    with paused_publish_write(store) as gate:
+        publisher = threading.Thread(target=q.publish, args=(b"late",))
+        publisher.start()
+        assert gate.reached.wait(10), "the publish never reached its record write"
+        assert q.fire() is None  # slot 2 claimed, its record not there yet: awaited (then the consumer dies)
+        assert q.main.pointers()[0].fire == 2
+        clock.advance(SWEEP_S + 1)
+        s = sweeper(store, clock)
+        report = s.sweep_queue(store.client_id, q.name)
+        assert report.ok and report.main.moved == 0
+        assert pointer(store, q.name) == 2  # slot 1 passed, slot 2 not
+        gate.release.set()
+        publisher.join(10)
+    assert present(store, q.name) == [2]  # landed, claimed by a consumer that is gone
+    s.sweep_queue(store.client_id, q.name)  # unstamped: stamped now, moved one sweepDuration later
+    clock.advance(SWEEP_S + 1)
+    report = s.sweep_queue(store.client_id, q.name)
+    assert report.main.moved == 1
+    assert [env.payload for _, env in q.sideline.browse()] == [b"late"]
+    assert pointer(store, q.name) == 3
+
+
+def test_a_missing_slot_is_passed_once_its_write_deadline_is_over(store, declare, clock):
+    # A slot with no record and no tombstone (its publish failed) is a hole for good once the write
+    # deadline of every slot below a fire pointer seen then is over: the sweep holds, then passes it.
+    _two_step_publish_only(store)
+    q = declare()
+    q.publish_many([b"a", b"b", b"c"])
+    a, _b, c = q.fire_many(3)
+    q.ack([a, c])
+    store._client.remove(store._data_key(SlotRef(q.name, 0, 2)))  # as if its write had never landed
+    s = sweeper(store, clock)
+    s.sweep_queue(store.client_id, q.name)
+    assert pointer(store, q.name) == 2  # slot 1 (tombstone) passed; slot 2 may still be written
+    clock.now += store.write_grace_ms
+    report = s.sweep_queue(store.client_id, q.name)
+    assert report.ok and report.main.moved == 0
+    assert pointer(store, q.name) == 4  # the fire pointer seen a write deadline ago covers slots 2 and 3
 
 
 def _unstamp(store, ref: SlotRef) -> None:

@@ -7,7 +7,13 @@
 Per queue magazine and shard, from the stored sweep pointer (the NEXT slot to examine; absent = 1) up
 to the fire pointer, in batches of `batch_size` slots:
 
-* absent record → already acked: pass;
+* absent record → already acked: pass; unless its slot may still be written (a claim can outrun its
+  publish on Aerospike). A slot the peek skipped is passed when it holds an ack's tombstone or a seal
+  (`Storage.settled`), or its write deadline is known to be over: it is at or below a fire pointer seen
+  at least `write_grace_ms` ago, or a later record of the shard was claimed that long ago (claims go in
+  slot order, so the slot was allocated before). Otherwise the pointer stops there (a time boundary):
+  passing it could leave a late write, or the claim of the consumer awaiting it, behind the pointer
+  for good;
 * no fireTS → a claim whose stamp is a moment away or a write that landed after its slot was skipped
   as a hole: stamp it (only if still unstamped) and stop there, so it is swept one sweepDuration later
   and a live claim is never disturbed;
@@ -39,7 +45,7 @@ from ignis.errors import QueueNotFound, StaleEpoch
 from ignis.magazine import Magazine
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
-from ignis.storage.base import MagazineKind, Storage, client_view
+from ignis.storage.base import MagazineKind, SlotRef, Storage, client_view
 from ignis_workers.metrics import STAMPED, SWEEP_DURATION, SWEEP_EXAMINED, SWEEP_FAILURES, SWEPT
 
 log = logging.getLogger(__name__)
@@ -104,6 +110,7 @@ class Sweeper:
         self.guard = guard
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._fire_seen = _FireHistory()
 
     # ---- pool --------------------------------------------------------------------------------------
     def _executor(self) -> ThreadPoolExecutor:
@@ -190,6 +197,10 @@ class Sweeper:
         started = time.perf_counter()
         try:
             pointers = source.pointers()
+            grace = queue.store.write_grace_ms
+            # Taken after the read: every slot below these fire pointers was allocated before this time.
+            settled = self._fire_seen.settled((queue.store.client_id, queue.name, kind), self.clock(), grace,
+                                              {shard: p.fire for shard, p in pointers.items()})
             # shard -> [next slot to examine, fire pointer]
             todo = {}
             for shard in range(source.shards):
@@ -197,7 +208,7 @@ class Sweeper:
                 if pos <= pointers[shard].fire:
                     todo[shard] = [pos, pointers[shard].fire]
             while todo:
-                self._round(queue, kind, source, todo, cutoff, now, epoch, out)
+                self._round(queue, kind, source, todo, cutoff, now, epoch, out, settled, grace)
         except (StaleEpoch, LeadershipLost):
             raise
         except Exception as exc:
@@ -207,7 +218,7 @@ class Sweeper:
             SWEEP_DURATION.labels(queue.name, kind).observe(out.seconds)
 
     def _round(self, queue: Queue, kind: MagazineKind, source: Magazine, todo: dict[int, list[int]], cutoff: int,
-               now: int, epoch: int, out: MagazineSweep) -> None:
+               now: int, epoch: int, out: MagazineSweep, settled: dict[int, int], grace: int) -> None:
         if not self.guard():
             raise LeadershipLost(f"stopped sweeping {queue.name}: this process no longer leads")
         store = queue.store
@@ -218,8 +229,17 @@ class Sweeper:
             starts[shard] = pos
             last = min(fire, pos + self.batch_size - 1)
             next_pos = last + 1
+            written = settled.get(shard, 0)  # every missing slot up to it is a hole for good
+            seen = pos  # the first slot of the window not returned by the peek yet
             try:
                 for ref, env in store.peek(source.name, shard, pos, last):
+                    if ref.slot > max(seen, written + 1) and not (env.fire_ts and env.fire_ts <= now - grace):
+                        unsettled = self._first_unsettled(store, source.name, shard, max(seen, written + 1),
+                                                          ref.slot - 1)
+                        if unsettled is not None:  # a slot whose write may still land: a boundary
+                            next_pos = unsettled
+                            break
+                    seen = ref.slot + 1
                     if not env.fire_ts:
                         # Never swept on sight: stamp it (only if still unstamped) and stop there.
                         if store.stamp_unfired(ref, now) is not None:
@@ -232,6 +252,11 @@ class Sweeper:
                         next_pos = ref.slot
                         break
                     abandoned.append((ref, env))
+                else:
+                    if last >= max(seen, written + 1):  # slots at the end of the window the peek skipped
+                        unsettled = self._first_unsettled(store, source.name, shard, max(seen, written + 1), last)
+                        if unsettled is not None:
+                            next_pos = unsettled
             except Exception as exc:
                 self._failed(queue.name, kind, out, shard, exc)
                 del todo[shard]
@@ -278,6 +303,16 @@ class Sweeper:
             if moved:
                 SWEPT.labels(queue.name, kind).inc(moved)
 
+    @staticmethod
+    def _first_unsettled(store: Storage, magazine: str, shard: int, first: int, last: int) -> int | None:
+        """The first slot of first..last (all skipped by a peek) that is not settled for good: no record
+        yet, or one that landed since the peek. None if every one holds an ack's tombstone or a seal."""
+        refs = [SlotRef(magazine, shard, slot) for slot in range(first, last + 1)]
+        for ref, settled in zip(refs, store.settled(refs), strict=True):
+            if not settled:
+                return ref.slot
+        return None
+
     def _failed(self, queue: str, kind: str, out: MagazineSweep, shard: int | None, exc: Exception) -> None:
         where = f"{queue}/{kind}" + (f" shard {shard}" if shard is not None else "")
         log.error("sweep of %s failed: %s: %s", where, type(exc).__name__, exc)
@@ -286,3 +321,30 @@ class Sweeper:
             out.error = f"{type(exc).__name__}: {exc}"
         else:
             out.failed_shards.append(shard)
+
+
+class _FireHistory:
+    """Fire pointers seen by earlier passes, per magazine. A slot up to a fire pointer seen at time t was
+    allocated before t, so once `t + write_grace_ms` has passed its write has landed or failed for good:
+    a missing record there is a hole, never a write still to come."""
+
+    MAX_SNAPSHOTS = 64  # per magazine; passes come every few seconds, the grace is a few seconds
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str, str], list[tuple[int, dict[int, int]]]] = {}
+        self._lock = threading.Lock()
+
+    def settled(self, key: tuple[str, str, str], now: int, grace_ms: int, fire: dict[int, int]) -> dict[int, int]:
+        """Record `fire` as seen at `now`; per shard, the newest fire pointer seen at least `grace_ms` ago
+        (the current one when there is no grace; shards never seen that long ago are absent)."""
+        if grace_ms <= 0:
+            return dict(fire)
+        with self._lock:
+            snapshots = self._seen.setdefault(key, [])
+            snapshots.append((now, dict(fire)))
+            old = [i for i, (at, _) in enumerate(snapshots) if at <= now - grace_ms]
+            if old:
+                del snapshots[:old[-1]]  # keep the newest old enough and everything after it
+            del snapshots[:-self.MAX_SNAPSHOTS]
+            at, pointers = snapshots[0]
+            return dict(pointers) if at <= now - grace_ms else {}
