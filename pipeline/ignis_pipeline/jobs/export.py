@@ -41,6 +41,10 @@ def export(spark: Any, store: dict[str, str], queues: list[str], to: str, *, mag
     check_store_reachable(spark, store["store"])
     require_queues(store, queues)  # before Spark creates anything at `to`
     df = read_queues(spark, store, queues, magazine, since, until)
+    # As many write tasks as the cluster runs at once, each reading several slot ranges in turn (a
+    # coalesce, no shuffle): a Python task and a committed output file cost Spark about a tenth of a
+    # second each (bench/README.md), and one file per slot range would make many small files.
+    df = df.coalesce(max(1, spark.sparkContext.defaultParallelism))
     with spark_progress(spark, f"exporting to {to}"):
         df.write.mode("overwrite" if overwrite else "errorifexists").partitionBy("queue", "magazine").format(
             fmt).save(to)
