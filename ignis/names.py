@@ -49,7 +49,7 @@ def dead_of(queue: str) -> str:
 
 
 def data_key(magazine: str, shard: int, slot: int) -> str:
-    return f"{data_key_prefix(magazine, shard)}{slot}"
+    return f"{magazine}_SHARD_{shard}_{slot}"  # data_key_prefix + slot, in one step: built per message
 
 
 def data_key_prefix(magazine: str, shard: int) -> str:

@@ -756,7 +756,8 @@ class AerospikeStore:
             raise self._fail(exc, "claim", self._meta_set) from None
         last = int(got[FIRE_POINTER])
         first = last if max_slots == 1 else int(got[CLAIM_FROM]) + 1
-        return self._stamp_slots("claim", [SlotRef(magazine, shard, slot) for slot in range(first, last + 1)],
+        new = tuple.__new__  # a NamedTuple's own __new__ is a Python call: too slow per claimed slot
+        return self._stamp_slots("claim", [new(SlotRef, (magazine, shard, slot)) for slot in range(first, last + 1)],
                                  now_ms_, count_attempt)
 
     def restamp(self, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool = True) -> list[Claimed]:
@@ -799,13 +800,17 @@ class AerospikeStore:
         except ex.AerospikeError as exc:
             raise self._fail(exc, operation, self._data_set) from None
         out = []
+        new, envelope = tuple.__new__, self._envelope
         for ref, record in zip(refs, done.batch_records, strict=True):
-            if record.result not in (0, NOT_FOUND, FILTERED_OUT):
+            result, got = record.result, record.record
+            bins = got[2] if got else None
+            if result == 0 and bins is not None and bins.get(PURGED) is None:  # _slot, inlined: per message
+                out.append(new(Claimed, (ref, envelope(bins, (got[1] or {}).get("gen")), False)))
+            elif result in (0, NOT_FOUND, FILTERED_OUT):
+                out.append(self._slot(ref, bins, result))
+            else:
                 raise StoreError(f"aerospike {operation} of {ref}: stamping the record failed with code "
-                                 f"{record.result}; the slot is claimed and the sweeper will recover it")
-            got = record.record
-            out.append(self._slot(ref, got[2] if got else None, record.result,
-                                  (got[1] or {}).get("gen") if got else None))
+                                 f"{result}; the slot is claimed and the sweeper will recover it")
         return out
 
     def seal(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
