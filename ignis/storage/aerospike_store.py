@@ -323,7 +323,7 @@ class AerospikeStore:
         counter = self._counters.get(operation)
         if counter is None:
             counter = self._counters[operation] = STORAGE_CALLS.labels(operation)
-        counter.inc()
+        counter.tick()
         try:
             return fn(*args, **kwargs)
         except ex.AerospikeError as exc:
@@ -334,7 +334,7 @@ class AerospikeStore:
 
         def again() -> T:
             STORAGE_RETRIES.labels(operation).inc()
-            counter.inc()
+            counter.tick()
             return fn(*args, **kwargs)
 
         retrying = self._retrying.copy(retry=retry_if_exception(lambda e: is_transient(e, idempotent)))
