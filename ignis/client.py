@@ -49,6 +49,10 @@ class Ignis:
         self.close()
 
     def close(self) -> None:
+        with self._lock:
+            queues = list(self._queues.values())
+        for queue in queues:  # slots reserved for publishes that will not come: consumers pass them at once
+            queue.main.release_reserved()
         if self._owns_store:
             self.store.close()
 

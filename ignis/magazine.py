@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import random
 import threading
 import time
@@ -18,14 +19,17 @@ from typing import Any
 
 from ignis import names
 from ignis.envelope import Envelope, NewMessages, now_ms
-from ignis.errors import HoleBudgetExceeded
+from ignis.errors import HoleBudgetExceeded, StoreError
 from ignis.metrics import FIRE_CLAIMS, HOLE_BUDGET_EXHAUSTED, HOLES_SKIPPED, LATE_WRITES
-from ignis.storage.base import Claimed, MessageRef, Move, ShardPointers, SlotRef, Storage
+from ignis.storage.base import RESERVATION_FRESH_MS, Claimed, MessageRef, Move, ShardPointers, SlotRef, Storage
 
+log = logging.getLogger(__name__)
 _random = random.random
 PREFETCH_MAX = 32  # messages one fire claims for other threads of its handle, at most
 PREFETCH_PER_FIRE = 4  # ... and per fire in progress beside it: each of those threads comes back for more
 PREFETCH_FRESH_SECONDS = 1.0  # a prefetched message kept longer is stamped again when handed out
+RESERVE_MAX = 32  # slots one publish reserves for other threads of its handle, at most
+RESERVE_PER_PUBLISH = 4  # ... and per publish in progress beside it
 _new_tuple = tuple.__new__  # NamedTuples without their slower generated __init__
 _new_message_ref = functools.partial(_new_tuple, MessageRef)  # MessageRef from an (id, magazine, shard, slot)
 
@@ -97,6 +101,10 @@ class Magazine:
         self._firing_lock = threading.Lock()
         # Only consumers of the main magazine prefetch: the shovel fires the sideline with an exact budget.
         self._prefetch = kind == "main"
+        # Slots reserved by a publish for the next publishes of this handle: (when reserved, slot).
+        self._reserved: deque[tuple[float, SlotRef]] = deque()
+        self._publishing: list[object] = []  # a token per publish of this handle in progress
+        self._reserves = store.write_grace_ms > 0  # a two-step publish: the increment can be shared
 
     # ---- load ------------------------------------------------------------------------------------
     # Shard choice (DESIGN §4): a keyed message goes to its key's shard, any other to a uniformly random
@@ -104,10 +112,82 @@ class Magazine:
     # message would not) and keeps each shard's slots contiguous.
     def publish_one(self, payload: bytes, msg_id: str, loaded_at: int) -> MessageRef:
         """Publish one new keyless message of plain bytes: the commonest call, kept lean."""
-        shard = int(_random() * self.shards)
-        slot = self.store.load_one(self.name, shard, payload, msg_id, loaded_at, self.ttl_seconds)
+        if not self._reserves:
+            shard = int(_random() * self.shards)
+            slot = self.store.load_one(self.name, shard, payload, msg_id, loaded_at, self.ttl_seconds)
+        else:
+            # No lock on this path: list.append/remove and deque.popleft/extend are atomic under the GIL,
+            # and 8 publishing threads contending for one lock cost more than they share (measured).
+            token = object()
+            publishing = self._publishing
+            publishing.append(token)
+            try:
+                shard, slot = self._publish_sharing(len(publishing) - 1, payload, msg_id, loaded_at)
+            finally:
+                publishing.remove(token)
         self._mark_active_one(shard)
         return _new_tuple(MessageRef, (msg_id, self.name, shard, slot))
+
+    # Reservations for concurrent publishers (two-step backends): a publish is an increment of a shard's
+    # load pointer and then the record's write, two round trips. A publish that sees other publishes of
+    # this handle in progress reserves, in the same increment, four more slots per publish in progress
+    # (RESERVE_MAX at most), and the next publishes of any thread write into those with one round trip.
+    # A reserved slot is written within RESERVATION_FRESH_MS or sealed (by the next publish, or at close),
+    # so a consumer that claims it first awaits it within the store's write grace like any publish in
+    # flight, and nothing but a dead process leaves a reserved slot empty (then the claimer seals it).
+    def _publish_sharing(self, others: int, payload: bytes, msg_id: str, loaded_at: int) -> tuple[int, int]:
+        store, ttl = self.store, self.ttl_seconds
+        ref = self._take_reserved() if self._reserved else None
+        if ref is not None and store.load_reserved(ref, payload, msg_id, loaded_at, ttl):
+            return ref.shard, ref.slot
+        shard = int(_random() * self.shards)
+        if not others:
+            return shard, store.load_one(self.name, shard, payload, msg_id, loaded_at, ttl)
+        count = 1 + min(others * RESERVE_PER_PUBLISH, RESERVE_MAX)
+        reserved_at = time.monotonic()  # before the call: every slot it allocates is younger than this
+        first = store.reserve(self.name, shard, count)
+        self._reserved.extend([(reserved_at, _new_tuple(SlotRef, (self.name, shard, slot)))
+                               for slot in range(first + 1, first + count)])
+        if store.load_reserved(_new_tuple(SlotRef, (self.name, shard, first)), payload, msg_id, loaded_at, ttl):
+            return shard, first
+        return shard, store.load_one(self.name, shard, payload, msg_id, loaded_at, ttl)  # sealed at once: rare
+
+    def _take_reserved(self) -> SlotRef | None:
+        """A reserved slot young enough to write; older ones are sealed on the way."""
+        fresh_after = time.monotonic() - RESERVATION_FRESH_MS / 1000
+        stale: list[SlotRef] = []
+        reserved = self._reserved
+        while True:
+            try:
+                at, ref = reserved.popleft()
+            except IndexError:  # none left (another thread may have taken the last one)
+                ref = None
+                break
+            if at >= fresh_after:
+                break
+            stale.append(ref)
+        if stale:
+            self._seal_reserved(stale)
+        return ref
+
+    def release_reserved(self) -> int:
+        """Seal every slot reserved and not written (at close): a consumer then passes them at once
+        instead of awaiting each for the write grace. Returns how many."""
+        refs = []
+        while self._reserved:
+            try:
+                refs.append(self._reserved.popleft()[1])
+            except IndexError:
+                break
+        if refs:
+            self._seal_reserved(refs)
+        return len(refs)
+
+    def _seal_reserved(self, refs: list[SlotRef]) -> None:
+        try:
+            self.store.seal(refs, self.ttl_seconds)
+        except StoreError as exc:  # the claimers of these slots seal them after the write grace instead
+            log.warning("could not seal %d unused reserved slot(s) of %s: %s", len(refs), self.name, exc)
 
     def load_new(self, batch: NewMessages) -> list[MessageRef]:
         """Publish a batch of new messages in one group commit; their references, in batch order."""
@@ -409,7 +489,8 @@ class Magazine:
 
     def adopt(self, previous: Magazine) -> None:
         """Take over what an earlier handle of this magazine claimed and has not handed out (awaited,
-        landed, prefetched), so replacing a handle (a config change) strands none of it."""
+        landed, prefetched) and the slots it reserved, so replacing a handle (a config change) strands
+        none of it."""
         if previous is self:
             return
         with previous._lock:
@@ -417,10 +498,17 @@ class Magazine:
         landed, prefetched = list(previous._landed), list(previous._prefetched)
         previous._landed.clear()
         previous._prefetched.clear()
+        reserved = []
+        while previous._reserved:
+            try:
+                reserved.append(previous._reserved.popleft())
+            except IndexError:
+                break
         with self._lock:
             self._awaited.extend(awaited)
         self._landed.extend(landed)
         self._prefetched.extend(prefetched)
+        self._reserved.extend(reserved)
 
     def invalidate(self) -> None:
         """Forget the cached active shards: the next fire re-reads the pointers."""

@@ -19,7 +19,8 @@ Atomicity from single-record operations, one round trip each:
   sweeper (unstamped records below the fire pointer) — duplication, never loss. Then one update-only
   `operate` (one slot) or `batch_write` (several) stamps fireTS, bumps attempts and reads the records.
   A missing record is usually a publish in flight (a consumer that is caught up claims between a
-  producer's increment and its write): it is *awaited*, and the claimer re-reads it (`restamp`) until it
+  producer's increment and its write, or a slot a concurrent publish reserved for the next one): it is
+  *awaited*, and the claimer re-reads it (`restamp`) until it
   lands or the producer's write deadline (`write_grace_ms`) has passed; then it *seals* the slot: a
   tombstone marked `sealedAt` that every later write to the slot is refused by (filter, in the write).
 * move (sweep, shovel, dead-letter): a per-record claim that a newer epoch wins — bins `mvEpoch` and
@@ -96,6 +97,7 @@ from ignis.storage.base import (
     CREATED_AT,
     FIRE_POINTER,
     LOAD_POINTER,
+    RESERVATION_FRESH_MS,
     RUNTIME_BINS,
     SIDELINE_SWEEP,
     SIDELINE_SWEPT,
@@ -253,9 +255,11 @@ class AerospikeStore:
         self._new_record: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
         self._replace_live = {**self._keep, "exists": aerospike.POLICY_EXISTS_REPLACE, "expressions": _NOT_TOMBSTONED}
         self._durable_remove = {**wp, "durable_delete": True}
-        # The producer's write deadline: every attempt of a load's write and the waits between them, plus
-        # a second for the gap between the increment's answer and the write (a scheduling delay).
-        self._write_grace_ms = (s.retries + 1) * s.total_timeout_ms + s.retries * s.retry_sleep_ms + 1000
+        # The producer's write deadline: every attempt of a load's write and the waits between them, the
+        # longest a reserved slot waits for its write (Storage.reserve), and a second for the gap between
+        # the increment's answer and the write (a scheduling delay).
+        self._write_grace_ms = ((s.retries + 1) * s.total_timeout_ms + s.retries * s.retry_sleep_ms
+                                + RESERVATION_FRESH_MS + 1000)
         failure = self._create_index()
         if failure is not None:
             # A producer or consumer whose user may read and write but not manage indexes still works;
@@ -630,6 +634,21 @@ class AerospikeStore:
         # of the ordinary (a record near the size limit, a sealed slot) takes the general path.
         if len(payload) + len(msg_id) + RECORD_OVERHEAD > self._shared.settings.max_record_bytes:
             return self.load(magazine, [(shard, Envelope(payload, msg_id, loaded_at))], ttl_seconds)[0].slot
+        policies = self._new_record.get(ttl_seconds) or self._plain_policies(ttl_seconds)
+        bins = {PAYLOAD: payload, MSG_ID: msg_id, LOADED_AT: loaded_at, CODEC: CODEC_BYTES, ATTEMPTS: 0}
+        try:
+            _, _, got = self._call("load", self._client.operate, self._meta_key(magazine, shard), _ALLOCATE_ONE,
+                                   None, self._never)
+            slot = int(got[LOAD_POINTER])
+            if self._write_plain(names.data_key(magazine, shard, slot), bins, policies):
+                return slot
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "load", self._data_set) from None
+        # sealed: a consumer gave the slot up; publish it again into a new one
+        return self.load(magazine, [(shard, Envelope(payload, msg_id, loaded_at))], ttl_seconds)[0].slot
+
+    def _plain_policies(self, ttl_seconds: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The create-only and the sealed-refusing create-or-replace policy of a new record (cached)."""
         policies = self._new_record.get(ttl_seconds)
         if policies is None:
             ttl = self._ttl(ttl_seconds)
@@ -637,22 +656,42 @@ class AerospikeStore:
                 {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE, "ttl": ttl},
                 {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE, "expressions": _NOT_SEALED,
                  "ttl": ttl})
-        bins = {PAYLOAD: payload, MSG_ID: msg_id, LOADED_AT: loaded_at, CODEC: CODEC_BYTES, ATTEMPTS: 0}
+        return policies
+
+    def _write_plain(self, data_key: str, bins: dict[str, Any], policies: tuple[dict[str, Any], dict[str, Any]]
+                     ) -> bool:
+        """Write a new record into its allocated slot; False if the slot is sealed. Aerospike errors raw."""
+        key = (self._ns, self._data_set, data_key)
         try:
-            _, _, got = self._call("load", self._client.operate, self._meta_key(magazine, shard), _ALLOCATE_ONE,
-                                   None, self._never)
-            slot = int(got[LOAD_POINTER])
-            key = (self._ns, self._data_set, names.data_key(magazine, shard, slot))
+            # A new slot is almost always empty: create-only needs no filter expression (whose
+            # conversion costs the client about a third of the call, measured).
+            self._call("load", self._client.put, key, bins, None, policies[0])
+        except ex.RecordExistsError:  # a purge leftover, a seal, or this write's own earlier attempt
             try:
-                # A new slot is almost always empty: create-only needs no filter expression (whose
-                # conversion costs the client about a third of the call, measured).
-                self._call("load", self._client.put, key, bins, None, policies[0])
-            except ex.RecordExistsError:  # a purge leftover, a seal, or this write's own earlier attempt
                 self._call("load", self._client.put, key, bins, None, policies[1])
-            return slot
-        except ex.FilteredOut:  # sealed: a consumer gave the slot up; publish it again into a new one
-            STORAGE_RETRIES.labels("load_sealed").inc()
-            return self.load(magazine, [(shard, Envelope(payload, msg_id, loaded_at))], ttl_seconds)[0].slot
+            except ex.FilteredOut:
+                STORAGE_RETRIES.labels("load_sealed").inc()
+                return False
+        return True
+
+    def reserve(self, magazine: str, shard: int, count: int) -> int:
+        if count < 1:
+            raise InvalidInputError(f"reserve {count} slots: count must be at least 1")
+        try:
+            _, _, got = self._call("reserve", self._client.operate, self._meta_key(magazine, shard),
+                                   _allocate_ops(count), None, self._never)
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "reserve", self._meta_set) from None
+        return int(got[LOAD_POINTER]) - count + 1
+
+    def load_reserved(self, ref: SlotRef, payload: bytes, msg_id: str, loaded_at: int, ttl_seconds: int
+                      ) -> bool:
+        bins = {PAYLOAD: payload, MSG_ID: msg_id, LOADED_AT: loaded_at, CODEC: CODEC_BYTES, ATTEMPTS: 0}
+        if len(payload) + len(msg_id) + RECORD_OVERHEAD > self._shared.settings.max_record_bytes:
+            self._check_size(ref.magazine, bins)  # near the limit: the exact estimate, and its clear error
+        try:
+            return self._write_plain(names.data_key(ref.magazine, ref.shard, ref.slot), bins,
+                                     self._plain_policies(ttl_seconds))
         except ex.AerospikeError as exc:
             raise self._fail(exc, "load", self._data_set) from None
 

@@ -165,6 +165,11 @@ class LeaseRecord:
         return now_ms >= self.renewed_ms + self.duration_s * 1000
 
 
+# How long a slot from `Storage.reserve` may wait for its record: a publish writes a reserved slot only
+# this soon after reserving it (else it seals it), so a two-step backend's write grace includes it.
+RESERVATION_FRESH_MS = 250
+
+
 @runtime_checkable
 class Storage(Protocol):
     """A backend. All methods are thread-safe; errors are `ignis.errors` types."""
@@ -274,6 +279,19 @@ class Storage(Protocol):
         """How long after its slot was allocated a publish's record may still land: the producer's whole
         write deadline (every attempt and the waits between them). 0 where a publish is one atomic step
         and a claim can never pass a record still being written (lmdb)."""
+        ...
+
+    def reserve(self, magazine: str, shard: int, count: int) -> int:
+        """Allocate `count` consecutive slots of `shard` for messages to come, writing none; the first.
+        Only where a publish is two steps (`write_grace_ms` > 0): the caller writes each slot with
+        `load_reserved` within RESERVATION_FRESH_MS of this call, or seals it (`seal`). A consumer that
+        claims one before then awaits it, as it awaits any publish in flight (the grace covers it)."""
+        ...
+
+    def load_reserved(self, ref: SlotRef, payload: bytes, msg_id: str, loaded_at: int, ttl_seconds: int
+                      ) -> bool:
+        """`load_one`'s record write, into a slot from `reserve`. False if the slot was sealed meanwhile
+        (a consumer gave it up): nothing was written, publish the message again."""
         ...
 
     def restamp(self, refs: Sequence[SlotRef], now_ms: int, count_attempt: bool = True) -> list[Claimed]:

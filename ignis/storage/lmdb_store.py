@@ -793,6 +793,14 @@ class LmdbStore:
 
         return self._read("peek", scan)
 
+    def reserve(self, magazine: str, shard: int, count: int) -> int:
+        raise NotImplementedError("lmdb allocates and writes a slot in one transaction: an empty reserved slot "
+                                  "would be a hole for good to its consumers (write_grace_ms is 0)")
+
+    def load_reserved(self, ref: SlotRef, payload: bytes, msg_id: str, loaded_at: int, ttl_seconds: int
+                      ) -> bool:
+        raise NotImplementedError("lmdb has no reserved slots (see reserve)")
+
     def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
         # A delete leaves no trace here; nor is one needed: a publish writes its slot in the transaction
         # that allocates it, so no slot below a fire pointer waits for its write (write_grace_ms = 0).

@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -15,8 +16,9 @@ from support.races import paused_publish_write
 from ignis import Ignis, PayloadTooLarge, QueueSpec
 from ignis.envelope import CODEC_BYTES, CODEC_JSON, CODEC_STR, Envelope, NewMessages, now_ms
 from ignis.errors import AlreadySettled, HoleBudgetExceeded, InvalidInputError
-from ignis.magazine import shard_for_key
+from ignis.magazine import RESERVE_MAX, RESERVE_PER_PUBLISH, shard_for_key
 from ignis.storage import SlotRef, Storage
+from ignis.storage.base import RESERVATION_FRESH_MS
 
 
 def sample(name: str, **labels: str) -> float:
@@ -159,6 +161,23 @@ def test_settled_tells_the_trace_of_an_ack_or_a_seal_from_a_slot_that_may_still_
     assert store.settled([refs[0], refs[1], SlotRef("q", 0, 3), SlotRef("q", 0, 4)]) == [traces, False, traces,
                                                                                           False]
     assert store.settled([]) == []
+
+
+def test_reserved_slots_are_written_one_call_each_or_sealed(store: Storage) -> None:
+    if not store.write_grace_ms:
+        pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing to reserve")
+    first = store.reserve("q", 0, 3)
+    assert first == 1 and store.reserve("q", 0, 1) == 4  # the load pointer moved past all three
+    calls = sample("ignis_storage_calls_total", operation="load")
+    assert store.load_reserved(SlotRef("q", 0, 1), b"one", "m1", now_ms(), 60)
+    assert sample("ignis_storage_calls_total", operation="load") - calls == 1  # the write alone
+    assert store.seal([SlotRef("q", 0, 2)], 60) == [True]  # a consumer gave slot 2 up
+    assert not store.load_reserved(SlotRef("q", 0, 2), b"two", "m2", now_ms(), 60)  # refused, not written
+    claimed = store.claim("q", 0, 4, now_ms())
+    assert [(c.ref.slot, c.envelope.msg_id if c.envelope else None, c.awaiting) for c in claimed] == [
+        (1, "m1", False), (2, None, False), (3, None, True), (4, None, True)]  # 3 and 4 may still be written
+    with pytest.raises(InvalidInputError, match="max-record-size"):
+        store.load_reserved(SlotRef("q", 0, 3), b"x" * 9_000_000, "big", now_ms(), 60)
 
 
 def test_move_copies_then_deletes_and_skips_a_record_that_changed_or_went(store: Storage) -> None:
@@ -600,6 +619,91 @@ def test_concurrent_publish_and_fire_many_strand_nothing(make_queue) -> None:
     assert len(set(delivered)) == len(delivered) == total, \
         f"{total - len(set(delivered))} of {total} never delivered, {stats.in_flight} stranded in flight"
     assert (stats.published, stats.depth, stats.in_flight) == (total, 0, 0)
+
+
+def _drain_ids(q) -> list[str]:
+    """Fire and ack until nothing is left, awaited slots included; the ids delivered."""
+    delivered: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        messages = q.fire_many(50)
+        if messages:
+            q.ack(messages)
+            delivered.extend(m.id for m in messages)
+        elif q.main.pending() == 0 and q.main.awaiting() == 0:
+            break
+        else:
+            time.sleep(0.005)
+    return delivered
+
+
+def test_concurrent_publishers_share_slot_increments_and_lose_nothing(make_queue) -> None:
+    # 8 threads publishing one by one: a publish beside others reserves slots for them in its increment,
+    # so most publishes are one round trip (two-step backends); every message is delivered once.
+    q = make_queue(shards=4)
+    threads, per_thread = 8, 300
+    ids: list[str] = []
+    lock = threading.Lock()
+    calls = {op: sample("ignis_storage_calls_total", operation=op) for op in ("load", "reserve")}
+
+    def produce() -> None:
+        for i in range(per_thread):
+            ref = q.publish(b"m%d" % i)
+            with lock:
+                ids.append(ref.id)
+
+    run_threads(produce, threads, lambda: None, 0, threading.Event())
+    per_publish = sum(sample("ignis_storage_calls_total", operation=op) - n for op, n in calls.items()) / len(ids)
+    if q.store.write_grace_ms:
+        assert per_publish < 1.6, f"{per_publish:.2f} calls per publish with {threads} publishers"
+        assert q.main.release_reserved() <= threads * (1 + RESERVE_MAX)  # sealed: consumers pass them at once
+    else:
+        assert per_publish == 1.0  # lmdb: one transaction each, nothing to share
+    delivered = _drain_ids(q)
+    assert sorted(delivered) == sorted(ids) and q.main.awaiting() == 0
+
+
+def _publish_beside_another(q, payload: bytes) -> Any:
+    """Publish `payload` while another publish of `q` is in progress (paused before its record write)."""
+    with paused_publish_write(q.store) as gate:
+        other = threading.Thread(target=q.publish, args=(b"other",))
+        other.start()
+        assert gate.reached.wait(10)
+        ref = q.publish(payload)
+        gate.release.set()
+        other.join(10)
+    return ref
+
+
+def test_a_reservation_not_written_in_time_is_sealed_and_the_publish_goes_on(make_queue) -> None:
+    q = make_queue(shards=1)
+    if not q.store.write_grace_ms:
+        pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing to reserve")
+    beside = _publish_beside_another(q, b"beside")  # reserves RESERVE_PER_PUBLISH more slots for the other
+    spare = [ref for _, ref in q.main._reserved]
+    assert len(spare) == RESERVE_PER_PUBLISH and beside.slot == spare[0].slot - 1
+    time.sleep(RESERVATION_FRESH_MS / 1000 + 0.05)  # too old to write now: its write could outlast the grace
+    late = q.publish(b"late")
+    assert late.slot > spare[-1].slot  # a slot of its own, the stale ones sealed on the way
+    assert q.store.settled(spare) == [True] * len(spare) and not q.main._reserved
+    got = q.fire_many(20)
+    assert sorted(m.payload for m in got) == [b"beside", b"late", b"other"]
+    assert q.main.awaiting() == 0  # the sealed ones were passed, not awaited
+
+
+def test_closing_the_client_seals_the_slots_it_reserved(ignis: Ignis, backend: Any, make_queue) -> None:
+    q = make_queue(shards=1)
+    if not q.store.write_grace_ms:
+        pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing to reserve")
+    _publish_beside_another(q, b"beside")
+    spare = [ref for _, ref in q.main._reserved]
+    assert spare and q.store.settled(spare) == [False] * len(spare)
+    ignis.close()  # a process that stops publishing: its consumers must not await those slots
+    other = backend.open()
+    try:
+        assert other.settled(spare) == [True] * len(spare)
+    finally:
+        other.close()
 
 
 def test_nack_copies_to_sideline_with_reason_then_deletes(make_queue) -> None:
