@@ -34,6 +34,7 @@ RESERVE_PER_PUBLISH = 4  # ... and per publish in progress beside it
 # progress: a loop publishing one by one then pays one round trip per message, not two.
 STREAK_SECONDS = 0.005
 STREAK_SHARE = 2
+REAP_DELAY_SECONDS = 0.05  # after RESERVATION_FRESH_MS, when the timer seals what nobody wrote
 _new_tuple = tuple.__new__  # NamedTuples without their slower generated __init__
 _new_message_ref = functools.partial(_new_tuple, MessageRef)  # MessageRef from an (id, magazine, shard, slot)
 
@@ -109,6 +110,7 @@ class Magazine:
         self._reserved: deque[tuple[float, SlotRef]] = deque()
         self._publishing: list[object] = []  # a token per publish of this handle in progress
         self._last_published = float("-inf")  # when the last publish of this handle ended (monotonic)
+        self._reaping = False  # a timer will seal the reservations that go stale
         self._reserves = store.write_grace_ms > 0  # a two-step publish: the increment can be shared
 
     # ---- load ------------------------------------------------------------------------------------
@@ -142,7 +144,7 @@ class Magazine:
     # this handle in progress reserves, in the same increment, four more slots per publish in progress
     # (RESERVE_MAX at most), and the next publishes of any thread write into those with one round trip;
     # so does a publish that follows the last one within STREAK_SECONDS (a loop publishing one by one).
-    # A reserved slot is written within RESERVATION_FRESH_MS or sealed (by the next publish, or at close),
+    # A reserved slot is written within RESERVATION_FRESH_MS or sealed (by the next publish, a timer, close),
     # so a consumer that claims it first awaits it within the store's write grace like any publish in
     # flight, and nothing but a dead process leaves a reserved slot empty (then the claimer seals it).
     def _publish_sharing(self, others: int, payload: bytes, msg_id: str, loaded_at: int) -> tuple[int, int]:
@@ -159,6 +161,8 @@ class Magazine:
         first = store.reserve(self.name, shard, count)
         self._reserved.extend([(reserved_at, _new_tuple(SlotRef, (self.name, shard, slot)))
                                for slot in range(first + 1, first + count)])
+        if not self._reaping:
+            self._arm_reaper()
         if store.load_reserved(_new_tuple(SlotRef, (self.name, shard, first)), payload, msg_id, loaded_at, ttl):
             return shard, first
         return shard, store.load_one(self.name, shard, payload, msg_id, loaded_at, ttl)  # sealed at once: rare
@@ -180,6 +184,42 @@ class Magazine:
         if stale:
             self._seal_reserved(stale)
         return ref
+
+    # A reservation left when publishing stops (the end of a loop, of a burst) is sealed by a timer a
+    # moment after it goes stale, not left to a consumer that would await it for the whole write grace
+    # (seconds): one short-lived daemon thread per magazine, only while reservations are held.
+    def _arm_reaper(self) -> None:
+        with self._lock:
+            if self._reaping:
+                return
+            self._reaping = True
+        timer = threading.Timer(RESERVATION_FRESH_MS / 1000 + REAP_DELAY_SECONDS, self._reap)
+        timer.daemon = True
+        timer.start()
+
+    def _reap(self) -> None:
+        """Seal the stale reservations; come back while fresh ones remain."""
+        fresh_after = time.monotonic() - RESERVATION_FRESH_MS / 1000
+        stale: list[SlotRef] = []
+        reserved = self._reserved
+        while True:
+            try:
+                head = reserved[0]
+                if head[0] >= fresh_after:
+                    break
+                popped = reserved.popleft()
+            except IndexError:
+                break
+            if popped is head:
+                stale.append(head[1])
+            else:  # a publish took the head meanwhile: put back what came out instead, and look again
+                reserved.appendleft(popped)
+        if stale:
+            self._seal_reserved(stale)
+        with self._lock:
+            self._reaping = False
+        if self._reserved:
+            self._arm_reaper()
 
     def release_reserved(self) -> int:
         """Seal every slot reserved and not written (at close): a consumer then passes them at once

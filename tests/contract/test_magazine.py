@@ -712,6 +712,20 @@ def test_a_reservation_not_written_in_time_is_sealed_and_the_publish_goes_on(mak
     assert q.main.awaiting() == 0  # the sealed ones were passed, not awaited
 
 
+def test_reservations_left_when_publishing_stops_are_sealed_a_moment_later(make_queue) -> None:
+    q = make_queue(shards=2)
+    if not q.store.write_grace_ms:
+        pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing to reserve")
+    ids = [q.publish(b"m%d" % i).id for i in range(20)]  # a loop: the streak reserves ahead of it
+    left = [ref for _, ref in q.main._reserved]
+    assert left, "the loop reserved nothing"
+    # No close, no further publish: the reaper seals them once stale, so no consumer awaits them for
+    # the write grace (seconds).
+    wait_for(lambda: not q.main._reserved and all(q.store.settled(left)), timeout=5,
+             what="the unused reservations to be sealed")
+    assert sorted(_drain_ids(q)) == sorted(ids) and q.main.awaiting() == 0
+
+
 def test_closing_the_client_seals_the_slots_it_reserved(ignis: Ignis, backend: Any, make_queue) -> None:
     q = make_queue(shards=1)
     if not q.store.write_grace_ms:
