@@ -10,7 +10,7 @@ from ignis_workers.sweeper import LeadershipLost, Sweeper
 from support.races import paused_publish_write
 from sweeper_helpers import FaultStore, PausingStore
 
-from ignis import names
+from ignis import Ignis, names
 from ignis.envelope import now_ms
 from ignis.errors import StaleEpoch
 from ignis.storage.base import SWEEP_POINTERS, SWEPT_COUNTER, SlotRef
@@ -93,8 +93,9 @@ def test_a_claimed_slot_whose_write_has_not_landed_is_not_passed(store, declare,
     q = declare()
     q.publish(b"acked")
     q.fire().ack()  # slot 1: an ack's tombstone, which the sweep passes
+    producer = Ignis(store).queue_for(q.spec)  # a handle of its own: one slot, nothing reserved ahead
     with paused_publish_write(store) as gate:
-        publisher = threading.Thread(target=q.publish, args=(b"late",))
+        publisher = threading.Thread(target=producer.publish, args=(b"late",))
         publisher.start()
         assert gate.reached.wait(10), "the publish never reached its record write"
         assert q.fire() is None  # slot 2 claimed, its record not there yet: awaited (then the consumer dies)
