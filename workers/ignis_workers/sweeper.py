@@ -198,7 +198,7 @@ class Sweeper:
         try:
             pointers = source.pointers()
             grace = queue.store.write_grace_ms
-            # Taken after the read: every slot below these fire pointers was allocated before this time.
+            # Taken after the read: every slot up to these fire pointers was allocated before this time.
             settled = self._fire_seen.settled((queue.store.client_id, queue.name, kind), self.clock(), grace,
                                               {shard: p.fire for shard, p in pointers.items()})
             # shard -> [next slot to examine, fire pointer]
