@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import signal
 import threading
 import time
 from collections import Counter
@@ -28,6 +27,7 @@ from ignis.client import Ignis
 from ignis.errors import HoleBudgetExceeded, IgnisError
 from ignis.metrics import BATCH_SIZE, HANDLER_DURATION
 from ignis.queue import EXCEPTION, REJECTED, SATURATED, TIMEOUT, UNREADABLE, Message, Queue
+from ignis.signals import set_on_signals
 from ignis.spec import QueueSpec
 
 log = logging.getLogger(__name__)
@@ -176,8 +176,7 @@ class Consumer:
     def run(self) -> None:
         """Consume until SIGINT or SIGTERM, then stop gracefully."""
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: self._stop.set())
+            set_on_signals(self._stop)
         self.start()
         try:
             while not self._stop.wait(0.5):

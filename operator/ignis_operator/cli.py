@@ -5,7 +5,6 @@ found through the `ignis.cli` entry point group (pyproject.toml)."""
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +16,7 @@ from ignis import logs
 from ignis.cli.render import OutputFormat, emit_json, emit_line
 from ignis.errors import StoreError
 from ignis.probes import ProbeServer
+from ignis.signals import set_on_signals
 from ignis.storage import Storage, open_store
 from ignis.version import package_version
 
@@ -110,8 +110,7 @@ def _run_manifests(store: Storage, directory: Path, client_id: str, *, port: int
             raise typer.Exit(EXIT_INVALID)
         return
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    set_on_signals(stop)
     with ProbeServer(port=port, ready=lambda: _store_ready(store)) as probes:
         announce("manifests", store, probes.port, manifests=str(directory))
         sync.run(stop, interval=interval)

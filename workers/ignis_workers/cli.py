@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -31,6 +30,7 @@ from rich.table import Table
 from ignis.cli import render
 from ignis.cli.render import OutputFormat, emit_json, emit_line
 from ignis.envelope import now_ms
+from ignis.signals import set_on_signals
 from ignis_workers import journey, logs
 from ignis_workers.election import LEASE_NAME
 from ignis_workers.service import SweeperService, load_sweeper_settings
@@ -172,13 +172,7 @@ def sweeper(
     logs.configure(log_format, log_level)
     store = ctx.obj.ignis().store
     stop = threading.Event()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("signal %s: shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    set_on_signals(stop, announce=True)
     SweeperService(store, settings).run(stop)
 
 
@@ -233,8 +227,7 @@ def up(
         clock_offset_seconds=journey.SWEEP_AHEAD_SECONDS if demo else None)
     ignis = ctx.obj.ignis()
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    set_on_signals(stop)
     with contextlib.ExitStack() as resources:
         dirs = list(manifests or [])
         if demo:
