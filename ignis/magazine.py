@@ -169,21 +169,33 @@ class Magazine:
 
     def _take_reserved(self) -> SlotRef | None:
         """A reserved slot young enough to write; older ones are sealed on the way."""
-        fresh_after = time.monotonic() - RESERVATION_FRESH_MS / 1000
-        stale: list[SlotRef] = []
+        stale = self._pop_reserved(time.monotonic() - RESERVATION_FRESH_MS / 1000)
+        if stale:
+            self._seal_reserved([ref for _, ref in stale])
+        try:
+            return self._reserved.popleft()[1]
+        except IndexError:  # none left (another thread may have taken the last one)
+            return None
+
+    def _pop_reserved(self, older_than: float | None = None) -> list[tuple[float, SlotRef]]:
+        """Take reservations off the front: those made before `older_than` (monotonic), or all of them.
+        Without a lock (publishers pop the same deque): the front is looked at, then popped, and put back
+        if a publish took it in between."""
+        out = []
         reserved = self._reserved
         while True:
             try:
-                at, ref = reserved.popleft()
-            except IndexError:  # none left (another thread may have taken the last one)
-                ref = None
+                head = reserved[0]
+                if older_than is not None and head[0] >= older_than:
+                    break
+                popped = reserved.popleft()
+            except IndexError:
                 break
-            if at >= fresh_after:
-                break
-            stale.append(ref)
-        if stale:
-            self._seal_reserved(stale)
-        return ref
+            if popped is head:
+                out.append(popped)
+            else:  # a publish took the front meanwhile: put back what came out instead, and look again
+                reserved.appendleft(popped)
+        return out
 
     # A reservation left when publishing stops (the end of a loop, of a burst) is sealed by a timer a
     # moment after it goes stale, not left to a consumer that would await it for the whole write grace
@@ -199,23 +211,9 @@ class Magazine:
 
     def _reap(self) -> None:
         """Seal the stale reservations; come back while fresh ones remain."""
-        fresh_after = time.monotonic() - RESERVATION_FRESH_MS / 1000
-        stale: list[SlotRef] = []
-        reserved = self._reserved
-        while True:
-            try:
-                head = reserved[0]
-                if head[0] >= fresh_after:
-                    break
-                popped = reserved.popleft()
-            except IndexError:
-                break
-            if popped is head:
-                stale.append(head[1])
-            else:  # a publish took the head meanwhile: put back what came out instead, and look again
-                reserved.appendleft(popped)
+        stale = self._pop_reserved(time.monotonic() - RESERVATION_FRESH_MS / 1000)
         if stale:
-            self._seal_reserved(stale)
+            self._seal_reserved([ref for _, ref in stale])
         with self._lock:
             self._reaping = False
         if self._reserved:
@@ -224,12 +222,7 @@ class Magazine:
     def release_reserved(self) -> int:
         """Seal every slot reserved and not written (at close): a consumer then passes them at once
         instead of awaiting each for the write grace. Returns how many."""
-        refs = []
-        while self._reserved:
-            try:
-                refs.append(self._reserved.popleft()[1])
-            except IndexError:
-                break
+        refs = [ref for _, ref in self._pop_reserved()]
         if refs:
             self._seal_reserved(refs)
         return len(refs)
@@ -549,12 +542,7 @@ class Magazine:
         landed, prefetched = list(previous._landed), list(previous._prefetched)
         previous._landed.clear()
         previous._prefetched.clear()
-        reserved = []
-        while previous._reserved:
-            try:
-                reserved.append(previous._reserved.popleft())
-            except IndexError:
-                break
+        reserved = previous._pop_reserved()
         with self._lock:
             self._awaited.extend(awaited)
         self._landed.extend(landed)

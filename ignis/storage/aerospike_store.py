@@ -634,16 +634,15 @@ class AerospikeStore:
         # of the ordinary (a record near the size limit, a sealed slot) takes the general path.
         if len(payload) + len(msg_id) + RECORD_OVERHEAD > self._shared.settings.max_record_bytes:
             return self.load(magazine, [(shard, Envelope(payload, msg_id, loaded_at))], ttl_seconds)[0].slot
-        policies = self._new_record.get(ttl_seconds) or self._plain_policies(ttl_seconds)
-        bins = {PAYLOAD: payload, MSG_ID: msg_id, LOADED_AT: loaded_at, CODEC: CODEC_BYTES, ATTEMPTS: 0}
         try:
             _, _, got = self._call("load", self._client.operate, self._meta_key(magazine, shard), _ALLOCATE_ONE,
                                    None, self._never)
-            slot = int(got[LOAD_POINTER])
-            if self._write_plain(names.data_key(magazine, shard, slot), bins, policies):
-                return slot
         except ex.AerospikeError as exc:
             raise self._fail(exc, "load", self._data_set) from None
+        slot = int(got[LOAD_POINTER])
+        if self.load_reserved(tuple.__new__(SlotRef, (magazine, shard, slot)), payload, msg_id, loaded_at,
+                              ttl_seconds):
+            return slot
         # sealed: a consumer gave the slot up; publish it again into a new one
         return self.load(magazine, [(shard, Envelope(payload, msg_id, loaded_at))], ttl_seconds)[0].slot
 
