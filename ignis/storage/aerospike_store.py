@@ -17,7 +17,7 @@ Atomicity from single-record operations, one round trip each:
   FIRE = min(FIRE + k, LOAD) by expression and reading the old and new value: distinct callers always
   get distinct slots. An in-doubt claim is not repeated: slots it may have taken are recovered by the
   sweeper (unstamped records below the fire pointer) — duplication, never loss. Then one update-only
-  `operate` (one slot) or `batch_write` (several) stamps fireTS, bumps attempts and reads the records.
+  `operate` (one slot) or `batch_operate` (several) stamps fireTS, bumps attempts and reads the records.
   A missing record is usually a publish in flight (a consumer that is caught up claims between a
   producer's increment and its write, or a slot a concurrent publish reserved for the next one): it is
   *awaited*, and the claimer re-reads it (`restamp`) until it

@@ -453,6 +453,66 @@ def test_a_fire_beside_another_claims_for_it_and_keeps_the_rest_for_the_next_fir
     assert sorted(m.payload for m in delivered) == sorted(payloads)  # each exactly once
 
 
+class _RecordedClaims:
+    """A store that records how many slots each claim asks for."""
+
+    def __init__(self, store: Storage) -> None:
+        self._store = store
+        self.sizes: list[int] = []
+
+    def claim(self, magazine, shard, max_slots, *args, **kwargs):
+        self.sizes.append(max_slots)
+        return self._store.claim(magazine, shard, max_slots, *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+
+def test_threads_busy_with_what_they_fired_count_as_consumers_for_the_prefetch(make_queue, monkeypatch) -> None:
+    # Eight consumers that fire and then ack one by one rarely fire at the same moment: counting only the
+    # fires in progress saw one or two of them. Every thread that fired lately counts.
+    from ignis import magazine as magazine_module
+    from ignis.magazine import PREFETCH_PER_FIRE as AHEAD
+
+    monkeypatch.setattr(magazine_module, "CONSUMER_RECENT_SECONDS", 60.0)
+    q = make_queue(shards=1)
+    q.publish_many([b"m%d" % i for i in range(8 * AHEAD)])
+    store = _RecordedClaims(q.main.store)
+    monkeypatch.setattr(q.main, "store", store)
+    delivered = [q.fire(), q.fire()]
+    assert store.sizes == [1, 1] and q.main.awaiting() == 0  # a lone consumer claims what it asks for
+
+    fired, done = threading.Semaphore(0), threading.Event()
+
+    def consumer() -> None:  # fires once, then stays busy with its message (alive: its thread id stays its own)
+        delivered.append(q.fire())
+        fired.release()
+        done.wait(10)
+
+    threads = [threading.Thread(target=consumer) for _ in range(3)]
+    for t in threads:  # one after the other: no two fires overlap
+        t.start()
+        assert fired.acquire(timeout=10)
+    assert store.sizes == [1, 1, 1 + AHEAD]  # the first of them saw one other consumer (this thread)
+    while q.main.awaiting():
+        delivered.append(q.fire())  # the kept ones: no claim
+    delivered.append(q.fire())
+    assert store.sizes == [1, 1, 1 + AHEAD, 1 + 3 * AHEAD]  # three others, none of them firing right now
+    assert q.main.awaiting() == 3 * AHEAD
+
+    monkeypatch.setattr(magazine_module, "CONSUMER_RECENT_SECONDS", 0.0)  # nobody fired lately any more
+    while q.main.awaiting():
+        delivered.append(q.fire())
+    delivered.append(q.fire())
+    assert store.sizes[-1] == 1
+    done.set()
+    for t in threads:
+        t.join(10)
+    while (m := q.fire()) is not None:
+        delivered.append(m)
+    assert all(delivered) and sorted(m.payload for m in delivered) == sorted(b"m%d" % i for i in range(8 * AHEAD))
+
+
 def test_a_refreshed_handle_takes_over_what_the_old_one_claimed(ignis: Ignis, make_queue, monkeypatch) -> None:
     from ignis.magazine import PREFETCH_PER_FIRE as AHEAD
 
