@@ -274,6 +274,25 @@ class Consumer:
                 # A slot claimed before its record landed is re-read soon: wait for that, not a full poll.
                 due = rt.queue.main.next_check_in()
                 stop.wait(self._poll if due is None else min(self._poll, due))
+        self._hand_out_kept(rt)
+
+    def _hand_out_kept(self, rt: _QueueRuntime) -> None:
+        """A worker that stops handles what its queue handle claimed and keeps (prefetched for the other
+        workers, or late writes that landed), claiming nothing new: a graceful stop or a scale-down leaves
+        no message to wait for the sweeper."""
+        size = rt.queue.spec.batching.max_batch_size if rt.queue.spec.batching is not None else 1
+        while True:
+            try:
+                messages = rt.queue.take_kept(size)
+            except Exception:
+                log.exception("consumer on %s: handing out kept messages failed; the sweeper recovers them",
+                              rt.queue.name)
+                return
+            if not messages:
+                return
+            with self._lock:
+                self._busy += len(messages)
+            self.consume(rt.queue, rt.handler, messages)
 
     def run_once(self, queue: Queue, handler: Handler, stop: threading.Event | None = None) -> bool:
         """One consumer run (IgnisMQ §1.6). Returns True if any message was handled."""

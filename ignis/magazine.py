@@ -420,6 +420,11 @@ class Magazine:
             self._keep(claimed[want:])
         return got + claimed[:want]
 
+    def take_kept(self, max_messages: int) -> list[Claimed]:
+        """Up to `max_messages` records this handle claimed and keeps (prefetched, or late writes that
+        landed), without claiming more: what a consumer that stops hands out before it goes."""
+        return self._take_ready(max_messages) if self._awaited or self._landed or self._prefetched else []
+
     def _keep(self, claimed: Sequence[Claimed]) -> None:
         at = time.monotonic()
         self._prefetched.extend((at, item) for item in claimed)

@@ -36,7 +36,7 @@ from ignis.metrics import (
     SIDELINED,
 )
 from ignis.spec import QueueSpec
-from ignis.storage.base import MessageRef, SlotRef, Storage
+from ignis.storage.base import Claimed, MessageRef, SlotRef, Storage
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,14 @@ class Queue:
 
     def fire_many(self, max_messages: int) -> list[Message]:
         """Claim up to `max_messages` messages in as few storage calls as the shards allow."""
-        claimed = self.main.fire(max_messages)
+        return self._delivering(self.main.fire(max_messages))
+
+    def take_kept(self, max_messages: int) -> list[Message]:
+        """Up to `max_messages` messages this handle already claimed for later fires (see
+        Magazine.take_kept), and no new claim: for a consumer that stops."""
+        return self._delivering(self.main.take_kept(max_messages))
+
+    def _delivering(self, claimed: list[Claimed]) -> list[Message]:
         if claimed:
             self._delivered.inc(len(claimed))
             again = sum(1 for c in claimed if c.envelope.attempts > 1)  # type: ignore[union-attr]

@@ -222,6 +222,41 @@ def test_graceful_stop_finishes_messages_in_hand(ignis: Ignis) -> None:
     assert stats.depth == 3 - len(done)
 
 
+def test_graceful_stop_hands_out_what_the_workers_claimed_for_each_other(ignis: Ignis, monkeypatch) -> None:
+    # Workers of one queue prefetch for each other (Magazine.fire); a stop must not leave those claimed
+    # messages to the sweeper: the stopping workers handle them, and claim nothing new.
+    from ignis import magazine as magazine_module
+
+    monkeypatch.setattr(magazine_module, "CONSUMER_RECENT_SECONDS", 60.0)  # every worker counts, however slow
+    q = declare(ignis, shards=1, concurrency=4)
+    q.publish_many(range(40))
+    gate, entered = threading.Event(), threading.Semaphore(0)
+    done: list[int] = []
+    lock = threading.Lock()
+    consumer = Consumer(ignis, poll_interval=0.05)
+
+    def held(message):
+        entered.release()
+        assert gate.wait(10)
+        with lock:
+            done.append(message.payload)
+
+    consumer.register("jobs", held)
+    consumer.start()
+    for _ in range(4):
+        assert entered.acquire(timeout=10)  # every worker holds one message
+    claimed = 40 - q.stats().depth
+    assert claimed > 4  # and the handle keeps more, claimed for the workers' next fires
+    stopping = threading.Thread(target=lambda: consumer.stop(timeout=20))
+    stopping.start()
+    time.sleep(0.1)  # the stop is under way
+    gate.set()
+    stopping.join(20)
+    stats = q.stats()
+    assert len(done) == len(set(done)) == stats.consumed  # every message claimed was handled, once
+    assert stats.depth == 40 - stats.consumed
+
+
 def test_consumer_follows_registry_changes(ignis: Ignis) -> None:
     declare(ignis, concurrency=2)
     consumer = Consumer(ignis, refresh_interval=60)
