@@ -361,7 +361,8 @@ class Magazine:
 
     def fire_one(self) -> Claimed | None:
         """The next present record, or None: fire(1), the per-message consume path."""
-        self._consumers[_thread_id()] = time.monotonic()
+        if self._prefetch:  # (pruned by _others_consuming, which only a prefetching handle calls)
+            self._consumers[_thread_id()] = time.monotonic()
         if self._awaited or self._landed:
             ready = self._take_ready(1)
             if ready:
@@ -397,7 +398,8 @@ class Magazine:
         Returns [] when no shard has work. Skipped holes are counted; after `hole_budget` holes
         without a message it raises HoleBudgetExceeded (data may remain: fire again). A slot whose
         record is still being written is awaited, not skipped: a later fire delivers it once it lands."""
-        self._consumers[_thread_id()] = time.monotonic()
+        if self._prefetch:  # (pruned by _others_consuming, which only a prefetching handle calls)
+            self._consumers[_thread_id()] = time.monotonic()
         got = self._take_ready(max_messages) if self._awaited or self._landed or self._prefetched else []
         want = max_messages - len(got)
         if want <= 0:

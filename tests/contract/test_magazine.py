@@ -513,6 +513,17 @@ def test_threads_busy_with_what_they_fired_count_as_consumers_for_the_prefetch(m
     assert all(delivered) and sorted(m.payload for m in delivered) == sorted(b"m%d" % i for i in range(8 * AHEAD))
 
 
+def test_only_a_prefetching_magazine_remembers_its_consumer_threads(make_queue) -> None:
+    # The memory of consumer threads is pruned when a claim needs it; the sideline never prefetches (the
+    # shovel fires it with exact budgets), so it must not collect thread ids that nothing prunes.
+    q = make_queue(shards=1)
+    workers = [threading.Thread(target=lambda: (q.sideline.fire(1), q.fire())) for _ in range(20)]
+    for t in workers:
+        t.start()
+        t.join(10)
+    assert q.sideline._consumers == {} and 1 <= len(q.main._consumers) <= 20
+
+
 def test_a_refreshed_handle_takes_over_what_the_old_one_claimed(ignis: Ignis, make_queue, monkeypatch) -> None:
     from ignis.magazine import PREFETCH_PER_FIRE as AHEAD
 
