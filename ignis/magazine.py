@@ -27,7 +27,7 @@ from ignis.storage.base import RESERVATION_FRESH_MS, Claimed, MessageRef, Move, 
 log = logging.getLogger(__name__)
 _random = random.random
 PREFETCH_MAX = 32  # messages one fire claims for other threads of its handle, at most
-PREFETCH_PER_FIRE = 4  # ... and per fire in progress beside it: each of those threads comes back for more
+PREFETCH_PER_FIRE = 4  # ... and per other consumer thread of the handle: each of them comes back for more
 CONSUMER_RECENT_SECONDS = 0.1  # a thread that fired this recently counts as a consumer of the handle
 PREFETCH_FRESH_SECONDS = 1.0  # a prefetched message kept longer is stamped again when handed out
 RESERVE_MAX = 32  # slots one publish reserves for other threads of its handle, at most
@@ -343,13 +343,13 @@ class Magazine:
     # the data, so a fire that sees other threads of this handle consuming claims for them too (four
     # more slots per other consumer, PREFETCH_MAX at most) and keeps the extra messages here, claimed and
     # stamped, for the next fires of any thread. The other consumers are the fires in progress beside it
-    # or, if more, the other threads that fired since the last claim: those are busy with what they
-    # got (handling, acking) and come back for more; counting only the fires that overlap saw one or two
-    # of eight consumers and claimed half as much per call (measured). A lone consumer claims exactly
-    # what it asks for.
+    # or, if more, the other threads that fired on the handle within CONSUMER_RECENT_SECONDS: those are
+    # busy with what they got (handling, acking) and come back for more; counting only the fires that
+    # overlap saw one or two of eight consumers and claimed half as much per call (measured). A lone
+    # consumer, or one slower than that per message, claims exactly what it asks for.
     # A message kept longer than PREFETCH_FRESH_SECONDS is stamped again before it is handed out, so
-    # its sweep clock starts at delivery; a process that stops leaves its kept messages to the sweeper,
-    # as a crashed consumer does.
+    # its sweep clock starts at delivery. A Consumer that stops hands the kept messages out first
+    # (take_kept); a process that dies leaves them to the sweeper, as any crashed consumer does.
     def _others_consuming(self) -> int:
         """Under _firing_lock: other consumers of this handle, for the prefetch (see above)."""
         consumers = self._consumers
