@@ -283,15 +283,13 @@ class Consumer:
         size = rt.queue.spec.batching.max_batch_size if rt.queue.spec.batching is not None else 1
         while True:
             try:
-                messages = rt.queue.take_kept(size)
+                messages = self._fire(rt.queue, size, kept_only=True)
             except Exception:
                 log.exception("consumer on %s: handing out kept messages failed; the sweeper recovers them",
                               rt.queue.name)
                 return
             if not messages:
                 return
-            with self._lock:
-                self._busy += len(messages)
             self.consume(rt.queue, rt.handler, messages)
 
     def run_once(self, queue: Queue, handler: Handler, stop: threading.Event | None = None) -> bool:
@@ -340,10 +338,12 @@ class Consumer:
             worked = True
         return worked
 
-    def _fire(self, queue: Queue, n: int) -> list[Message] | None:
-        """Messages, [] when empty, None when the hole budget ran out (fire again at once)."""
+    def _fire(self, queue: Queue, n: int, kept_only: bool = False) -> list[Message] | None:
+        """Messages, [] when empty, None when the hole budget ran out (fire again at once); counted as in
+        hand until consume settles them. `kept_only`: only what the handle already claimed (a stopping
+        worker)."""
         try:
-            messages = queue.fire_many(n)
+            messages = queue.take_kept(n) if kept_only else queue.fire_many(n)
         except HoleBudgetExceeded:
             return None
         if messages:

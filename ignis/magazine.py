@@ -375,8 +375,8 @@ class Magazine:
             else:
                 if at >= time.monotonic() - PREFETCH_FRESH_SECONDS:
                     return item
-                restamped = self.store.restamp([item.ref], now_ms(), False)  # see _take_ready
-                if restamped and restamped[0].envelope is not None:
+                restamped = self._restamp_kept([item])
+                if restamped:
                     return restamped[0]
         with self._firing_lock:
             others = self._others_consuming() if self._prefetch else 0
@@ -400,7 +400,7 @@ class Magazine:
         record is still being written is awaited, not skipped: a later fire delivers it once it lands."""
         if self._prefetch:  # (pruned by _others_consuming, which only a prefetching handle calls)
             self._consumers[_thread_id()] = time.monotonic()
-        got = self._take_ready(max_messages) if self._awaited or self._landed or self._prefetched else []
+        got = self.take_kept(max_messages)
         want = max_messages - len(got)
         if want <= 0:
             return got
@@ -519,10 +519,14 @@ class Magazine:
                 except IndexError:
                     break
                 (out if at >= fresh_after else stale).append(item)
-        if stale:  # kept too long: stamp again (not a new attempt); one the sweeper took meanwhile is dropped
-            restamped = self.store.restamp([c.ref for c in stale], now_ms(), False)
-            out.extend(c for c in restamped if c.envelope is not None)
+        if stale:
+            out.extend(self._restamp_kept(stale))
         return out
+
+    def _restamp_kept(self, stale: Sequence[Claimed]) -> list[Claimed]:
+        """Prefetched messages kept too long, stamped again (not a new attempt) so their sweep clock starts
+        at delivery; one the sweeper took meanwhile is dropped."""
+        return [c for c in self.store.restamp([c.ref for c in stale], now_ms(), False) if c.envelope is not None]
 
     def _recheck(self) -> None:
         """Re-read the awaited slots that are due, in one store call; seal those past their deadline."""
