@@ -119,7 +119,9 @@ class IgnisReader(DataSourceReader):
         return [SlotRangePartition(r) for r in self.plan()]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        r: slots.SlotRange = partition.range  # type: ignore[attr-defined]
+        r: slots.SlotRange | None = getattr(partition, "range", None)
+        if r is None:  # nothing to read: for an empty plan Spark runs one InputPartition(None) instead
+            return
         store = task_store(self.options)
         since, until = self.options.since, self.options.until
         for start in range(r.first, r.last + 1, PEEK_WINDOW):

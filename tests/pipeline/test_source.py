@@ -64,6 +64,14 @@ def test_dead_letters_read_after_real_failures(make_queue: Any, read: Any) -> No
     assert read(queue="jobs").count() == 0
 
 
+def test_a_queue_never_published_to_reads_as_no_rows(make_queue: Any, read: Any) -> None:
+    # Nothing to plan: Spark then runs a single InputPartition(None) of its own, which reads nothing.
+    make_queue("untouched", shards=3)
+    frame = read(queue="untouched", magazine="all")
+    assert frame.count() == 0
+    assert frame.columns[:3] == ["queue", "magazine", "shard"]
+
+
 def test_filters_are_pushed_and_results_are_right(store_url: str, make_queue: Any, read: Any) -> None:
     for name in ("alpha", "beta"):
         make_queue(name, shards=4).publish_many([f"{name}-{i}".encode() for i in range(40)])
@@ -218,6 +226,26 @@ def test_bad_input_is_one_clear_error_and_writes_nothing(spark: Any, store_url: 
     assert "option since='yesterday'" in _error(lambda: read(queue="strict", since="yesterday").collect())
     assert "queue 'missing' not found" in _error(lambda: read(queue="missing").collect())
     assert q.stats().published == 0  # nothing of any of it was written
+
+
+def test_a_worker_freezes_its_long_lived_objects_once_and_a_driver_never(spark: Any) -> None:
+    import gc
+
+    from ignis_pipeline.stores import freeze_worker_objects
+
+    before = gc.get_freeze_count()
+    assert freeze_worker_objects() is False  # not in a Spark task: this process is left alone
+    assert gc.get_freeze_count() == before
+
+    def in_task(_: Any) -> Any:
+        import gc
+
+        from ignis_pipeline.stores import freeze_worker_objects
+
+        freeze_worker_objects()  # True in a fresh worker, False in one an earlier task froze: either is right
+        yield (freeze_worker_objects(), gc.get_freeze_count() > 0)
+
+    assert spark.sparkContext.parallelize(range(4), 4).mapPartitions(in_task).collect() == [(False, True)] * 4
 
 
 def test_store_credentials_are_refused_in_options() -> None:

@@ -13,6 +13,14 @@ from ignis_pipeline.jobs.progress import spark_progress
 from ignis_pipeline.session import check_store_reachable
 
 FORMATS = ("parquet", "json")
+# How the Parquet files are laid out: no dictionary for message ids (unique: parquet-mr builds one for
+# every page until it outgrows its 1 MB limit and falls back, CPU for nothing) and no min/max statistics
+# for payloads (opaque bytes no query ranges over; computing them compares every payload). Per-column
+# parquet-mr settings ("#column"), passed as write options (Spark hands them to the Parquet writer).
+NO_DICTIONARY = ("id",)
+NO_STATISTICS = ("payload",)
+PARQUET_OPTIONS = {**{f"parquet.enable.dictionary#{c}": "false" for c in NO_DICTIONARY},
+                   **{f"parquet.column.statistics.enabled#{c}": "false" for c in NO_STATISTICS}}
 
 
 def read_queues(spark: Any, store: dict[str, str], queues: list[str], magazine: str = "main",
@@ -45,12 +53,17 @@ def export(spark: Any, store: dict[str, str], queues: list[str], to: str, *, mag
     # coalesce, no shuffle): a Python task and a committed output file cost Spark about a tenth of a
     # second each (bench/README.md), and one file per slot range would make many small files.
     df = df.coalesce(max(1, spark.sparkContext.defaultParallelism))
+    # The count of what was written, taken by the write itself (an observed metric: "applied to the
+    # DataFrame while it is being processed by an action", pyspark.sql.Observation), not by a second job.
+    from pyspark.sql import Observation
+    from pyspark.sql.functions import count, lit
+
+    written = Observation("ignis-export")
+    df = df.observe(written, count(lit(1)).alias("rows"))
     with spark_progress(spark, f"exporting to {to}"):
-        df.write.mode("overwrite" if overwrite else "errorifexists").partitionBy("queue", "magazine").format(
-            fmt).save(to)
-    # The count of what was written: from the files (Parquet answers it from the footers), not a second
-    # pass over the store.
-    exported = read_export(spark, to, fmt).count()
+        df.write.mode("overwrite" if overwrite else "errorifexists").partitionBy("queue", "magazine").options(
+            **(PARQUET_OPTIONS if fmt == "parquet" else {})).format(fmt).save(to)
+    exported = int(written.get["rows"])
     return {"path": to, "format": fmt, "queues": queues or ["*"], "magazine": magazine, "exported": exported}
 
 
