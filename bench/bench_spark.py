@@ -1,7 +1,7 @@
 """Benchmark (not a test): the `ignis` Spark data source against a plain single-process loop over the
 storage interface, in one run, on one lmdb store.
 
-    .venv/bin/python bench/bench_spark.py                  # 1,000,000 messages of 256 bytes
+    .venv/bin/python bench/bench_spark.py                  # 1,000,000 messages of 256 bytes, ~5 minutes
     .venv/bin/python bench/bench_spark.py --messages 100000 --json
 
 Read: (a) a loop that peeks every record of every shard and writes Parquet with pyarrow, against (b) the
@@ -14,8 +14,10 @@ this machine, in CPU seconds of the JVM and its Python workers. That plus the CP
 (peek + Arrow, which any read through Spark does too), spread perfectly over every core, is the fastest the
 export could be here; when even that is slower than the loop, no read code can meet the read target on
 this machine, and the run says so.
-Each Spark job runs twice: rows/s are reported for the second run (steady state), and for the session's
-start-up plus the first run (what a one-off job in a new process pays).
+The first full-size run of each Spark job counts as start-up (the JVM is still compiling its hot code);
+then `--rounds` rounds (default 3) run the loops and the Spark jobs side by side. Reported: medians over
+the rounds (steady state; the ratio is the median of each round's own ratio), and rows/s with the
+session's start-up plus the first run added (what a one-off job in a new process pays).
 Targets: read >= 1.0x the loop, write >= 0.7x the loop (steady state).
 """
 
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -104,8 +107,8 @@ def cpu_timed(fn: Any, *args: Any) -> tuple[float, float, Any]:
     return wall, time.process_time() + spark_cpu_seconds() - cpu, result
 
 
-def plain_write(ignis: Ignis, path: Path) -> int:
-    q = ignis.queue("loop-target")
+def plain_write(ignis: Ignis, path: Path, queue: str) -> int:
+    q = ignis.queue(queue)
     rows = 0
     for batch in pq.ParquetFile(path).iter_batches(batch_size=PUBLISH_CHUNK, columns=["payload"]):
         rows += len(q.publish_many(batch.column("payload").to_pylist()))
@@ -172,11 +175,12 @@ def log(*parts: Any) -> None:
 def start_spark(master: str, url: str) -> Any:
     """The session, and what any first job pays once: Python workers forked and importing ignis, the JVM's
     first Parquet and Arrow code compiled. A small export and write of the `warm-up` queue do that."""
-    from ignis_pipeline.jobs.export import read_queues
+    from ignis_pipeline.jobs.export import SESSION_CONF, read_queues
     from ignis_pipeline.session import build_session
 
+    # The export job's own session settings, as `ignis pipeline export` runs it.
     spark = build_session("bench-spark", master, {
-        "spark.ui.enabled": "false", "spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "2"})
+        **SESSION_CONF, "spark.ui.enabled": "false", "spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "2"})
     spark.sparkContext.setLogLevel("ERROR")
     store = {"store": url, "farmId": "local", "clientId": "default"}
     warm = read_queues(spark, store, ["warm-up"])
@@ -199,13 +203,22 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--dir", default=None, help="where the store and outputs go (a real disk)")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds after the first run (medians)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ignis-bench-spark-", dir=args.dir))
-    url = f"lmdb://{work}/store?durability=fast&map_size=16g"
+    url = f"lmdb://{work}/store?durability=fast&map_size=64g"
+    rounds = range(args.rounds)
+    samples: dict[str, list[float]] = {}
+
+    def sample(**values: float) -> None:
+        for key, value in values.items():
+            samples.setdefault(key, []).append(value)
+
     try:
         with Ignis(url, purge_interval=0) as ignis:
-            for name in ("bench", "loop-target", "spark-first", "spark-target", "warm-up"):
+            targets = [f"{kind}-target-{r}" for r in rounds for kind in ("loop", "spark")]
+            for name in ("bench", "spark-first", "warm-up", *targets):
                 ignis.apply(QueueSpec.build(name=name, handlerType="bench", shards=32))
             ignis.queue("warm-up").publish_many([b"w" * args.size] * 20_000)
             log(f"filling {args.messages} x {args.size} B ...")
@@ -214,46 +227,53 @@ def main() -> int:
 
             from ignis_pipeline.jobs.export import export
 
-            loop_read_s, loop_rows = timed(plain_read, ignis, work / "loop.parquet")
-            log(f"plain read loop: {loop_rows} rows in {loop_read_s:.2f} s")
             # What reading alone costs (peek + Arrow, no Parquet): any read through Spark does this work too.
             read_cpu = time.process_time()
             sum(b.num_rows for b in batches(ignis))
             read_cpu = time.process_time() - read_cpu
-            loop_write_s, loop_written = timed(plain_write, ignis, work / "loop.parquet")
-            log(f"plain publish_many loop: {loop_written} rows in {loop_write_s:.2f} s")
 
             startup_s, spark = timed(start_spark, args.master, url)
             log(f"SparkSession start-up (session, first Python workers, JIT warm-up): {startup_s:.2f} s")
             store = {"store": url, "farmId": "local", "clientId": "default"}
-            # Each job runs twice: the first run of a job at full size still pays for the JVM compiling its
-            # hot code (measured: about twice the second's time at 300,000 rows), so it counts as start-up;
-            # the second is the steady state.
+            # The first full-size run of each Spark job still pays for the JVM compiling its hot code (about
+            # twice a later run), so it counts as start-up; the rounds after it are the steady state.
             first_export_s, _ = timed(export, spark, store, ["bench"], str(work / "export-first"))
-            export_s, export_cpu, result = cpu_timed(export, spark, store, ["bench"], str(work / "export"))
-            log(f"export on {args.master}: {result['exported']} rows in {export_s:.2f} s, {export_cpu:.2f} CPU-s "
-                f"(first run {first_export_s:.2f} s)")
-            floor_export(spark, ignis, args.messages, work / "floor")
-            floor_s, floor_cpu, _ = cpu_timed(floor_export, spark, ignis, args.messages, work / "floor")
-            floor_rows = spark.read.parquet(str(work / "floor")).count()
-            log(f"floor (a source that reads nothing) on {args.master}: {floor_rows} rows in {floor_s:.2f} s")
-            frame = spark.read.parquet(str(work / "export")).select("payload")
+            floor_export(spark, ignis, args.messages, work / "floor-first")
+            frame = spark.read.parquet(str(work / "export-first")).select("payload")
 
             def spark_write(queue: str) -> None:
                 frame.write.format("ignis").option("store", url).option("queue", queue).mode("append").save()
 
             first_write_s, _ = timed(spark_write, "spark-first")
-            write_s, _ = timed(spark_write, "spark-target")
-            spark_written = ignis.queue("spark-target").stats().published
-            log(f"df.write on {args.master}: {spark_written} rows in {write_s:.2f} s (first run {first_write_s:.2f} s)")
+            counts = set()
+            for r in rounds:  # loop and Spark side by side in each round: they share its load
+                log(f"round {r + 1}/{args.rounds}")
+                loop_read_s, loop_rows = timed(plain_read, ignis, work / "loop.parquet")
+                export_s, export_cpu, result = cpu_timed(export, spark, store, ["bench"], str(work / f"export-{r}"))
+                floor_s, floor_cpu, _ = cpu_timed(floor_export, spark, ignis, args.messages, work / f"floor-{r}")
+                loop_write_s, loop_written = timed(plain_write, ignis, work / "loop.parquet", f"loop-target-{r}")
+                write_s, _ = timed(spark_write, f"spark-target-{r}")
+                counts |= {loop_rows, result["exported"], loop_written,
+                           ignis.queue(f"spark-target-{r}").stats().published,
+                           spark.read.parquet(str(work / f"floor-{r}")).count()}
+                log(f"  read: loop {loop_read_s:.2f} s, export {export_s:.2f} s ({export_cpu:.2f} CPU-s), floor "
+                    f"{floor_s:.2f} s ({floor_cpu:.2f} CPU-s); write: loop {loop_write_s:.2f} s, "
+                    f"df.write {write_s:.2f} s")
+                sample(loop_read=loop_read_s, export=export_s, export_cpu=export_cpu, floor=floor_s,
+                       floor_cpu=floor_cpu, loop_write=loop_write_s, write=write_s,
+                       read_ratio=loop_read_s / export_s, write_ratio=loop_write_s / write_s)
             spark.stop()
-            if not (loop_rows == result["exported"] == args.messages == loop_written == spark_written == floor_rows):
-                log("row counts differ: the run is not valid")
+            if counts != {args.messages}:
+                log(f"row counts differ ({sorted(counts)} for {args.messages} messages): the run is not valid")
                 return 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     n = args.messages
+    med = {key: statistics.median(values) for key, values in samples.items()}
+    loop_read_s, export_s, export_cpu, floor_s, floor_cpu = (
+        med["loop_read"], med["export"], med["export_cpu"], med["floor"], med["floor_cpu"])
+    loop_write_s, write_s = med["loop_write"], med["write"]
     # The fastest the export could be here: Spark's own CPU for these rows (the floor) plus the reading
     # itself, spread perfectly over every core. Below the loop's time, nothing in the read code can help.
     cores = os.cpu_count() or 1
@@ -262,7 +282,7 @@ def main() -> int:
         "messages": n, "payloadBytes": args.size, "master": args.master, "startupSeconds": round(startup_s, 2),
         "read": {"loopRowsPerSecond": round(n / loop_read_s), "sparkRowsPerSecond": round(n / export_s),
                  "sparkRowsPerSecondWithStartup": round(n / (first_export_s + startup_s)),
-                 "ratio": round(loop_read_s / export_s, 2),
+                 "ratio": round(med["read_ratio"], 2), "ratioPerRound": [round(x, 2) for x in samples["read_ratio"]],
                  "ratioWithStartup": round(loop_read_s / (first_export_s + startup_s), 2), "target": READ_TARGET,
                  # The best any read could do here: Spark's own cost for these rows, reading nothing.
                  "floorRowsPerSecond": round(n / floor_s), "floorRatio": round(loop_read_s / floor_s, 2),
@@ -271,7 +291,7 @@ def main() -> int:
                  "bestPossibleRatio": round(loop_read_s / best_s, 2)},
         "write": {"loopRowsPerSecond": round(n / loop_write_s), "sparkRowsPerSecond": round(n / write_s),
                   "sparkRowsPerSecondWithStartup": round(n / (first_write_s + startup_s)),
-                  "ratio": round(loop_write_s / write_s, 2),
+                  "ratio": round(med["write_ratio"], 2), "ratioPerRound": [round(x, 2) for x in samples["write_ratio"]],
                   "ratioWithStartup": round(loop_write_s / (first_write_s + startup_s), 2), "target": WRITE_TARGET},
     }
     for part in ("read", "write"):

@@ -76,13 +76,19 @@ def pipeline(
     ctx.meta["ignis.spark"] = (master, conf or [])
 
 
+def _job_session_conf() -> dict[str, dict[str, str]]:
+    from ignis_pipeline.jobs import export
+
+    return {"export": export.SESSION_CONF}
+
+
 def _session(ctx: typer.Context, job: str) -> Any:
     from ignis_pipeline.session import build_session, parse_conf
 
     master, conf = ctx.meta.get("ignis.spark", (None, []))
     # Our own progress line replaces Spark's console bar; failures come back as exceptions, turned into one
     # `error:` line by the core CLI, so Spark's own error logs (stack traces) would only repeat them.
-    settings = {"spark.ui.showConsoleProgress": "false", **parse_conf(conf)}
+    settings = {"spark.ui.showConsoleProgress": "false", **_job_session_conf().get(job, {}), **parse_conf(conf)}
     spark = build_session(f"ignis-pipeline-{job}", master, settings)
     spark.sparkContext.setLogLevel("FATAL")
     return spark

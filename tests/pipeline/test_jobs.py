@@ -67,11 +67,33 @@ def test_export_of_an_empty_queue_exports_nothing(spark: Any, store: dict[str, s
         assert export(spark, store, ["quiet"], str(tmp_path / fmt), fmt=fmt)["exported"] == 0
 
 
-def test_export_parquet_layout_has_no_payload_statistics(
+def test_export_job_settings_write_every_row_once_past_the_open_file_limit(
+        spark: Any, store: dict[str, str], make_queue: Any, tmp_path: Path) -> None:
+    # The export job's session writes without sorting: a task keeps a file open per directory, and past
+    # maxConcurrentOutputFileWriters (4) sorts the rest. Ten queues in two tasks pass that limit.
+    from ignis_pipeline.jobs.export import SESSION_CONF, read_export
+
+    names = [f"q{i}" for i in range(10)]
+    for i, name in enumerate(names):
+        make_queue(name, shards=1).publish_many([b"%s-%d" % (name.encode(), n) for n in range(i + 1)])
+    before = {key: spark.conf.get(key, None) for key in SESSION_CONF}
+    for key, value in SESSION_CONF.items():
+        spark.conf.set(key, value)
+    try:
+        assert export(spark, store, names, str(tmp_path / "e"))["exported"] == 55
+    finally:
+        for key, value in before.items():
+            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
+    rows = read_export(spark, str(tmp_path / "e")).select("queue", "payload").collect()
+    assert sorted((r.queue, r.payload) for r in rows) == sorted(
+        (name, b"%s-%d" % (name.encode(), n)) for i, name in enumerate(names) for n in range(i + 1))
+
+
+def test_export_parquet_layout_has_no_payload_dictionary_or_statistics(
         spark: Any, store: dict[str, str], make_queue: Any, tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    make_queue("layout", shards=2).publish_many([b"payload-%d" % i for i in range(50)])
+    make_queue("layout", shards=2).publish_many([b"payload-%d" % (i % 3) for i in range(50)])  # repeats
     export(spark, store, ["layout"], str(tmp_path / "e"))
     files = list((tmp_path / "e" / "queue=layout" / "magazine=main").glob("*.parquet"))
     assert files
@@ -81,10 +103,11 @@ def test_export_parquet_layout_has_no_payload_statistics(
         for group in range(meta.num_row_groups):
             columns = {name: meta.row_group(group).column(i) for i, name in enumerate(names)}
             assert not columns["payload"].is_stats_set or not columns["payload"].statistics.has_min_max
+            assert not any("DICTIONARY" in e for e in columns["payload"].encodings), columns["payload"].encodings
             assert columns["slot"].statistics.has_min_max  # the other columns keep theirs
             assert any("DICTIONARY" in e for e in columns["codec"].encodings)
-            # (The ids' dictionary setting leaves no trace to check: parquet-mr itself drops a dictionary
-            # that does not pay, after building it for the first page.)
+            # (The ids' and slots' settings leave no trace to check: unique values, so parquet-mr itself
+            # drops their dictionary, after building it for the first page.)
 
 
 def test_replay_where_and_rate(spark: Any, store: dict[str, str], make_queue: Any, tmp_path: Path) -> None:

@@ -13,14 +13,24 @@ from ignis_pipeline.jobs.progress import spark_progress
 from ignis_pipeline.session import check_store_reachable
 
 FORMATS = ("parquet", "json")
-# How the Parquet files are laid out: no dictionary for message ids (unique: parquet-mr builds one for
-# every page until it outgrows its 1 MB limit and falls back, CPU for nothing) and no min/max statistics
-# for payloads (opaque bytes no query ranges over; computing them compares every payload). Per-column
+# How the Parquet files are laid out: no dictionary for message ids and slots (unique: parquet-mr builds one
+# for every page until it outgrows its 1 MB limit and falls back, CPU for nothing) nor for payloads (opaque
+# bytes: hashing and comparing every payload for a dictionary was the largest single cost of Spark's
+# Parquet writer in the export, measured; compression still catches repeated payloads), and no min/max
+# statistics for payloads (no query ranges over them; computing them compares every payload). Per-column
 # parquet-mr settings ("#column"), passed as write options (Spark hands them to the Parquet writer).
-NO_DICTIONARY = ("id",)
+NO_DICTIONARY = ("id", "slot", "payload")
 NO_STATISTICS = ("payload",)
 PARQUET_OPTIONS = {**{f"parquet.enable.dictionary#{c}": "false" for c in NO_DICTIONARY},
                    **{f"parquet.column.statistics.enabled#{c}": "false" for c in NO_STATISTICS}}
+# The session of the export job (`ignis pipeline export`, its spark-submit module; `--conf` overrides). A
+# write partitioned by queue and magazine is otherwise preceded by a sort of every row by those columns
+# (spark.sql.optimizer.plannedWrite.enabled: "add logical sort operators to V1 write commands"), about
+# an eighth of Spark's CPU for an export (bench/README.md). Without it a task keeps one open file per
+# directory it meets, "If number of writers needed reaches this limit, task will sort rest of output"
+# (spark.sql.maxConcurrentOutputFileWriters); a task's slot ranges come from few queues and magazines.
+# Session settings, so `export()` in someone else's session leaves theirs alone (and sorts).
+SESSION_CONF = {"spark.sql.optimizer.plannedWrite.enabled": "false", "spark.sql.maxConcurrentOutputFileWriters": "4"}
 
 
 def read_queues(spark: Any, store: dict[str, str], queues: list[str], magazine: str = "main",
