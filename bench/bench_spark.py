@@ -1,7 +1,7 @@
 """Benchmark (not a test): the `ignis` Spark data source against a plain single-process loop over the
 storage interface, in one run, on one lmdb store.
 
-    .venv/bin/python bench/bench_spark.py                  # 1,000,000 messages of 256 bytes, ~5 minutes
+    .venv/bin/python bench/bench_spark.py                  # 1,000,000 messages of 256 bytes, ~6 minutes
     .venv/bin/python bench/bench_spark.py --messages 100000 --json
 
 Read: (a) a loop that peeks every record of every shard and writes Parquet with pyarrow, against (b) the
@@ -15,7 +15,7 @@ this machine, in CPU seconds of the JVM and its Python workers. That plus the CP
 export could be here; when even that is slower than the loop, no read code can meet the read target on
 this machine, and the run says so.
 The first full-size run of each Spark job counts as start-up (the JVM is still compiling its hot code);
-then `--rounds` rounds (default 3) run the loops and the Spark jobs side by side. Reported: medians over
+then `--rounds` rounds (default 5) run the loops and the Spark jobs side by side. Reported: medians over
 the rounds (steady state; the ratio is the median of each round's own ratio), and rows/s with the
 session's start-up plus the first run added (what a one-off job in a new process pays).
 Targets: read >= 1.0x the loop, write >= 0.7x the loop (steady state).
@@ -203,7 +203,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--dir", default=None, help="where the store and outputs go (a real disk)")
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds after the first run (medians)")
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds after the first run (medians)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ignis-bench-spark-", dir=args.dir))

@@ -248,6 +248,21 @@ def test_a_worker_freezes_its_long_lived_objects_once_and_a_driver_never(spark: 
     assert spark.sparkContext.parallelize(range(4), 4).mapPartitions(in_task).collect() == [(False, True)] * 4
 
 
+def test_read_windows_cover_a_range_once_with_small_ends() -> None:
+    from ignis_pipeline.reader import EDGE_WINDOWS, PEEK_WINDOW, windows
+
+    for first, last in [(1, 31_250), (7, 7), (1, 100), (1, 2 * sum(EDGE_WINDOWS)), (1, 2 * sum(EDGE_WINDOWS) + 1),
+                        (1_000, 50_000)]:
+        cut = windows(first, last)
+        slots = [slot for start, end in cut for slot in range(start, end + 1)]
+        assert slots == list(range(first, last + 1))  # every slot once, in order
+        assert max(end - start + 1 for start, end in cut) <= PEEK_WINDOW
+        if last - first + 1 > 2 * sum(EDGE_WINDOWS):
+            sizes = [end - start + 1 for start, end in cut]
+            assert sizes[:2] == list(EDGE_WINDOWS) and sizes[-2:] == list(reversed(EDGE_WINDOWS))
+    assert windows(5, 4) == []
+
+
 def test_store_credentials_are_refused_in_options() -> None:
     with pytest.raises(Exception, match="carries credentials") as caught:
         SourceOptions.parse({"store": "aerospike://admin:s3cret@db:3000/ignis", "queue": "q"})
