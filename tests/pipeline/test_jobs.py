@@ -223,3 +223,10 @@ def test_cli_pipeline_stats_json_in_a_subprocess(ignis: Ignis, store_url: str, m
     assert missing.stderr.decode().splitlines()[-1] == ("error: queue 'nope' not found (clientId 'default'); apply "
                                                         "its manifest first")
     assert not (tmp_path / "never").exists()  # nothing was started, nothing half-written
+    # The export job as the CLI runs it (its own session settings: no sort before the partitioned write).
+    done = subprocess.run([str(IGNIS), "pipeline", "--master", "local[1]", "--conf", "spark.ui.enabled=false",
+                           "export", "cli", "--to", str(tmp_path / "out"), "-o", "json"],
+                          capture_output=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert json.loads(done.stdout)["exported"] == 7
+    assert len(list((tmp_path / "out" / "queue=cli" / "magazine=main").glob("*.parquet"))) == 1
