@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 from ignis_pipeline import schema
@@ -79,25 +80,15 @@ def plain_read(ignis: Ignis, path: Path) -> int:
 
 
 def spark_cpu_seconds() -> float:
-    """CPU time so far of this process's descendants (the JVM and its Python workers), from /proc: what
-    they cost, whichever core ran them. Linux only; a process that ended meanwhile is not counted."""
-    tick = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = {}
-    times: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    """CPU time so far of this process's descendants (the JVM and its Python workers): what they cost,
+    whichever core ran them. A process that ended meanwhile is not counted."""
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
         try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            times = child.cpu_times()
+        except psutil.Error:  # gone meanwhile
             continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    total, todo = 0.0, list(children.get(os.getpid(), []))
-    while todo:
-        pid = todo.pop()
-        total += times.get(pid, 0.0)
-        todo.extend(children.get(pid, []))
+        total += times.user + times.system
     return total
 
 
