@@ -16,7 +16,7 @@ from support.races import paused_publish_write
 from ignis import Ignis, PayloadTooLarge, QueueSpec
 from ignis.envelope import CODEC_BYTES, CODEC_JSON, CODEC_STR, Envelope, NewMessages, now_ms
 from ignis.errors import AlreadySettled, HoleBudgetExceeded, InvalidInputError
-from ignis.magazine import RESERVE_MAX, RESERVE_PER_PUBLISH, shard_for_key
+from ignis.magazine import RESERVE_MAX, shard_for_key
 from ignis.storage import SlotRef, Storage
 from ignis.storage.base import RESERVATION_FRESH_MS
 
@@ -742,22 +742,22 @@ def test_concurrent_publishers_share_slot_increments_and_lose_nothing(make_queue
     assert sorted(delivered) == sorted(ids) and q.main.awaiting() == 0
 
 
-def _publish_beside_another(q, payload: bytes) -> Any:
-    """Publish `payload` while another publish of `q` is in progress (paused before its record write)."""
-    with paused_publish_write(q.store) as gate:
-        other = threading.Thread(target=q.publish, args=(b"other",))
-        other.start()
-        assert gate.reached.wait(10)
-        ref = q.publish(payload)
-        gate.release.set()
-        other.join(10)
+def _publish_reserving(q, monkeypatch, payload: bytes) -> Any:
+    """Publish b"first" and then `payload` as a fast-publishing handle does: the second allocation reserves
+    RESERVE_MAX slots more for the publishes expected next (a handle's first allocation has no rate yet)."""
+    from ignis import magazine as magazine_module
+
+    monkeypatch.setattr(magazine_module, "RESERVE_AHEAD_SECONDS", 3600.0)  # any rate counts as fast
+    q.publish(b"first")
+    ref = q.publish(payload)
+    monkeypatch.setattr(magazine_module, "RESERVE_AHEAD_SECONDS", 0.0)  # and no allocation reserves after it
     return ref
 
 
 def test_a_loop_publishing_one_by_one_pays_about_one_call_per_message(make_queue) -> None:
     q = make_queue(shards=4)
     calls = {op: sample("ignis_storage_calls_total", operation=op) for op in ("load", "reserve")}
-    ids = [q.publish(b"m%d" % i).id for i in range(300)]  # back to back: a streak of publishes
+    ids = [q.publish(b"m%d" % i).id for i in range(300)]  # back to back: a fast handle reserves ahead
     per_publish = sum(sample("ignis_storage_calls_total", operation=op) - n for op, n in calls.items()) / len(ids)
     if q.store.write_grace_ms:
         assert per_publish < 1.3, f"{per_publish:.2f} calls per publish"
@@ -767,29 +767,63 @@ def test_a_loop_publishing_one_by_one_pays_about_one_call_per_message(make_queue
     assert sorted(_drain_ids(q)) == sorted(ids) and q.main.awaiting() == 0
 
 
-def test_a_reservation_not_written_in_time_is_sealed_and_the_publish_goes_on(make_queue) -> None:
+def test_a_trickle_of_publishes_reserves_nothing(make_queue, monkeypatch) -> None:
+    # Under one publish per RESERVE_AHEAD_SECONDS a reservation would only go stale and be sealed: each
+    # publish allocates its own slot, and nothing is left reserved for a consumer to await.
+    from ignis import magazine as magazine_module
+
+    q = make_queue(shards=2)
+    monkeypatch.setattr(magazine_module, "RESERVE_AHEAD_SECONDS", 0.001)
+    calls = {op: sample("ignis_storage_calls_total", operation=op) for op in ("load", "reserve")}
+    for i in range(5):
+        q.publish(b"m%d" % i)
+        assert not q.main._reserved
+        time.sleep(0.02)  # 50 publishes a second: 0.05 of one expected in the next millisecond
+    if q.store.write_grace_ms:
+        assert sample("ignis_storage_calls_total", operation="reserve") == calls["reserve"]
+        assert sample("ignis_storage_calls_total", operation="load") - calls["load"] == 10  # increment + write
+    assert q.stats().published == 5
+
+
+def test_reservations_follow_the_publish_rate(make_queue, monkeypatch) -> None:
     q = make_queue(shards=1)
     if not q.store.write_grace_ms:
         pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing to reserve")
-    beside = _publish_beside_another(q, b"beside")  # reserves RESERVE_PER_PUBLISH more slots for the other
+    main = q.main
+    # (the rule itself, at fixed times: an allocation lasting `elapsed` seconds sets the next one's size)
+    monkeypatch.setattr(main, "_allocated_at", 100.0)
+    monkeypatch.setattr(main, "_allocated", 1)
+    assert main._reservation_size(100.0009) == 1 + 5  # 1 slot in 0.9 ms: 1,111/s, 5 more for the next 5 ms
+    assert main._reservation_size(100.0063) == 1 + 5  # 6 slots in 5.4 ms: the same rate
+    assert main._reservation_size(100.0064) == 1 + RESERVE_MAX  # 6 in 0.1 ms: capped
+    assert main._reservation_size(101.0064) == 1  # 33 slots lasted a second: a trickle, nothing ahead
+    assert main._reservation_size(101.0064) == 1 + RESERVE_MAX  # no time at all since: as fast as it gets
+
+
+def test_a_reservation_not_written_in_time_is_sealed_and_the_publish_goes_on(make_queue, monkeypatch) -> None:
+    q = make_queue(shards=1)
+    if not q.store.write_grace_ms:
+        pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing to reserve")
+    reserving = _publish_reserving(q, monkeypatch, b"reserving")
     spare = [ref for _, ref in q.main._reserved]
-    assert len(spare) == RESERVE_PER_PUBLISH and beside.slot == spare[0].slot - 1
+    assert len(spare) == RESERVE_MAX and reserving.slot == spare[0].slot - 1
     time.sleep(RESERVATION_FRESH_MS / 1000 + 0.05)  # too old to write now: its write could outlast the grace
     late = q.publish(b"late")
     assert late.slot > spare[-1].slot  # a slot of its own, the stale ones sealed on the way
     assert q.store.settled(spare) == [True] * len(spare) and not q.main._reserved
-    got = q.fire_many(20)
-    assert sorted(m.payload for m in got) == [b"beside", b"late", b"other"]
+    got = q.fire_many(RESERVE_MAX + 10)
+    assert sorted(m.payload for m in got) == [b"first", b"late", b"reserving"]
     assert q.main.awaiting() == 0  # the sealed ones were passed, not awaited
 
 
-def test_reservations_left_when_publishing_stops_are_sealed_a_moment_later(make_queue) -> None:
+def test_reservations_left_when_publishing_stops_are_sealed_a_moment_later(make_queue, monkeypatch) -> None:
     q = make_queue(shards=2)
     if not q.store.write_grace_ms:
         pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing to reserve")
     for i in range(20):
         q.publish(b"m%d" % i)
-    _publish_beside_another(q, b"beside")  # reserves slots ahead for the publish in progress beside it
+    q.main.release_reserved()
+    _publish_reserving(q, monkeypatch, b"reserving")  # reserves slots ahead for the publishes expected next
     left = [ref for _, ref in q.main._reserved]
     assert left, "nothing was reserved"
     # No close, no further publish: the reaper seals them once stale, so no consumer awaits them for
@@ -800,15 +834,16 @@ def test_reservations_left_when_publishing_stops_are_sealed_a_moment_later(make_
     while messages := q.fire_many(50):
         q.ack(messages)
         delivered.extend(m.payload for m in messages)
-    assert sorted(delivered) == sorted([b"m%d" % i for i in range(20)] + [b"beside", b"other"])
+    assert sorted(delivered) == sorted([b"m%d" % i for i in range(20)] + [b"first", b"reserving"])
     assert q.main.awaiting() == 0 and q.main.pending() == 0
 
 
-def test_closing_the_client_seals_the_slots_it_reserved(ignis: Ignis, backend: Any, make_queue) -> None:
+def test_closing_the_client_seals_the_slots_it_reserved(ignis: Ignis, backend: Any, make_queue,
+                                                        monkeypatch) -> None:
     q = make_queue(shards=1)
     if not q.store.write_grace_ms:
         pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing to reserve")
-    _publish_beside_another(q, b"beside")
+    _publish_reserving(q, monkeypatch, b"reserving")
     spare = [ref for _, ref in q.main._reserved]
     assert spare and q.store.settled(spare) == [False] * len(spare)
     ignis.close()  # a process that stops publishing: its consumers must not await those slots
