@@ -129,7 +129,7 @@ class Magazine:
             else:
                 shard, slot = self._allocate_and_publish(payload, msg_id, loaded_at)
         self._mark_active_one(shard)
-        return _new_tuple(MessageRef, (msg_id, self.name, shard, slot))
+        return _new_message_ref((msg_id, self.name, shard, slot))
 
     # Reservations (two-step backends): a publish is an increment of a shard's load pointer and then the
     # record's write, two round trips. When a handle publishes fast, an allocation reserves, in the same
@@ -150,8 +150,8 @@ class Magazine:
         elapsed = now - self._allocated_at
         self._allocated_at = now
         ahead = RESERVE_MAX if elapsed <= 0 else int(self._allocated / elapsed * RESERVE_AHEAD_SECONDS)
-        count = self._allocated = 1 + min(ahead, RESERVE_MAX)
-        return count
+        self._allocated = 1 + min(ahead, RESERVE_MAX)
+        return self._allocated
 
     def _allocate_and_publish(self, payload: bytes, msg_id: str, loaded_at: int) -> tuple[int, int]:
         """Allocate a slot on a random shard, with the reserve for the next publishes, and write into it."""
