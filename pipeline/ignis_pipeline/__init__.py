@@ -12,15 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
-
 
 def register(spark: Any) -> None:
-    """Register the `ignis` format on a SparkSession, and turn on filter pushdown for Python data sources
-    (Spark refuses a reader with pushFilters while `spark.sql.python.filterPushdown.enabled` is false)."""
+    """Register the `ignis` format on a SparkSession. (The source takes no pushed filters, so the session's
+    `spark.sql.python.filterPushdown.enabled` is left as it is: see reader.py.)"""
     from ignis_pipeline.source import IgnisDataSource
 
-    spark.conf.set(FILTER_PUSHDOWN_CONF, "true")
     spark.dataSource.register(IgnisDataSource)
 
 

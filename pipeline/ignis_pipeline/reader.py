@@ -1,37 +1,28 @@
 """Batch read of the `ignis` format: a non-destructive snapshot (it peeks; it never claims, stamps or acks).
 
-Spark calls, in a Python process on the driver side, `pushFilters` once and then `partitions` once
-(pyspark.sql.datasource.DataSourceReader: "This method is called once during query planning"); then
-`read(partition)` once per partition in the executors' Python workers. Each task opens its own store
-connection from the options.
+Spark calls `partitions` once, in a Python process on the driver side, then `read(partition)` once per
+partition in the executors' Python workers. Each task opens its own store connection from the options.
 
-Pushed filters (the rest Spark evaluates as usual):
+What is read is decided by the options alone (`queue`, `magazine`, `since`); every filter of a query is
+evaluated by Spark on the rows. The source accepts no pushed filters, because pyspark 4.2.0 to 4.3.0 (every
+version this project allows) keep one read plan per DataFrame and hand it to later queries on it: the
+plan is stored on the provider-scoped `PythonDataSourceV2` (`getOrCreateReadInfo`), and a query that
+pushes filters replaces it (`PythonScanBuilder.pushFilters` -> `setReadInfo`), so a plan narrowed by one
+query's filters would be read by the next query on the same DataFrame, which may push none, and it would
+silently get that query's rows (a count after `where magazine = 'dead'` counted only dead letters). With
+nothing pushed, every query's plan covers every row its options name, and Spark's own filters do the rest.
 
-* `queue` and `magazine`: `=` and `IN` pick the queues and magazines read; fully handled;
-* `shard`: `=`, `IN`, `<`, `<=`, `>`, `>=`: fully handled (whole shards are skipped);
-* `loaded_at`: `>`, `>=`, `=` give a lower bound that the `since` search uses to skip slots in main;
-  Spark still evaluates them on the rows (pyspark's pushFilters contract: "partially pushed filters"
-  are returned).
+A reused DataFrame also reads its kept plan again, so the plan ends, per queue and magazine, with a
+*tail* partition that reads, when it runs, what was published after planning (slots.Tail): every query
+reads what is stored when it runs, as a freshly loaded DataFrame would.
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pyspark.sql.datasource import (
-    DataSourceReader,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    InputPartition,
-    LessThan,
-    LessThanOrEqual,
-)
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from ignis_pipeline import schema, slots
 from ignis_pipeline.options import SourceOptions
@@ -65,10 +56,7 @@ def windows(first: int, last: int, size: int = PEEK_WINDOW, edges: tuple[int, ..
     return out
 
 
-_SHARD_TESTS = {
-    "EqualTo": operator.eq, "In": lambda shard, values: shard in values, "LessThan": operator.lt,
-    "LessThanOrEqual": operator.le, "GreaterThan": operator.gt, "GreaterThanOrEqual": operator.ge,
-}
+TAILS_PER_PARTITION = 64  # (queue, magazine) tails one partition reads: most are empty, a few calls each
 
 
 class SlotRangePartition(InputPartition):
@@ -79,75 +67,47 @@ class SlotRangePartition(InputPartition):
         self.range = ranges
 
 
-def _ms(value: Any) -> int | None:
-    """A filter literal on a timestamp column as epoch ms (Spark hands tz-aware datetimes in the session
-    time zone; a naive one is taken as UTC)."""
-    if isinstance(value, datetime):
-        at = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-        return int(at.timestamp() * 1000)
-    return None
+class TailPartition(InputPartition):
+    """What some (queue, magazine) pairs gained after planning (see slots.Tail), read when the task runs."""
+
+    def __init__(self, tails: Sequence[slots.Tail]) -> None:
+        super().__init__(list(tails))
+        self.tails = list(tails)
 
 
 class IgnisReader(DataSourceReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self.queues: set[str] | None = None  # from pushed filters; None = no restriction
-        self.kinds: set[str] | None = None
-        self.shard_tests: list[tuple[str, Any]] = []
-        self.loaded_from: int | None = None
 
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        for f in filters:
-            column = f.attribute[0] if len(f.attribute) == 1 else None
-            if column in ("queue", "magazine") and isinstance(f, EqualTo | In):
-                wanted = {f.value} if isinstance(f, EqualTo) else set(f.value)
-                if column == "queue":
-                    self.queues = wanted if self.queues is None else self.queues & wanted
-                else:
-                    self.kinds = wanted if self.kinds is None else self.kinds & wanted
-                continue
-            if column == "shard" and isinstance(f, EqualTo | In | LessThan | LessThanOrEqual | GreaterThan
-                                                  | GreaterThanOrEqual):
-                self.shard_tests.append((type(f).__name__, f.value))
-                continue
-            if column == "loaded_at" and isinstance(f, GreaterThan | GreaterThanOrEqual | EqualTo):
-                at = _ms(f.value)
-                if at is not None:  # `> t` with t in microseconds: the ms floor is a safe lower bound
-                    self.loaded_from = at if self.loaded_from is None else max(self.loaded_from, at)
-            yield f  # loaded_at (partially pushed) and everything else: Spark evaluates it
-
-    def _shard_ok(self, shard: int) -> bool:
-        return all(_SHARD_TESTS[op](shard, value) for op, value in self.shard_tests)
-
-    def plan(self) -> list[slots.SlotRange]:
-        """The slot ranges to read (what `partitions` wraps): usable without Spark, e.g. in tests."""
+    def plan(self) -> slots.Plan:
+        """The slot ranges to read and the tails (what `partitions` wraps): usable without Spark, e.g. in
+        tests."""
         opts = self.options
-        kinds = [k for k in opts.magazines if self.kinds is None or k in self.kinds]
-        queues: Iterable[str] | None = opts.queues
-        since = opts.since
-        if self.loaded_from is not None:
-            since = self.loaded_from if since is None else max(since, self.loaded_from)
         store = open_driver_store(opts)
         try:
-            if self.queues is not None:
-                if queues is None:  # '*' narrowed by a filter: only the named queues that exist
-                    existing = {r.name for r in store.list_queues(active=None)}
-                    queues = sorted(self.queues & existing)
-                else:
-                    queues = [q for q in queues if q in self.queues]
-            return slots.plan(store, queues, kinds, since_ms=since, slots_per_partition=opts.slots_per_partition,
-                              shard_ok=self._shard_ok)
+            return slots.plan(store, opts.queues, opts.magazines, since_ms=opts.since,
+                              slots_per_partition=opts.slots_per_partition)
         finally:
             store.close()
 
     def partitions(self) -> list[InputPartition]:
-        return [SlotRangePartition(r) for r in self.plan()]
+        plan = self.plan()
+        tails = [TailPartition(plan.tails[i:i + TAILS_PER_PARTITION])
+                 for i in range(0, len(plan.tails), TAILS_PER_PARTITION)]
+        return [*(SlotRangePartition(r) for r in plan.ranges), *tails]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        r: slots.SlotRange | None = getattr(partition, "range", None)
-        if r is None:  # nothing to read: for an empty plan Spark runs one InputPartition(None) instead
-            return
         store = task_store(self.options)
+        if isinstance(partition, TailPartition):
+            for tail in partition.tails:
+                for r in slots.tail_ranges(store, tail):
+                    yield from self._read_range(store, r)
+            return
+        r: slots.SlotRange | None = getattr(partition, "range", None)
+        if r is not None:  # None: for an empty plan Spark runs one InputPartition(None), which reads nothing
+            yield from self._read_range(store, r)
+
+    def _read_range(self, store: Any, r: slots.SlotRange) -> Iterator[Any]:
         since, until = self.options.since, self.options.until
         for start, end in windows(r.first, r.last):
             records = schema.in_window(store.peek(r.magazine, r.shard, start, end), since, until)

@@ -19,8 +19,8 @@ in no load-time order: there `since` filters rows but cannot skip slots.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
 from ignis import names
 from ignis.errors import QueueNotFound
@@ -43,6 +43,25 @@ class SlotRange:
     @property
     def size(self) -> int:
         return self.last - self.first + 1
+
+
+@dataclass(frozen=True)
+class Tail:
+    """What one (queue, magazine) gained after planning: per shard, the slots after `planned[shard]` (the
+    load pointer when the plan was made; a shard absent = nothing planned) up to the load pointer when the
+    tail is read. A DataFrame's plan is kept and reused by every later query on it (see reader.py), so its
+    tails are what make a reused DataFrame read what is stored now, not what was stored at its first query."""
+
+    queue: str
+    kind: str
+    magazine: str
+    planned: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    ranges: list[SlotRange]
+    tails: list[Tail]
 
 
 def magazine_name(queue: str, kind: str) -> str:
@@ -95,19 +114,25 @@ def queue_shards(store: Storage, queues: Iterable[str] | None) -> list[tuple[str
             for r in records]
 
 
+def lowest_slot(sweep: dict[str, int], shard: int) -> int:
+    """The lowest slot of a shard that can still hold a record (see the module docstring)."""
+    return max(1, int(sweep.get(names.shard_label(shard), 1)))
+
+
 def plan(store: Storage, queues: Iterable[str] | None, kinds: Iterable[str], *, since_ms: int | None,
-         slots_per_partition: int, shard_ok: Callable[[int], bool] = lambda _: True) -> list[SlotRange]:
-    """Exhaustive, disjoint slot ranges covering every record that may match."""
+         slots_per_partition: int) -> Plan:
+    """Exhaustive, disjoint slot ranges covering every record that may match now, and a tail per queue and
+    magazine for what is published after."""
     ranges: list[SlotRange] = []
+    tails: list[Tail] = []
     kinds = list(kinds)
     for queue, shards, sweep in queue_shards(store, queues):
         for kind in kinds:
             magazine = magazine_name(queue, kind)
             pointers = store.pointers(magazine, shards)
+            tails.append(Tail(queue, kind, magazine, {shard: p.load for shard, p in pointers.items() if p.load}))
             for shard in range(shards):
-                if not shard_ok(shard):
-                    continue
-                first = max(1, int(sweep[kind].get(names.shard_label(shard), 1)))
+                first = lowest_slot(sweep[kind], shard)
                 last = pointers[shard].load
                 if first > last:
                     continue
@@ -116,4 +141,19 @@ def plan(store: Storage, queues: Iterable[str] | None, kinds: Iterable[str], *, 
                 for start in range(first, last + 1, slots_per_partition):
                     ranges.append(SlotRange(queue, kind, magazine, shard, start,
                                             min(last, start + slots_per_partition - 1)))
-    return ranges
+    return Plan(ranges, tails)
+
+
+def tail_ranges(store: Storage, tail: Tail) -> Iterator[SlotRange]:
+    """The slot ranges of a tail as the store holds them now: after the planned slots (never below the
+    lowest slot that can hold a record), up to the load pointer; shards added since included. A queue
+    deleted since has no tail."""
+    record = store.get_queue(tail.queue)
+    if record is None:
+        return
+    shards = int(record.bins.get("shards", 0))
+    sweep = {} if tail.kind == "dead" else record.sweep_pointers(tail.kind)  # type: ignore[arg-type]
+    for shard, p in store.pointers(tail.magazine, shards).items():
+        first = max(tail.planned.get(shard, 0) + 1, lowest_slot(sweep, shard))
+        if first <= p.load:
+            yield SlotRange(tail.queue, tail.kind, tail.magazine, shard, first, p.load)

@@ -72,7 +72,7 @@ def test_a_queue_never_published_to_reads_as_no_rows(make_queue: Any, read: Any)
     assert frame.columns[:3] == ["queue", "magazine", "shard"]
 
 
-def test_filters_are_pushed_and_results_are_right(store_url: str, make_queue: Any, read: Any) -> None:
+def test_filters_give_the_right_rows_and_none_is_pushed(store_url: str, make_queue: Any, read: Any) -> None:
     for name in ("alpha", "beta"):
         make_queue(name, shards=4).publish_many([f"{name}-{i}".encode() for i in range(40)])
     everything = read(queue="*", magazine="all").collect()
@@ -80,19 +80,96 @@ def test_filters_are_pushed_and_results_are_right(store_url: str, make_queue: An
     expected = {r.id for r in everything if r.queue == "beta" and r.shard in (1, 2) and r.magazine == "main"}
     assert {r.id for r in got} == expected and expected
 
+    # Spark keeps a DataFrame's read plan for its later queries (see reader.py): the reader takes no filter,
+    # so that plan never depends on one query's filters.
     reader = IgnisReader(SourceOptions.parse({"store": store_url, "queue": "*", "magazine": "all"}))
-    shard_filter, queue_filter, other = In(("shard",), (1, 2)), EqualTo(("queue",), "beta"), EqualTo(("id",), "x")
-    later = GreaterThan(("loaded_at",), 0)
-    assert list(reader.pushFilters([shard_filter, queue_filter, other, later])) == [other, later]
-    ranges = reader.plan()
-    assert {(r.queue, r.shard) for r in ranges} == {("beta", 1), ("beta", 2)}  # alpha and other shards skipped
+    filters = [In(("shard",), (1, 2)), EqualTo(("queue",), "beta"), GreaterThan(("loaded_at",), 0)]
+    assert list(reader.pushFilters(filters)) == filters
+    assert {(r.queue, r.kind) for r in reader.plan().ranges} == {(q, "main") for q in ("alpha", "beta")}
+
+
+def _counts(df: Any) -> dict[str, int]:
+    return {kind: n for kind, n in df.groupBy("magazine").count().collect()}
+
+
+def test_a_reused_dataframe_answers_every_query_right(spark: Any, store_url: str, make_queue: Any) -> None:
+    import ignis_pipeline
+
+    ignis_pipeline.register(spark)
+    q = make_queue("reuse", shards=4, maxDeliveries=1)
+    q.publish_many([b"m%d" % i for i in range(200)])
+    q.nack(q.fire_many(30), "rejected")  # dead letters (attempts 1 = maxDeliveries)
+    q.fire_many(10)  # in flight, left unsettled
+    df = spark.read.format("ignis").option("store", store_url).option("queue", "reuse").option(
+        "magazine", "all").load()
+    truth = _counts(df)
+    assert truth == {"main": 170, "dead": 30}
+    everything = {r.id: r for r in df.collect()}
+    # The sequence, then every filterable column, in different orders, each followed by an unfiltered
+    # query on the same DataFrame.
+    long_ago = "timestamp'2000-01-01 00:00:00'"
+    queries: list[tuple[str, Any]] = [
+        ("magazine = 'dead'", lambda r: r.magazine == "dead"),
+        ("shard = 2", lambda r: r.shard == 2),
+        ("queue = 'reuse' and magazine = 'main'", lambda r: r.magazine == "main"),
+        ("shard in (0, 3)", lambda r: r.shard in (0, 3)),
+        ("magazine in ('sideline', 'dead') and shard < 2", lambda r: r.magazine == "dead" and r.shard < 2),
+        ("shard >= 1 and magazine = 'main'", lambda r: r.shard >= 1 and r.magazine == "main"),
+        (f"loaded_at > {long_ago}", lambda r: True),
+        (f"loaded_at < {long_ago}", lambda r: False),
+        ("queue = 'other'", lambda r: False),
+    ]
+    for where, keep in queries + list(reversed(queries)):
+        expected = {i for i, r in everything.items() if keep(r)}
+        assert {r.id for r in df.where(where).select("id").collect()} == expected, where
+        assert df.count() == 200, f"after {where}"
+        assert len(df.collect()) == 200
+    assert _counts(df) == truth
+
+
+def test_a_reused_dataframe_reads_what_is_stored_now(spark: Any, store_url: str, make_queue: Any) -> None:
+    import ignis_pipeline
+
+    ignis_pipeline.register(spark)
+    q = make_queue("grows", shards=8)
+    q.publish_many([b"a%d" % i for i in range(5)])  # five of eight shards get one
+    df = spark.read.format("ignis").option("store", store_url).option("queue", "grows").load()
+    assert df.count() == 5
+    assert df.where("shard = 1").count() == len([r for r in df.collect() if r.shard == 1])
+    added = q.publish_many([b"b%d" % i for i in range(100)])  # every shard, empty ones included
+    assert df.count() == 105
+    q.ack(q.fire_many(40))
+    assert df.count() == 65
+    fresh = spark.read.format("ignis").option("store", store_url).option("queue", "grows").load()
+    assert sorted(r.id for r in df.collect()) == sorted(r.id for r in fresh.collect())
+    assert len(added) == 100
+
+
+def test_a_reused_dataframe_with_since_stays_right(spark: Any, store_url: str, make_queue: Any) -> None:
+    import ignis_pipeline
+
+    ignis_pipeline.register(spark)
+    q = make_queue("windowed", shards=2)
+    q.publish_many([b"old%d" % i for i in range(50)])
+    time.sleep((SINCE_SKEW_MS + q.store.write_grace_ms) / 1000 + 0.2)
+    since = int(time.time() * 1000)
+    time.sleep(0.01)
+    recent = {r.id for r in q.publish_many([b"new%d" % i for i in range(30)])}
+    df = spark.read.format("ignis").option("store", store_url).option("queue", "windowed").option(
+        "since", str(since)).load()
+    assert {r.id for r in df.collect()} == recent
+    assert df.where("shard = 0").count() == len([1 for r in df.collect() if r.shard == 0])
+    assert df.where("loaded_at > timestamp'2000-01-01 00:00:00'").count() == 30
+    assert df.count() == 30
+    later = {r.id for r in q.publish_many([b"later%d" % i for i in range(7)])}
+    assert {r.id for r in df.collect()} == recent | later
 
 
 def test_partitions_are_exhaustive_and_disjoint(store_url: str, make_queue: Any, read: Any) -> None:
     q = make_queue("wide", shards=3)
     refs = q.publish_many([b"x%d" % i for i in range(500)])
     reader = IgnisReader(SourceOptions.parse({"store": store_url, "queue": "wide", "slotsPerPartition": "37"}))
-    ranges = reader.plan()
+    ranges = reader.plan().ranges
     assert all(r.size <= 37 for r in ranges)
     covered = [(r.shard, slot) for r in ranges for slot in range(r.first, r.last + 1)]
     assert len(covered) == len(set(covered)) == 500
