@@ -779,21 +779,33 @@ class AerospikeStore:
                 self._claim_exprs[k] = cached
         return cached
 
-    def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True
-              ) -> list[Claimed]:
+    def _bounded_claim(self, k: int, up_to: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The claim's operations and policy when it may not pass slot `up_to` (not cached: the bound varies)."""
+        fire, load = exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER)
+        guard = exp.And(exp.LT(fire, load), exp.LT(fire, up_to)).compile()
+        advanced = arithmetic.Min(arithmetic.Add(fire, k), load, up_to)
+        operations = [expr_ops.expression_read(CLAIM_FROM, fire.compile()),
+                      expr_ops.expression_write(FIRE_POINTER, advanced.compile()), ops.read(FIRE_POINTER)]
+        return operations, {**self._update, "expressions": guard}
+
+    def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True,
+              up_to: int | None = None) -> list[Claimed]:
         if max_slots <= 0:
             return []
+        if up_to is None:
+            operations, policy = _CLAIM_ONE if max_slots == 1 else self._claim_ops(max_slots), self._claim_policy
+        else:
+            operations, policy = self._bounded_claim(max_slots, up_to)
         try:
             try:
-                _, _, got = self._call("claim", self._client.operate, self._meta_key(magazine, shard),
-                                       _CLAIM_ONE if max_slots == 1 else self._claim_ops(max_slots), None,
-                                       self._claim_policy, idempotent=False)
+                _, _, got = self._call("claim", self._client.operate, self._meta_key(magazine, shard), operations,
+                                       None, policy, idempotent=False)
             except _MISSING:  # no meta record, or FIRE == LOAD: drained
                 return []
         except ex.AerospikeError as exc:
             raise self._fail(exc, "claim", self._meta_set) from None
         last = int(got[FIRE_POINTER])
-        first = last if max_slots == 1 else int(got[CLAIM_FROM]) + 1
+        first = last if max_slots == 1 and up_to is None else int(got[CLAIM_FROM]) + 1
         new = tuple.__new__  # a NamedTuple's own __new__ is a Python call: too slow per claimed slot
         return self._stamp_slots("claim", [new(SlotRef, (magazine, shard, slot)) for slot in range(first, last + 1)],
                                  now_ms_, count_attempt)

@@ -265,13 +265,14 @@ class Storage(Protocol):
         where a write came after its deadline and was published again into a later slot."""
         ...
 
-    def claim(self, magazine: str, shard: int, max_slots: int, now_ms: int, count_attempt: bool = True
-              ) -> list[Claimed]:
+    def claim(self, magazine: str, shard: int, max_slots: int, now_ms: int, count_attempt: bool = True,
+              up_to: int | None = None) -> list[Claimed]:
         """Guarded claim of up to `max_slots` slots (fire pointer advances only while below the load
         pointer, so distinct callers get distinct slots), and for each present record stamp fireTS =
         now_ms (and attempts + 1 when `count_attempt`: a delivery to a handler, not a shovel move) and
         return it. Empty list = shard drained. A missing record is a hole, `awaiting` when its write may
-        still be in flight (see Claimed)."""
+        still be in flight (see Claimed). `up_to`: claim no slot above this one (the fire pointer never
+        passes it; empty list once it is reached), e.g. to take exactly what a shard held at some moment."""
         ...
 
     @property

@@ -679,8 +679,8 @@ class LmdbStore:
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
 
-    def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True
-              ) -> list[Claimed]:
+    def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True,
+              up_to: int | None = None) -> list[Claimed]:
         raws: list[tuple[int, bytes | None]] = []
         bump = 1 if count_attempt else 0
         header, header_size = _DATA_HEADER, _DATA_HEADER.size
@@ -691,7 +691,7 @@ class LmdbStore:
                 if meta is None:
                     return []
                 _, load, fire = _META.unpack(meta)
-                count = min(max_slots, load - fire)
+                count = min(max_slots, (load if up_to is None else min(load, up_to)) - fire)
                 if count <= 0:
                     return []
                 get, put, data_db = txn.get, txn.put, self._data

@@ -101,6 +101,16 @@ def test_claim_is_guarded_stamps_and_reports_holes(store: Storage) -> None:
     assert store.pointers("q", 1)[0].fire == 4
 
 
+def test_a_bounded_claim_never_passes_its_slot(store: Storage) -> None:
+    store.load("q", [(1, env(msg_id=str(i))) for i in range(6)], 60)
+    at = now_ms()
+    assert [c.ref.slot for c in store.claim("q", 1, 10, at, up_to=2)] == [1, 2]
+    assert store.claim("q", 1, 10, at, up_to=2) == []  # the bound is reached: nothing more, though 4 remain
+    assert [c.ref.slot for c in store.claim("q", 1, 1, at, up_to=4)] == [3]  # one slot under a bound
+    assert [c.ref.slot for c in store.claim("q", 1, 5, at, up_to=100)] == [4, 5, 6]  # never past the load
+    assert store.pointers("q", 2)[1].fire == 6
+
+
 def test_claim_without_counting_an_attempt(store: Storage) -> None:
     store.load("q", [(0, env())], 60)
     claimed = store.claim("q", 0, 1, now_ms(), count_attempt=False)
