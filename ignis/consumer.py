@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ignis.client import Ignis
-from ignis.errors import HoleBudgetExceeded, IgnisError
+from ignis.errors import HoleBudgetExceeded, IgnisError, StoreError
 from ignis.metrics import BATCH_SIZE, HANDLER_DURATION
+from ignis.outage import Backoff, one_line
 from ignis.queue import EXCEPTION, REJECTED, SATURATED, TIMEOUT, UNREADABLE, Message, Queue
 from ignis.signals import set_on_signals
 from ignis.spec import QueueSpec
@@ -209,11 +210,21 @@ class Consumer:
             self.stop()
 
     def _supervise(self) -> None:
-        while not self._stop.wait(self._refresh_every):
+        backoff = Backoff()
+        wait = self._refresh_every
+        while not self._stop.wait(wait):
             try:
                 self.refresh()
-            except Exception:
-                log.exception("consumer refresh failed; keeping current workers")
+            except StoreError as exc:  # said once per outage (ignis.outage); the workers go on meanwhile
+                wait = min(self._refresh_every, backoff.failed("list queues", exc))
+                continue
+            except Exception as exc:
+                log.error("consumer refresh failed; keeping current workers: %s: %s", type(exc).__name__,
+                          one_line(exc), exc_info=not isinstance(exc, IgnisError))
+                wait = self._refresh_every
+                continue
+            backoff.ok()
+            wait = self._refresh_every
 
     def refresh(self) -> None:
         """Adopt new active queues, retire inactive ones, follow concurrency and config changes."""
@@ -264,12 +275,21 @@ class Consumer:
 
     # ---- one worker ----------------------------------------------------------------------------------
     def _work(self, rt: _QueueRuntime, stop: threading.Event) -> None:
+        backoff = Backoff()
         while not stop.is_set():
             try:
                 worked = self.run_once(rt.queue, rt.handler, stop)
-            except Exception:
-                log.exception("consumer run on %s failed", rt.queue.name)
-                worked = False
+            except StoreError as exc:
+                # The store failed (said once per outage, ignis.outage): wait, longer and longer, never in a
+                # tight loop, whatever this handle still awaits.
+                stop.wait(backoff.failed(f"consume {rt.queue.name}", exc))
+                continue
+            except Exception as exc:
+                log.error("consumer run on %s failed: %s: %s", rt.queue.name, type(exc).__name__, one_line(exc),
+                          exc_info=not isinstance(exc, IgnisError))
+                stop.wait(backoff.failed(f"consume {rt.queue.name}", exc))
+                continue
+            backoff.ok()
             if not worked:
                 # A slot claimed before its record landed is re-read soon: wait for that, not a full poll.
                 due = rt.queue.main.next_check_in()
@@ -284,9 +304,9 @@ class Consumer:
         while True:
             try:
                 messages = self._fire(rt.queue, size, kept_only=True)
-            except Exception:
-                log.exception("consumer on %s: handing out kept messages failed; the sweeper recovers them",
-                              rt.queue.name)
+            except Exception as exc:
+                log.warning("consumer on %s: handing out kept messages failed; the sweeper recovers them: %s: %s",
+                            rt.queue.name, type(exc).__name__, one_line(exc))
                 return
             if not messages:
                 return
@@ -396,10 +416,25 @@ class Consumer:
                 outcome = "rejected"
                 self._settle(queue, messages, REJECTED)
             else:
-                queue.ack(messages)
+                self._ack(queue, messages)
                 self._count("acked", len(messages))
         finally:
             HANDLER_DURATION.labels(queue.name, outcome).observe(time.perf_counter() - started)
+
+    def _ack(self, queue: Queue, messages: list[Message]) -> None:
+        """Ack handled messages, again and again (backing off) while the store does not answer: an ack is
+        idempotent, and a handled message left unacked would be delivered again after sweepDuration. Gives up
+        only when the consumer stops (then the sweeper redelivers them: at least once)."""
+        backoff = Backoff()
+        while True:
+            try:
+                queue.ack(messages)
+            except StoreError as exc:
+                if self._stop.wait(backoff.failed(f"ack {queue.name}", exc)):
+                    raise
+                continue
+            backoff.ok()
+            return
 
     def _settle_failure(self, queue: Queue, handler: Handler, messages: list[Message], reason: str,
                         exc: BaseException) -> None:

@@ -22,7 +22,16 @@ from ignis import names
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.errors import HoleBudgetExceeded, StoreError
 from ignis.metrics import FIRE_CLAIMS, HOLE_BUDGET_EXHAUSTED, HOLES_SKIPPED, LATE_WRITES
-from ignis.storage.base import RESERVATION_FRESH_MS, Claimed, MessageRef, Move, ShardPointers, SlotRef, Storage
+from ignis.storage.base import (
+    RESERVATION_FRESH_MS,
+    Claimed,
+    ClaimInterrupted,
+    MessageRef,
+    Move,
+    ShardPointers,
+    SlotRef,
+    Storage,
+)
 
 log = logging.getLogger(__name__)
 _random = random.random
@@ -47,6 +56,7 @@ IN_FLIGHT_SCAN_LIMIT = 10_000  # claimed slots per shard that in_flight() looks 
 # less often, until the store's write grace has passed. A publish lands within a round trip or two.
 AWAIT_FIRST_CHECK_SECONDS = 0.002
 AWAIT_MAX_CHECK_SECONDS = 0.25
+AWAIT_MAX_FAILING_SECONDS = 5.0  # between re-reads while the store does not answer them
 
 
 class _Awaited:
@@ -327,7 +337,14 @@ class Magazine:
         shard = self._pick_shard()
         if shard is None:
             return None
-        claimed = self.store.claim(self.name, shard, max_slots, now_ms(), self._count_attempt)
+        try:
+            claimed = self.store.claim(self.name, shard, max_slots, now_ms(), self._count_attempt)
+        except ClaimInterrupted as exc:
+            # The store failed after the claim took its slots: they are still ours. Keep them, awaited,
+            # to re-read once the store answers, and report the outage.
+            for item in exc.claimed:
+                self._set_aside(item)
+            raise
         if claimed:
             self._won.tick()
         else:
@@ -528,7 +545,16 @@ class Magazine:
     def _restamp_kept(self, stale: Sequence[Claimed]) -> list[Claimed]:
         """Prefetched messages kept too long, stamped again (not a new attempt) so their sweep clock starts
         at delivery; one the sweeper took meanwhile is dropped."""
-        return [c for c in self.store.restamp([c.ref for c in stale], now_ms(), False) if c.envelope is not None]
+        try:
+            restamped = self.store.restamp([c.ref for c in stale], now_ms(), False)
+        except StoreError:
+            for c in stale:  # still ours: re-read once the store answers
+                self._await(c.ref)
+            raise
+        for c in restamped:
+            if c.envelope is None and c.awaiting:  # not answered for: still ours, re-read later
+                self._await(c.ref)
+        return [c for c in restamped if c.envelope is not None]
 
     def _recheck(self) -> None:
         """Re-read the awaited slots that are due, in one store call; seal those past their deadline."""
@@ -565,6 +591,13 @@ class Magazine:
                     else:  # the record landed at the last moment: re-read it at once
                         awaited.due = now
                         keep.append(awaited)
+        except StoreError:
+            # The store did not answer: the slots stay ours, and are re-read later and later while it
+            # fails (never in a tight loop: a caller that waits for next_check_in() backs off too).
+            for awaited in keep:
+                awaited.wait = min(max(awaited.wait, AWAIT_MAX_CHECK_SECONDS) * 2, AWAIT_MAX_FAILING_SECONDS)
+                awaited.due = now + awaited.wait
+            raise
         finally:
             with self._lock:
                 self._awaited.extend(keep)

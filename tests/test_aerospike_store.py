@@ -277,15 +277,19 @@ def test_unreachable_cluster(server: EmulatedServer, make) -> None:
         make()
 
 
-@pytest.mark.parametrize(("error", "match"), [
-    (ex.NotAuthenticated, "authentication"), (ex.TLSError, "TLS"), (ex.ServerFull, "full"),
-    (ex.DeviceOverload, "failed"),
+@pytest.mark.parametrize(("error", "match", "kind"), [
+    (ex.NotAuthenticated, "authentication", StoreUnavailable), (ex.TLSError, "TLS", StoreUnavailable),
+    (ex.ServerFull, "full", StoreFull), (ex.DeviceOverload, "busy", StoreUnavailable),
+    (ex.InvalidNodeError, "cluster unreachable", StoreUnavailable),  # the client's "cluster is empty"
+    (ex.NoResponse, "cluster unreachable", StoreUnavailable), (ex.ParamError, "failed", StoreError),
+    (ex.BinIncompatibleType, "failed", StoreError),
 ])
-def test_server_errors_map_to_ignis_errors(server: EmulatedServer, make, error, match: str) -> None:
+def test_server_errors_map_to_ignis_errors(server: EmulatedServer, make, error, match: str, kind: type) -> None:
     store = make(URL + "&retries=0")
     server.fail_next("get", error)
-    with pytest.raises(StoreError, match=match):
+    with pytest.raises(StoreError, match=match) as caught:
         store.get_queue("orders")
+    assert type(caught.value) is kind
 
 
 def test_index_errors_other_than_already_exists_are_reported(server: EmulatedServer, make) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from aerospike import exception as ex
 
 from ignis.errors import IgnisError, InvalidInputError, StoreError, StoreFull, StoreUnavailable
+from ignis.outage import one_line
 
 # Transient: the cluster is moving partitions, a node is busy, a socket timed out. Repeating a read or
 # an idempotent write is safe; a non-idempotent write is repeated only when `in_doubt` is False (the
@@ -24,9 +25,27 @@ def is_transient(exc: BaseException, idempotent: bool) -> bool:
     return idempotent or not getattr(exc, "in_doubt", False)
 
 
+# Every error class of the client by its result code, to name a batch's per-record codes as the client
+# names a single call's errors.
+_BY_CODE: dict[int, type[ex.AerospikeError]] = {
+    cls.code: cls for cls in vars(ex).values()
+    if isinstance(cls, type) and issubclass(cls, ex.AerospikeError) and isinstance(getattr(cls, "code", None), int)}
+
+
 def _detail(exc: ex.AerospikeError) -> str:
+    # One line: the client's message may carry a multi-line `sub-errors:` list.
     msg = getattr(exc, "msg", None) or (exc.args[1] if len(exc.args) > 1 else "")
-    return f"[{getattr(exc, 'code', '?')}] {msg}".strip()
+    return one_line(f"[{getattr(exc, 'code', '?')}] {msg}")
+
+
+def record_error(code: int | None, operation: str, where: str, what: str = "") -> IgnisError:
+    """The `ignis.errors` exception for a failing per-record result code of a batch call (a batch does not
+    raise when the cluster is down: its records come back with codes such as -15 or -10, or come back
+    missing with an overall code). The same mapping as a single call's error."""
+    code = -1 if code is None else int(code)
+    cls = _BY_CODE.get(code, ex.ClientError if code < 0 else ex.ServerError)
+    text = f"{what}: result code {code}" if what else f"result code {code}"
+    return map_error(cls(code, text, "batch", 0, False), operation, where)
 
 
 def map_error(exc: ex.AerospikeError, operation: str, where: str) -> IgnisError:
@@ -59,9 +78,15 @@ def map_error(exc: ex.AerospikeError, operation: str, where: str) -> IgnisError:
                                 f"CA file, client cert/key) {detail}")
     if isinstance(exc, ex.TimeoutError):
         return StoreUnavailable(f"aerospike {operation} on {where}: timed out{doubt} {detail}")
+    if isinstance(exc, ex.ParamError | ex.BatchFailed):
+        return StoreError(f"aerospike {operation} on {where}: failed{doubt} {detail}")
     if isinstance(exc, ex.ClientError | ex.ClusterError | ex.ClusterChangeError):
+        # A ClientError is raised by the client itself: no node answered (connection refused or lost, "cluster
+        # is empty" = InvalidNodeError, no response, max error rate): the store is not reachable.
         return StoreUnavailable(f"aerospike {operation} on {where}: cluster unreachable or unstable{doubt} "
                                 f"{detail}")
+    if isinstance(exc, TRANSIENT):  # busy, overloaded, queues full: it answers, but not now
+        return StoreUnavailable(f"aerospike {operation} on {where}: the cluster is busy{doubt} {detail}")
     if isinstance(exc, ex.IndexError):
         return StoreError(f"aerospike {operation} on {where}: secondary index error {detail}")
     return StoreError(f"aerospike {operation} on {where}: failed{doubt} {detail}")

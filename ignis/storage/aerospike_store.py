@@ -88,10 +88,10 @@ from ignis.envelope import (
     NewMessages,
     now_ms,
 )
-from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch, StoreError
+from ignis.errors import IgnisError, InvalidInputError, QueueNotFound, StaleEpoch, StoreError, StoreUnavailable
 from ignis.metrics import STORAGE_CALLS, STORAGE_ERRORS, STORAGE_RETRIES
 from ignis.storage.aerospike_config import AerospikeSettings, load_settings
-from ignis.storage.aerospike_errors import is_transient, map_error
+from ignis.storage.aerospike_errors import is_transient, map_error, record_error
 from ignis.storage.base import (
     ACTIVE,
     CREATED_AT,
@@ -105,6 +105,7 @@ from ignis.storage.base import (
     SWEEP_POINTERS,
     SWEPT_COUNTER,
     Claimed,
+    ClaimInterrupted,
     LeaseRecord,
     MagazineKind,
     Move,
@@ -167,6 +168,7 @@ MOVE_TO_BEFORE = "mvToBefore"
 _READ_MOVE_TO_BEFORE = expr_ops.expression_read(MOVE_TO_BEFORE, exp.StrBin(MOVE_TO).compile(),
                                                 aerospike.EXP_READ_EVAL_NO_FAIL)
 NOT_FOUND, FILTERED_OUT = 2, 27  # per-record result codes of batch calls
+_ANSWERED = (0, NOT_FOUND, FILTERED_OUT)  # a record's answer; any other code is a failure to answer
 REPUBLISH_ROUNDS = 5  # a message refused by a sealed slot is written again, at most this many times
 
 
@@ -352,6 +354,25 @@ class AerospikeStore:
     def _fail(self, exc: ex.AerospikeError, operation: str, set_name: str) -> Exception:
         return map_error(exc, operation, f"{self._url} set {set_name!r}")
 
+    def _answers(self, operation: str, done: Any, count: int, set_name: str) -> list[Any]:
+        """The per-record answers of a batch call, one per key asked. A batch does not raise when the
+        cluster is down: it answers with an overall result code and failing records, or with no records at
+        all (the Python client 19). Missing answers are an outage, never "absent"."""
+        records = getattr(done, "batch_records", None) or []
+        if len(records) != count:
+            STORAGE_ERRORS.labels(operation).inc()
+            raise StoreUnavailable(f"aerospike {operation} on {self._url} set {set_name!r}: the batch answered "
+                                   f"for {len(records)} of {count} record(s) (result code "
+                                   f"{getattr(done, 'result', None)}): cluster unreachable or unstable")
+        return records
+
+    def _record_failure(self, operation: str, record: Any, set_name: str) -> IgnisError:
+        """The error for one record of a batch whose result code is not an answer (not 0, not found or
+        filtered out): an outage (StoreUnavailable) or a failure of that record."""
+        STORAGE_ERRORS.labels(operation).inc()
+        key = record.key[2] if getattr(record, "key", None) else "?"
+        return record_error(record.result, operation, f"{self._url} set {set_name!r}", f"record {key!r}")
+
     @staticmethod
     def _tombstoned(bins: Mapping[str, Any] | None) -> bool:
         return bins is None or bins.get(TOMBSTONE) is not None or bins.get(PURGED) is not None
@@ -409,9 +430,10 @@ class AerospikeStore:
         except ex.IndexFoundError:
             pass  # already exists: the normal case after the first start
         except ex.AerospikeError as exc:
-            return exc, StoreError(f"cannot create secondary index {self._index_name!r} on "
-                                   f"{self._ns}.{self._queue_set}.{ACTIVE}: "
-                                   f"{map_error(exc, 'index create', self._url)}")
+            mapped = map_error(exc, "index create", self._url)
+            kind = type(mapped) if isinstance(mapped, StoreUnavailable) else StoreError  # an outage stays one
+            return exc, kind(f"cannot create secondary index {self._index_name!r} on "
+                             f"{self._ns}.{self._queue_set}.{ACTIVE}: {mapped}")
         return None
 
     @staticmethod
@@ -732,12 +754,11 @@ class AerospikeStore:
         batch = BatchRecords([Write(self._data_key(ref), [ops.write(k, v) for k, v in bins.items()], policy=policy)
                               for ref, bins in zip(refs, bins_list, strict=True)])
         done = self._call(operation, self._client.batch_write, batch) or batch
-        failed = [r for r in done.batch_records if r.result not in (0, FILTERED_OUT)]
-        if failed:
-            raise StoreError(f"aerospike {operation} into {refs[0].magazine!r}: {len(failed)} of {len(refs)} "
-                             f"records were not written (first error code {failed[0].result}); those slots stay "
-                             "holes")
-        return [r.result == 0 for r in done.batch_records]
+        records = self._answers(operation, done, len(refs), self._data_set)
+        failed = [r for r in records if r.result not in (0, FILTERED_OUT)]
+        if failed:  # some may be written: publishing them again can duplicate, never lose
+            raise self._record_failure(operation, failed[0], self._data_set)
+        return [r.result == 0 for r in records]
 
     def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
         if not items:
@@ -825,7 +846,11 @@ class AerospikeStore:
     def _stamp_slots(self, operation: str, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool
                      ) -> list[Claimed]:
         """Stamp fireTS (and attempts + 1) and read each record, in one call; update-only, so a missing
-        record is not created. Repeated on a transient error: at worst one extra attempt is counted."""
+        record is not created. Repeated on a transient error: at worst one extra attempt is counted.
+
+        The slots are the caller's (claimed): a record the store did not answer for is returned as an
+        awaited hole, to re-read later, never dropped. When nothing was read at all because the store failed,
+        ClaimInterrupted carries every slot back to the caller."""
         if not refs:
             return []
         stamp = [ops.write(FIRE_TS, now_ms_), *([ops.increment(ATTEMPTS, 1)] if count_attempt else []),
@@ -847,21 +872,35 @@ class AerospikeStore:
             # once (per-record Write objects cost about three times the client CPU, measured).
             done = self._call(operation, self._client.batch_operate, [self._data_key(ref) for ref in refs], stamp,
                               None, self._stamp)
+            records = self._answers(operation, done, len(refs), self._data_set)
         except ex.AerospikeError as exc:
-            raise self._fail(exc, operation, self._data_set) from None
+            error = self._fail(exc, operation, self._data_set)
+            raise self._interrupted(error, refs) from None
+        except StoreUnavailable as error:
+            raise self._interrupted(error, refs) from None
         out = []
         new, envelope = tuple.__new__, self._envelope
-        for ref, record in zip(refs, done.batch_records, strict=True):
+        failure: IgnisError | None = None
+        for ref, record in zip(refs, records, strict=True):
             result, got = record.result, record.record
             bins = got[2] if got else None
             if result == 0 and bins is not None and bins.get(PURGED) is None:  # _slot, inlined: per message
                 out.append(new(Claimed, (ref, envelope(bins, (got[1] or {}).get("gen")), False)))
-            elif result in (0, NOT_FOUND, FILTERED_OUT):
+            elif result in _ANSWERED:
                 out.append(self._slot(ref, bins, result))
-            else:
-                raise StoreError(f"aerospike {operation} of {ref}: stamping the record failed with code "
-                                 f"{result}; the slot is claimed and the sweeper will recover it")
+            else:  # not answered: still this caller's slot, re-read later
+                failure = failure or self._record_failure(operation, record, self._data_set)
+                out.append(new(Claimed, (ref, None, True)))
+        if failure is not None and not any(c.envelope is not None for c in out):
+            raise ClaimInterrupted(str(failure), out) if isinstance(failure, StoreUnavailable) else failure
         return out
+
+    @staticmethod
+    def _interrupted(error: Exception, refs: Sequence[SlotRef]) -> Exception:
+        """A failed stamp of claimed slots: the slots go back to the caller, awaited (see _stamp_slots)."""
+        if not isinstance(error, StoreUnavailable):
+            return error
+        return ClaimInterrupted(str(error), [Claimed(ref, None, True) for ref in refs])
 
     def seal(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
         if not refs:
@@ -878,11 +917,11 @@ class AerospikeStore:
                   "ttl": ttl}
         seal = [ops.write(TOMBSTONE, now), ops.write(SEALED, now)]
         done = self._call(operation, self._client.batch_operate, list(keys), seal, None, policy)
-        failed = [r for r in done.batch_records if r.result not in (0, FILTERED_OUT)]
+        records = self._answers(operation, done, len(keys), self._data_set)
+        failed = [r for r in records if r.result not in (0, FILTERED_OUT)]
         if failed:
-            raise StoreError(f"aerospike {operation}: sealing {failed[0].key[2]!r} failed with code "
-                             f"{failed[0].result}")
-        return [r.result == 0 for r in done.batch_records]
+            raise self._record_failure(operation, failed[0], self._data_set)
+        return [r.result == 0 for r in records]
 
     def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int) -> list[bool]:
         if not moves:
@@ -919,14 +958,16 @@ class AerospikeStore:
         done = self._call("move", self._client.batch_write, batch) or batch
         claimed: list[int] = []
         earlier: dict[int, str] = {}  # move -> target slot key of an earlier, unfinished claim
-        for i, record in enumerate(done.batch_records):
+        for i, record in enumerate(self._answers("move", done, len(claims), self._data_set)):
             if record.result == 0:
                 claimed.append(i)
                 before = (record.record[2] or {}).get(MOVE_TO_BEFORE) if record.record else None
                 if before and before != dest_keys[i]:
                     earlier[i] = before
             elif record.result not in (NOT_FOUND, FILTERED_OUT):
-                raise StoreError(f"aerospike move of {moves[i].source}: claiming it failed with code {record.result}")
+                # The claims that did land are harmless: a later move of the same epoch (or a newer one) finds
+                # its own claim, or takes it over.
+                raise self._record_failure("move", record, self._data_set)
         refused = sorted(set(range(len(moves))) - set(claimed))
         if refused:
             held = [int((bins or {}).get(MOVE_EPOCH, 0)) for bins in
@@ -965,22 +1006,30 @@ class AerospikeStore:
                                                            "expressions": guard}) for i in moved]
             batch = BatchRecords(deletes)
             done = self._call("move", self._client.batch_write, batch) or batch
-            failed = [r for r in done.batch_records if r.result not in (0, NOT_FOUND, FILTERED_OUT)]
-            if failed:
-                raise StoreError(f"aerospike move: deleting {failed[0].key[2]!r} after its copy failed with code "
-                                 f"{failed[0].result}; the record stays claimed and the next pass finishes it")
+            failed = [r for r in self._answers("move", done, len(deletes), self._data_set) if r.result not in _ANSWERED]
+            if failed:  # copied, not deleted: the record stays claimed and the next pass finishes it
+                raise self._record_failure("move", failed[0], self._data_set)
         done_flags = [False] * len(moves)
         for i in moved:
             done_flags[i] = True
         return done_flags
 
     def _batch_get(self, operation: str, keys: list[tuple[str, str, str]]) -> list[dict[str, Any] | None]:
+        """The bins of each key (None: the server said not found, or a tombstone). Any other answer, or
+        none, raises: an outage never reads as an empty slot."""
         out: list[dict[str, Any] | None] = []
+        set_name = keys[0][1] if keys else ""
         for start in range(0, len(keys), BATCH_CHUNK):
-            done = self._call(operation, self._client.batch_read, keys[start:start + BATCH_CHUNK])
-            for record in done.batch_records:
-                bins = record.record[2] if record.result == 0 and record.record is not None else None
-                out.append(None if self._tombstoned(bins) else bins)
+            chunk = keys[start:start + BATCH_CHUNK]
+            done = self._call(operation, self._client.batch_read, chunk)
+            for record in self._answers(operation, done, len(chunk), set_name):
+                if record.result == 0:
+                    bins = record.record[2] if record.record is not None else None
+                    out.append(None if self._tombstoned(bins) else bins)
+                elif record.result == NOT_FOUND:
+                    out.append(None)
+                else:
+                    raise self._record_failure(operation, record, set_name)
         return out
 
     def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
@@ -1009,8 +1058,11 @@ class AerospikeStore:
         try:
             keys = [self._data_key(ref) for ref in refs]
             for start in range(0, len(keys), BATCH_CHUNK):
-                done = self._call("settled", self._client.batch_read, keys[start:start + BATCH_CHUNK], _SETTLED_BINS)
-                for record in done.batch_records:
+                chunk = keys[start:start + BATCH_CHUNK]
+                done = self._call("settled", self._client.batch_read, chunk, _SETTLED_BINS)
+                for record in self._answers("settled", done, len(chunk), self._data_set):
+                    if record.result not in (0, NOT_FOUND):
+                        raise self._record_failure("settled", record, self._data_set)
                     bins = record.record[2] if record.result == 0 and record.record is not None else None
                     out.append(bool(bins) and bins.get(TOMBSTONE) is not None)
         except ex.AerospikeError as exc:
@@ -1038,11 +1090,11 @@ class AerospikeStore:
             else:
                 done = self._call(operation, self._client.batch_operate, chunk, [ops.write(TOMBSTONE, now_ms())],
                                   None, self._replace_live)
-            for record in done.batch_records:
+            for record in self._answers(operation, done, len(chunk), self._data_set):
                 if record.result == 0:
                     present += 1
                 elif record.result not in (NOT_FOUND, FILTERED_OUT):
-                    raise StoreError(f"aerospike {operation} of {record.key[2]!r}: failed with code {record.result}")
+                    raise self._record_failure(operation, record, self._data_set)
         return present
 
     def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None) -> int:
@@ -1136,12 +1188,11 @@ class AerospikeStore:
                     records = [Write(key, purge, policy=policy) for key in chunk]
                 batch = BatchRecords(records)
                 done = self._call("purge_magazine", self._client.batch_write, batch) or batch
-                for record in done.batch_records:
+                for record in self._answers("purge_magazine", done, len(records), self._data_set):
                     if record.result == 0:
                         live += count
                     elif record.result not in (NOT_FOUND, FILTERED_OUT):
-                        raise StoreError(f"aerospike purge_magazine of {record.key[2]!r}: failed with code "
-                                         f"{record.result}")
+                        raise self._record_failure("purge_magazine", record, self._data_set)
         return live
 
 

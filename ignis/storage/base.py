@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ignis.envelope import Envelope, NewMessages
+from ignis.errors import StoreUnavailable
 
 MagazineKind = Literal["main", "sideline"]
 
@@ -108,6 +109,16 @@ class Claimed(NamedTuple):
     ref: SlotRef
     envelope: Envelope | None
     awaiting: bool = False
+
+
+class ClaimInterrupted(StoreUnavailable):
+    """The store stopped answering after a claim took its slots and before it could stamp and read them
+    all. The slots are still the caller's: `claimed` lists every one, those not read yet as `awaiting`
+    holes, to re-read (`Storage.restamp`) once the store answers; none is left for the sweeper."""
+
+    def __init__(self, message: str, claimed: Sequence[Claimed]) -> None:
+        super().__init__(message)
+        self.claimed = list(claimed)
 
 
 class Move(NamedTuple):

@@ -26,7 +26,8 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ignis.envelope import now_ms
-from ignis.errors import InvalidInputError, StaleEpoch
+from ignis.errors import IgnisError, InvalidInputError, StaleEpoch, StoreError
+from ignis.outage import Backoff, one_line
 from ignis.probes import ProbeServer
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
@@ -263,31 +264,47 @@ class SweeperService:
             self._elector_error = exc
             stop.set()
 
-    def _guarded(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _guarded(self, what: str, fn: Callable[[], Any], backoff: Backoff | None = None) -> Any:
+        """fn(), or None when it failed. A store failure is said once per outage (ignis.outage) and counted
+        by the loop's `backoff`, which sets its next wait; a bug still logs its traceback."""
+        backoff = backoff or Backoff()
         try:
-            return fn()
+            result = fn()
         except StaleEpoch as exc:
             log.warning("stale epoch, stepping down: %s", exc, extra={"event": "stale_epoch"})
             if self.elector is not None:
                 self.elector.step_down()
         except LeadershipLost as exc:
             log.info("%s stopped: %s", what, exc)
-        except Exception:
-            log.exception("%s failed", what)
+        except StoreError as exc:
+            backoff.failed(what, exc)
+        except Exception as exc:
+            log.error("%s failed: %s: %s", what, type(exc).__name__, one_line(exc),
+                      exc_info=not isinstance(exc, IgnisError))
+        else:
+            return result
         return None
 
     def _sweep_loop(self, stop: threading.Event) -> None:
+        interval = self.settings.sweep_interval_seconds
+        backoff = Backoff(cap=interval)
+        wait = interval
         while not stop.is_set():
-            self._wake.wait(self.settings.sweep_interval_seconds)
+            self._wake.wait(wait)
             self._wake.clear()
+            wait = interval
             if stop.is_set() or not self.leading():
                 continue
             epoch = self._epoch
             started = time.time()
-            reports = self._guarded("sweep", self.sweeper.sweep_all)
+            reports = self._guarded("sweep", self.sweeper.sweep_all, backoff)
             ended = time.time()
             if reports is None:
+                if backoff.failing:  # the store failed: try again sooner than an interval, backing off
+                    wait = min(interval, backoff.delay)
                 continue
+            if all(r.ok for r in reports):
+                backoff.ok()
             self.passes += 1
             SWEEP_PASSES.labels("ok" if all(r.ok for r in reports) else "failed").inc()
             if self.leading():
@@ -319,19 +336,29 @@ class SweeperService:
                 # The sweeper's clock: a demo's clock runs ahead, and its sweep judges ages by it too.
                 QUEUE_OLDEST_IN_FLIGHT.labels(name).set(max(0.0, (self.clock() - oldest) / 1000) if oldest else 0.0)
                 QUEUE_SWEEP_DURATION.labels(name).set(queue.spec.sweep_duration_seconds)
+            except StoreError:
+                raise  # the store failed: said once by the caller, not once per queue
             except Exception as exc:
-                log.warning("gauges of %s/%s: %s: %s", client_id, name, type(exc).__name__, exc)
+                log.warning("gauges of %s/%s: %s: %s", client_id, name, type(exc).__name__, one_line(exc))
 
     def _shovel_loop(self, stop: threading.Event) -> None:
         due: dict[tuple[str, str], float] = {}
         busy: set[tuple[str, str]] = set()
         lock = threading.Lock()
+        tick = self.settings.shovel_tick_seconds
+        backoff = Backoff()
+        wait = tick
         with ThreadPoolExecutor(self.settings.shovel_threads, thread_name_prefix="ignis-shovel") as pool:
-            while not stop.wait(self.settings.shovel_tick_seconds):
+            while not stop.wait(wait):
+                wait = tick
                 if not self.leading():
                     due.clear()  # a new leader starts every queue's schedule afresh
                     continue
-                queues = self._guarded("shovel scan", self._shovel_queues)
+                queues = self._guarded("shovel scan", self._shovel_queues, backoff)
+                if queues is None and backoff.failing:  # the store failed: back off (said once per outage)
+                    wait = max(tick, backoff.delay)
+                    continue
+                backoff.ok()
                 for key, interval in (queues or {}).items():
                     now = time.monotonic()
                     with lock:

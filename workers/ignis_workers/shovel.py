@@ -25,9 +25,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from ignis.envelope import Envelope, now_ms
-from ignis.errors import HoleBudgetExceeded, InvalidInputError, QueueNotFound, StaleEpoch
+from ignis.errors import HoleBudgetExceeded, InvalidInputError, QueueNotFound, StaleEpoch, StoreUnavailable
 from ignis.magazine import Magazine
 from ignis.metrics import DEAD_LETTERED
+from ignis.outage import STORE_HEALTH, one_line
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
 from ignis.storage.base import Claimed, SlotRef, Storage, client_view
@@ -98,10 +99,13 @@ class Shovel:
         except (StaleEpoch, LeadershipLost):
             raise
         except Exception as exc:
-            log.error("shovel of %s/%s (%s) failed: %s: %s", client_id, queue_name, source,
-                      type(exc).__name__, exc)
+            if isinstance(exc, StoreUnavailable):  # said once per outage for the whole process
+                STORE_HEALTH.failed(f"shovel of {client_id}/{queue_name} ({source})", exc)
+            else:
+                log.error("shovel of %s/%s (%s) failed: %s: %s", client_id, queue_name, source,
+                          type(exc).__name__, one_line(exc))
             SHOVEL_FAILURES.labels(queue_name).inc()
-            report.error = f"{type(exc).__name__}: {exc}"
+            report.error = f"{type(exc).__name__}: {one_line(exc)}"
         SHOVEL_PASSES.labels(queue_name).inc()
         return report
 
@@ -171,7 +175,7 @@ class Shovel:
             magazine.move_in(epoch, moves)
         except Exception as exc:
             log.error("could not put %d claimed message(s) back at the tail of %s: %s", len(claimed),
-                      magazine.name, exc)
+                      magazine.name, one_line(exc))
 
 
 class _Pass:

@@ -41,8 +41,9 @@ from typing import Any
 
 from ignis import names
 from ignis.envelope import now_ms
-from ignis.errors import QueueNotFound, StaleEpoch
+from ignis.errors import QueueNotFound, StaleEpoch, StoreUnavailable
 from ignis.magazine import Magazine
+from ignis.outage import STORE_HEALTH, one_line
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
 from ignis.storage.base import MagazineKind, SlotRef, Storage, client_view
@@ -175,9 +176,9 @@ class Sweeper:
         except (StaleEpoch, LeadershipLost):
             raise
         except Exception as exc:
-            log.error("sweep of %s/%s failed: %s", client_id, queue_name, exc)
+            _log_failure(f"sweep of {client_id}/{queue_name}", exc)
             SWEEP_FAILURES.labels(queue_name, "main").inc()
-            report.error = f"{type(exc).__name__}: {exc}"
+            report.error = f"{type(exc).__name__}: {one_line(exc)}"
             return report
         now = self.clock()
         sweep_ms = int(record.bins.get("sweepDuration", queue.spec.sweep_duration_seconds * 1000))
@@ -315,12 +316,20 @@ class Sweeper:
 
     def _failed(self, queue: str, kind: str, out: MagazineSweep, shard: int | None, exc: Exception) -> None:
         where = f"{queue}/{kind}" + (f" shard {shard}" if shard is not None else "")
-        log.error("sweep of %s failed: %s: %s", where, type(exc).__name__, exc)
+        _log_failure(f"sweep of {where}", exc)
         SWEEP_FAILURES.labels(queue, kind).inc()
         if shard is None:
-            out.error = f"{type(exc).__name__}: {exc}"
+            out.error = f"{type(exc).__name__}: {one_line(exc)}"
         else:
             out.failed_shards.append(shard)
+
+
+def _log_failure(what: str, exc: BaseException) -> None:
+    """One line for a failure; an outage is said once for the whole process (ignis.outage), not per queue."""
+    if isinstance(exc, StoreUnavailable):
+        STORE_HEALTH.failed(what, exc)
+    else:
+        log.error("%s failed: %s: %s", what, type(exc).__name__, one_line(exc))
 
 
 class _FireHistory:
