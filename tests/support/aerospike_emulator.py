@@ -86,6 +86,24 @@ class _Fault:
     error: type[ex.AerospikeError]
     apply_first: bool  # True: the call takes effect, then fails in doubt (a lost reply)
     times: int
+    after: int = 0  # calls of the method that pass first
+
+
+# How the Python client 19 answers while the cluster is down (seen on a real 8.1 server, stopped): at first,
+# while its node list still has the node, single calls raise ConnectionError (-10) and batch calls return an
+# overall -10 with every record -15 (no response); once the tend thread dropped the node (about a second),
+# single calls raise InvalidNodeError (-8, "Node not found for partition") and batch calls return an overall
+# result 1 with no records at all. info_all then answers an empty dict. Batch calls never raise for it.
+OUTAGE_REFUSED = "refused"
+OUTAGE_NO_NODE = "no-node"
+NO_RESPONSE = -15
+
+
+@dataclass
+class _RecordFault:
+    method: str
+    code: int
+    times: int
 
 
 @dataclass
@@ -107,6 +125,9 @@ class EmulatedServer:
     building: set[str] = field(default_factory=set)  # index names still being built: queries refused
     lock: threading.RLock = field(default_factory=threading.RLock)
     faults: list[_Fault] = field(default_factory=list)
+    record_faults: list[_RecordFault] = field(default_factory=list)
+    # While `reachable` is False: how the client answers (OUTAGE_*); None = every call raises TimeoutError.
+    outage: str | None = None
 
     def client(self, config: dict[str, Any]) -> EmulatedClient:
         """What `aerospike.client(config).connect()` returns."""
@@ -117,9 +138,22 @@ class EmulatedServer:
         return self.clients[-1]
 
     def fail_next(self, method: str, error: type[ex.AerospikeError], *, apply_first: bool = False,
-                  times: int = 1) -> None:
-        """Make the next `times` calls of `method` fail with `error` (in doubt if `apply_first`)."""
-        self.faults.append(_Fault(method, error, apply_first, times))
+                  times: int = 1, after: int = 0) -> None:
+        """Make the next `times` calls of `method` fail with `error` (in doubt if `apply_first`), once `after`
+        calls of it have passed."""
+        self.faults.append(_Fault(method, error, apply_first, times, after))
+
+    def fail_records(self, method: str, code: int = NO_RESPONSE, times: int = 1) -> None:
+        """Make the next `times` batch calls of `method` answer every record with result `code`, applying
+        nothing (as the client does when the nodes do not answer)."""
+        self.record_faults.append(_RecordFault(method, code, times))
+
+    def go_down(self, style: str = OUTAGE_NO_NODE) -> None:
+        """The cluster stops answering, the way the real client reports it (OUTAGE_REFUSED or OUTAGE_NO_NODE)."""
+        self.reachable, self.outage = False, style
+
+    def come_back(self) -> None:
+        self.reachable, self.outage = True, None
 
     def cold_restart(self) -> None:
         """A cold restart: the index is rebuilt from the device. On Community Edition a plainly deleted
@@ -317,10 +351,17 @@ class EmulatedClient:
         if not self._connected:
             raise _err(ex.ClusterError, "client is closed")
         if not self.server.reachable:
+            if self.server.outage == OUTAGE_REFUSED:
+                raise _err(ex.ConnectionError, "Socket write error: 111, 127.0.0.1:3000")
+            if self.server.outage == OUTAGE_NO_NODE:
+                raise _err(ex.InvalidNodeError, "Node not found for partition test:2914")
             raise _err(ex.TimeoutError, "timeout", in_doubt=False)
         self.server.calls[method] += 1
         for fault in self.server.faults:
             if fault.method == method and fault.times > 0:
+                if fault.after > 0:
+                    fault.after -= 1
+                    continue
                 fault.times -= 1
                 if not fault.apply_first:
                     raise _err(fault.error, f"injected {fault.error.__name__}")
@@ -548,9 +589,34 @@ class EmulatedClient:
         return self._write(key, meta, policy, apply, has_write)
 
     # ---- batches ------------------------------------------------------------------------------
+    def _batch_outage(self, method: str, keys: list[tuple]) -> BatchRecords | None:
+        """What a batch call returns when the nodes do not answer (see OUTAGE_*), or None to go on."""
+        failing = None
+        if not self.server.reachable and self.server.outage is not None:
+            failing = -10 if self.server.outage == OUTAGE_REFUSED else None
+            if failing is None:  # the node is gone from the client's map: no records at all
+                out = BatchRecords([])
+                out.result = 1
+                return out
+            code = NO_RESPONSE
+        else:
+            fault = next((f for f in self.server.record_faults if f.method == method and f.times > 0), None)
+            if fault is None:
+                return None
+            fault.times -= 1
+            failing, code = -16, fault.code
+        out = BatchRecords([BatchRecord(key) for key in keys])
+        for record in out.batch_records:
+            record.result = code
+        out.result = failing
+        return out
+
     def batch_read(self, keys: list[tuple], bins: list[str] | None = None, policy: dict | None = None
                    ) -> BatchRecords:
         with self.server.lock:
+            failed = self._batch_outage("batch_read", keys)
+            if failed is not None:
+                return failed
             self._enter("batch_read")
             out = BatchRecords([BatchRecord(key) for key in keys])
             for record in out.batch_records:
@@ -571,8 +637,17 @@ class EmulatedClient:
             raise _err(ex.RecordNotFound, "record not found")
         return self._out_key(k), {"gen": record.gen, "ttl": record.ttl(now)}, copy.deepcopy(record.bins)
 
-    def batch_write(self, batch_records: BatchRecords, policy_batch: dict | None = None) -> BatchRecords:
+    def batch_write(self, batch_records: BatchRecords, policy_batch: dict | None = None,
+                    _method: str = "batch_write") -> BatchRecords:
         with self.server.lock:
+            failed = self._batch_outage(_method, [r.key for r in batch_records.batch_records])
+            if failed is not None:
+                if failed.batch_records:  # the client fills in the caller's records
+                    for record in batch_records.batch_records:
+                        record.result = failed.batch_records[0].result
+                    batch_records.result = failed.result
+                    return batch_records
+                return failed
             fault = self._enter("batch_write")
             for record in batch_records.batch_records:
                 try:
@@ -597,11 +672,14 @@ class EmulatedClient:
                       policy_batch_write: dict | None = None, ttl: int | None = None) -> BatchRecords:
         meta = None if ttl is None else {"ttl": ttl}
         return self.batch_write(BatchRecords([Write(key, ops, meta, policy_batch_write) for key in keys]),
-                                policy_batch)
+                                policy_batch, _method="batch_operate")
 
     def batch_remove(self, keys: list[tuple], policy_batch: dict | None = None,
                      policy_batch_remove: dict | None = None) -> BatchRecords:
         with self.server.lock:
+            failed = self._batch_outage("batch_remove", keys)
+            if failed is not None:
+                return failed
             self._enter("batch_remove")
             out = BatchRecords([BatchRecord(key) for key in keys])
             for record in out.batch_records:
@@ -679,6 +757,8 @@ class EmulatedClient:
 
     def info_all(self, command: str, policy: dict | None = None) -> dict[str, tuple[Any, str]]:
         with self.server.lock:
+            if not self.server.reachable and self.server.outage == OUTAGE_NO_NODE:
+                return {}  # no node to ask: the client answers nothing rather than raise
             self._enter("info_all")
             if command == "edition":
                 name = "Enterprise" if self.server.edition == "enterprise" else "Community"

@@ -1,0 +1,127 @@
+"""A store that does not answer is an outage, never an empty queue (issue: Aerospike faults, part 1).
+
+The Aerospike client does not raise from a batch call when the cluster is down: it answers with an
+overall result code and failing records (-10 / -15 while it still knows the node), or with no records at
+all (result 1, once the node is dropped). The emulator answers the same way (support/aerospike_emulator,
+OUTAGE_*), and the same cases run against a real server that is stopped (test_real_server_outages.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support.aerospike_emulator import NO_RESPONSE, OUTAGE_NO_NODE, OUTAGE_REFUSED, EmulatedServer
+
+from ignis import Ignis, QueueSpec
+from ignis.errors import StoreError, StoreUnavailable
+from ignis.storage import aerospike_store
+from ignis.storage.base import SlotRef
+
+URL = "aerospike://emulator:3000/test?farm=f1&client=c1&retries=0"
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> EmulatedServer:
+    server = EmulatedServer()
+    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    return server
+
+
+@pytest.fixture
+def ignis(server: EmulatedServer) -> Iterator[Ignis]:
+    client = Ignis(URL)
+    client.apply(QueueSpec.build(name="orders", handlerType="orders", shards=2))
+    yield client
+    server.come_back()
+    client.close()
+
+
+def _read_paths(ignis: Ignis, queue: Any) -> dict[str, Any]:
+    return {"fire": queue.fire, "fire_many": lambda: queue.fire_many(10), "pending": queue.main.pending,
+            "stats": queue.stats, "peek": lambda: queue.main.browse(10), "ignis.stats": lambda: ignis.stats("orders"),
+            "in_flight": lambda: queue.stats(in_flight=True), "sideline": queue.sideline.pending}
+
+
+@pytest.mark.parametrize("style", [OUTAGE_REFUSED, OUTAGE_NO_NODE])
+def test_every_read_path_raises_store_unavailable_while_the_cluster_is_down(server: EmulatedServer, ignis: Ignis,
+                                                                            style: str) -> None:
+    queue = ignis.queue("orders")
+    published = {queue.publish(f"m{i}").id for i in range(3)}
+    server.go_down(style)
+    for name, call in _read_paths(ignis, ignis.queue("orders")).items():  # a fresh handle: nothing cached
+        with pytest.raises(StoreUnavailable):
+            call()
+            pytest.fail(f"{name} answered while the cluster was down")
+    server.come_back()
+    assert {m.id for m in ignis.queue("orders").fire_many(10)} == published
+
+
+def test_failing_records_of_a_batch_read_are_an_outage_not_absent(server: EmulatedServer, ignis: Ignis) -> None:
+    queue = ignis.queue("orders")
+    queue.publish_many([b"a", b"b", b"c"])
+    for call in (queue.main.pending, lambda: queue.main.browse(10), lambda: ignis.store.read(
+            [r for r, _ in queue.main.browse(10)])):
+        server.fail_records("batch_read", NO_RESPONSE)
+        with pytest.raises(StoreUnavailable, match="result code -15"):
+            call()
+    server.fail_records("batch_read", 12)  # a record-level server error: a store error, still never "absent"
+    with pytest.raises(StoreError, match="result code 12"):
+        queue.main.pending()
+    assert queue.main.pending() == 3
+
+
+def test_a_claim_whose_stamp_gets_no_answer_keeps_its_slots(server: EmulatedServer, ignis: Ignis) -> None:
+    queue = ignis.queue("orders")
+    ids = {r.id for r in queue.publish_many([b"a", b"b", b"c", b"d"], key="k")}  # one shard: one claim takes all
+    server.fail_records("batch_operate", NO_RESPONSE)  # the stamp of the claimed slots
+    with pytest.raises(StoreUnavailable):
+        queue.fire_many(4)
+    pointers = queue.main.pointers()
+    assert sum(p.fire for p in pointers.values()) == 4  # the claim happened: the slots are taken...
+    assert queue.main.awaiting() == 4  # ...and this handle still owns them
+    got: list[Any] = []
+    deadline = time.monotonic() + 5
+    while len(got) < 4 and time.monotonic() < deadline:  # re-read as awaited slots are, once due
+        time.sleep(queue.main.next_check_in() or 0.001)
+        got += queue.fire_many(4)
+    assert {m.id for m in got} == ids
+    assert [m.attempts for m in got] == [1, 1, 1, 1]  # the failed stamp counted no attempt
+
+
+def test_a_single_slot_claim_whose_stamp_fails_keeps_its_slot(server: EmulatedServer, ignis: Ignis) -> None:
+    from aerospike import exception as ex
+
+    queue = ignis.queue("orders")
+    ref = queue.publish(b"only", key="k")
+    server.fail_next("operate", ex.NoResponse, after=1)  # the claim passes; its stamp gets no answer
+    with pytest.raises(StoreUnavailable):
+        queue.fire()
+    assert queue.main.awaiting() == 1
+    message = None
+    deadline = time.monotonic() + 5
+    while message is None and time.monotonic() < deadline:
+        time.sleep(queue.main.next_check_in() or 0.001)
+        message = queue.fire()
+    assert message is not None and message.id == ref.id
+
+
+def test_a_batch_with_no_records_at_all_is_an_outage(server: EmulatedServer, ignis: Ignis) -> None:
+    queue = ignis.queue("orders")
+    queue.publish_many([b"a", b"b"], key="k")
+    server.go_down(OUTAGE_NO_NODE)
+    with pytest.raises(StoreUnavailable, match="answered for 0 of 2 record"):
+        ignis.store.read([SlotRef(queue.main.name, shard, 1) for shard in range(2)])
+
+
+def test_errors_of_the_store_are_one_line(server: EmulatedServer, ignis: Ignis) -> None:
+    from aerospike import exception as ex
+
+    error = ex.ClientError(-1, "batch failed\nsub-errors:\n  node A: timeout\n  node B: refused", "f", 1, False)
+    server.fail_next("get", type(error))
+    with pytest.raises(StoreError) as caught:
+        ignis.store.get_queue("orders")
+    assert "\n" not in str(caught.value)
+    mapped = aerospike_store.map_error(error, "get", "here")
+    assert "\n" not in str(mapped) and "sub-errors: node A: timeout node B: refused" in str(mapped)
