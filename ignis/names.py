@@ -52,6 +52,15 @@ def data_key(magazine: str, shard: int, slot: int) -> str:
     return f"{magazine}_SHARD_{shard}_{slot}"  # data_key_prefix + slot, in one step: built per message
 
 
+def parse_data_key(key: str) -> tuple[str, int, int]:
+    """(magazine, shard, slot) of a data record key (data_key's inverse)."""
+    head, _, slot = key.rpartition("_")
+    magazine, _, shard = head.rpartition("_SHARD_")
+    if not magazine or not shard.isdigit() or not slot.isdigit():
+        raise ValueError(f"{key!r} is not a data record key (MAGAZINE_SHARD_N_SLOT)")
+    return magazine, int(shard), int(slot)
+
+
 def data_key_prefix(magazine: str, shard: int) -> str:
     """Everything of a data key but the slot, so hot paths can build keys by appending the slot."""
     return f"{magazine}_SHARD_{shard}_"

@@ -68,11 +68,11 @@ class Transfer:
 class QueueStats:
     name: str
     shards: int
-    published: int  # slots ever allocated in main (includes holes)
-    consumed: int  # slots ever claimed in main
-    depth: int  # unclaimed slots in main
-    sidelined: int  # unclaimed slots in the sideline
-    dead: int  # unclaimed slots in the dead-letter magazine
+    published: int  # messages ever published to main (slots allocated, minus the holes: ShardPointers)
+    consumed: int  # messages ever claimed from main
+    depth: int  # messages in main not claimed yet
+    sidelined: int  # messages in the sideline not claimed (shovelled) yet
+    dead: int  # messages in the dead-letter magazine not claimed (redriven) yet
     in_flight: int | None = None  # claimed, still present in main (see Magazine.in_flight); None = not asked
 
     def as_dict(self) -> dict[str, Any]:
@@ -383,13 +383,16 @@ class Queue:
     def stats(self, in_flight: bool = False) -> QueueStats:
         """Pointer figures (one batch read per magazine); `in_flight=True` also counts delivered,
         unsettled messages, which costs a scan of the newest claimed slots."""
+        # Slots this handle reserved for its next publishes are no messages yet (another process's reserved
+        # slots are, for the moment they last: RESERVATION_FRESH_MS, then written or sealed as holes).
+        reserved = self.main.reserved()
         main = self.main.pointers().values()
         return QueueStats(
             name=self.name,
             shards=self.spec.shards,
-            published=sum(p.load for p in main),
-            consumed=sum(p.fire for p in main),
-            depth=sum(p.pending for p in main),
+            published=max(sum(p.published for p in main) - reserved, 0),
+            consumed=sum(p.consumed for p in main),
+            depth=max(sum(p.pending for p in main) - reserved, 0),
             sidelined=self.sideline.pending(),
             dead=self.dead.pending(),
             in_flight=self.main.in_flight(self._sweep_pointers()) if in_flight else None,

@@ -96,6 +96,8 @@ from ignis.storage.base import (
     ACTIVE,
     CREATED_AT,
     FIRE_POINTER,
+    HOLES,
+    HOLES_CLAIMED,
     LOAD_POINTER,
     RESERVATION_FRESH_MS,
     RUNTIME_BINS,
@@ -140,6 +142,9 @@ _NOT_TOMBSTONED = _LIVE.compile()
 _STAMPABLE = exp.Not(exp.BinExists(TOMBSTONE)).compile()
 _NOT_SEALED = exp.Not(exp.BinExists(SEALED)).compile()  # a new record may go anywhere but a sealed slot
 _ANY_TOMBSTONE = exp.Or(exp.BinExists(TOMBSTONE), exp.BinExists(PURGED)).compile()
+# A seal turns a missing record or a tombstone into a seal, once: a slot sealed already refuses (so each
+# hole is counted once, by whoever sealed it).
+_SEALABLE = exp.And(exp.Or(exp.BinExists(TOMBSTONE), exp.BinExists(PURGED)), exp.Not(exp.BinExists(SEALED))).compile()
 _CLAIM_GUARD = exp.LT(exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER)).compile()
 # A claim of one slot needs no expression: under the guard FIRE < LOAD an increment by one cannot pass
 # the load pointer (a claim of k takes min(FIRE + k, LOAD), an expression write).
@@ -906,22 +911,43 @@ class AerospikeStore:
         if not refs:
             return []
         try:
-            return self._seal_keys("seal", [self._data_key(ref) for ref in refs], self._ttl(ttl_seconds))
+            return self._seal_slots("seal", refs, self._ttl(ttl_seconds))
         except ex.AerospikeError as exc:
             raise self._fail(exc, "seal", self._data_set) from None
 
-    def _seal_keys(self, operation: str, keys: Sequence[tuple[str, str, str]], ttl: int) -> list[bool]:
-        """Create a seal at each key, or turn a tombstone there into one; a live record wins (False)."""
+    def _seal_slots(self, operation: str, refs: Sequence[SlotRef], ttl: int) -> list[bool]:
+        """Create a seal in each slot, or turn a tombstone there into one; a live record, or a seal already
+        there, wins (False). Each slot sealed here is a hole, counted (HOLES) on its shard's meta record."""
         now = now_ms()
-        policy = {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE, "expressions": _ANY_TOMBSTONE,
+        policy = {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE, "expressions": _SEALABLE,
                   "ttl": ttl}
         seal = [ops.write(TOMBSTONE, now), ops.write(SEALED, now)]
-        done = self._call(operation, self._client.batch_operate, list(keys), seal, None, policy)
-        records = self._answers(operation, done, len(keys), self._data_set)
+        done = self._call(operation, self._client.batch_operate, [self._data_key(ref) for ref in refs], seal, None,
+                          policy)
+        records = self._answers(operation, done, len(refs), self._data_set)
         failed = [r for r in records if r.result not in (0, FILTERED_OUT)]
         if failed:
             raise self._record_failure(operation, failed[0], self._data_set)
-        return [r.result == 0 for r in records]
+        sealed = [r.result == 0 for r in records]
+        self._count_holes(HOLES, [ref for ref, done_ in zip(refs, sealed, strict=True) if done_])
+        return sealed
+
+    def _count_holes(self, counter: str, refs: Sequence[SlotRef]) -> None:
+        """Add the holes among `refs` to `counter` (HOLES or HOLES_CLAIMED) of their shards: one increment
+        per shard. Repeated when in doubt, like the load pointer: the figures may then be one batch off."""
+        per_shard: dict[tuple[str, int], int] = {}
+        for ref in refs:
+            per_shard[(ref[0], ref[1])] = per_shard.get((ref[0], ref[1]), 0) + 1
+        for (magazine, shard), n in per_shard.items():
+            self._call("count_holes", self._client.operate, self._meta_key(magazine, shard),
+                       [ops.increment(counter, n)], None, self._never)
+
+    def note_claimed_holes(self, magazine: str, holes: Mapping[int, int]) -> None:
+        try:
+            self._count_holes(HOLES_CLAIMED, [SlotRef(magazine, shard, 0) for shard, n in holes.items()
+                                              for _ in range(n)])
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "count_holes", self._meta_set) from None
 
     def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int) -> list[bool]:
         if not moves:
@@ -973,15 +999,15 @@ class AerospikeStore:
             held = [int((bins or {}).get(MOVE_EPOCH, 0)) for bins in
                     self._batch_get("move", [sources[i] for i in refused])]
             if max(held, default=0) > epoch:  # a newer leader holds records of this batch: write nothing
-                self._seal_keys("move", [self._data_key(ref) for ref in dests], ttl)
+                self._seal_slots("move", dests, ttl)
                 raise StaleEpoch(moves[0].source.magazine, epoch, max(held))
         # 2. Take over earlier claims: seal their target slot so a late copy there is refused, or find
         #    that copy already landed (then this move only deletes the source).
         copied_before: set[int] = set()
         if earlier:
             order = list(earlier)
-            keys = [(self._ns, self._data_set, earlier[i]) for i in order]
-            landed = [i for i, sealed in zip(order, self._seal_keys("move", keys, ttl), strict=True) if not sealed]
+            targets = [SlotRef(*names.parse_data_key(earlier[i])) for i in order]
+            landed = [i for i, sealed in zip(order, self._seal_slots("move", targets, ttl), strict=True) if not sealed]
             if landed:
                 found = self._batch_get("move", [(self._ns, self._data_set, earlier[i]) for i in landed])
                 copied_before = {i for i, bins in zip(landed, found, strict=True)
@@ -992,9 +1018,12 @@ class AerospikeStore:
         copied = [i for i, ok in zip(to_copy, written, strict=True) if ok]
         unused = sorted(set(range(len(moves))) - set(copied))
         if unused:  # target slots this move allocated and will not fill: holes at once, not after a grace
-            self._seal_keys("move", [self._data_key(dests[i]) for i in unused], ttl)
-        # 4. Delete the sources, only where this epoch's claim still holds.
+            self._seal_slots("move", [dests[i] for i in unused], ttl)
+        # 4. Delete the sources, only where this epoch's claim still holds. A source no claim had reached
+        #    (fire pointer below it, read before the delete: a claim after it finds the record moved) leaves a
+        #    hole where a message was counted: counted (HOLES) below.
         moved = sorted([*copied, *copied_before])
+        unclaimed = self._unclaimed([moves[i].source for i in moved if moves[i].fired_at is None])
         if moved:
             guard = exp.And(_LIVE, exp.Eq(exp.IntBin(MOVE_EPOCH), epoch)).compile()
             if self._durable:
@@ -1009,10 +1038,22 @@ class AerospikeStore:
             failed = [r for r in self._answers("move", done, len(deletes), self._data_set) if r.result not in _ANSWERED]
             if failed:  # copied, not deleted: the record stays claimed and the next pass finishes it
                 raise self._record_failure("move", failed[0], self._data_set)
+            gone = {(r[0], r[1], r[2]) for r in unclaimed}
+            self._count_holes(HOLES, [moves[i].source for i, record in zip(moved, done.batch_records, strict=True)
+                                      if record.result == 0 and tuple(moves[i].source) in gone])
         done_flags = [False] * len(moves)
         for i in moved:
             done_flags[i] = True
         return done_flags
+
+    def _unclaimed(self, refs: Sequence[SlotRef]) -> list[SlotRef]:
+        """Those of `refs` above their shard's fire pointer (never claimed), one batch read of meta records."""
+        if not refs:
+            return []
+        shards = sorted({(ref[0], ref[1]) for ref in refs})
+        found = self._batch_get("move", [self._meta_key(magazine, shard) for magazine, shard in shards])
+        fire = {key: int((bins or {}).get(FIRE_POINTER, 0)) for key, bins in zip(shards, found, strict=True)}
+        return [ref for ref in refs if ref[2] > fire[(ref[0], ref[1])]]
 
     def _batch_get(self, operation: str, keys: list[tuple[str, str, str]]) -> list[dict[str, Any] | None]:
         """The bins of each key (None: the server said not found, or a tombstone). Any other answer, or
@@ -1138,7 +1179,8 @@ class AerospikeStore:
             found = self._batch_get("pointers", [self._meta_key(magazine, shard) for shard in range(shards)])
         except ex.AerospikeError as exc:
             raise self._fail(exc, "pointers", self._meta_set) from None
-        return {shard: ShardPointers(int((bins or {}).get(LOAD_POINTER, 0)), int((bins or {}).get(FIRE_POINTER, 0)))
+        return {shard: ShardPointers(int((bins or {}).get(LOAD_POINTER, 0)), int((bins or {}).get(FIRE_POINTER, 0)),
+                                     int((bins or {}).get(HOLES, 0)), int((bins or {}).get(HOLES_CLAIMED, 0)))
                 for shard, bins in enumerate(found)}
 
     def purge_magazine(self, magazine: str) -> int:

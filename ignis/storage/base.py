@@ -36,6 +36,11 @@ RUNTIME_BINS = frozenset({CREATED_AT, ACTIVE, SWEEP_POINTERS, SIDELINE_SWEEP, SW
 # Meta record bins.
 LOAD_POINTER = "LOAD_POINTER"
 FIRE_POINTER = "FIRE_POINTER"
+# Slots a shard gave up without a message (a reservation sealed unused, an awaited write sealed after its
+# deadline, a record taken out before any claim, an expired one), counted where that happens; and how many
+# of them claims have passed since. The figures count messages from them, not slots (ShardPointers).
+HOLES = "HOLES"
+HOLES_CLAIMED = "HOLES_CLAIMED"
 
 
 class SlotRef(NamedTuple):
@@ -133,12 +138,32 @@ class Move(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ShardPointers:
+    """A shard's pointers (slots) and hole counters, and the message figures they give."""
+
     load: int = 0
     fire: int = 0
+    holes: int = 0  # slots given up without a message (HOLES)
+    claimed_holes: int = 0  # ... that claims have passed (HOLES_CLAIMED)
+
+    @property
+    def unclaimed(self) -> int:
+        """Slots not claimed yet, holes included: what a claim still has to pass."""
+        return max(self.load - self.fire, 0)
+
+    @property
+    def published(self) -> int:
+        """Messages ever stored in the shard (slots allocated, minus the holes)."""
+        return max(self.load - self.holes, 0)
+
+    @property
+    def consumed(self) -> int:
+        """Messages ever claimed (slots claimed, minus the holes claims passed)."""
+        return max(self.fire - self.claimed_holes, 0)
 
     @property
     def pending(self) -> int:
-        return max(self.load - self.fire, 0)
+        """Messages not claimed yet (a publish still being written counts)."""
+        return min(max(self.published - self.consumed, 0), self.unclaimed)
 
 
 @dataclass(slots=True)
@@ -304,6 +329,12 @@ class Storage(Protocol):
                       ) -> bool:
         """`load_one`'s record write, into a slot from `reserve`. False if the slot was sealed meanwhile
         (a consumer gave it up): nothing was written, publish the message again."""
+        ...
+
+    def note_claimed_holes(self, magazine: str, holes: Mapping[int, int]) -> None:
+        """Count, per shard, claimed slots that turned out empty for good (HOLES_CLAIMED), so the figures
+        count messages (see ShardPointers). The claimer calls it; the holes themselves were counted where
+        they were made (a seal, a move out of an unclaimed slot, an expiry found by a claim)."""
         ...
 
     def restamp(self, refs: Sequence[SlotRef], now_ms: int, count_attempt: bool = True) -> list[Claimed]:

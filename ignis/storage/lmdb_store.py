@@ -45,6 +45,8 @@ from ignis.storage.base import (
     ACTIVE,
     CREATED_AT,
     FIRE_POINTER,
+    HOLES,
+    HOLES_CLAIMED,
     LOAD_POINTER,
     RUNTIME_BINS,
     SIDELINE_SWEEP,
@@ -67,6 +69,10 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">Q")  # every record starts with its expire-at, epoch ms (0 = never)
 _DATA_HEADER = struct.Struct(">QQI")  # data records: expire-at, fireTS, attempts
 _META = struct.Struct(">QQQ")  # shard meta records: expire-at, LOAD_POINTER, FIRE_POINTER
+# A shard's hole counters (HOLES, HOLES_CLAIMED), in a record of their own beside the meta record
+# (`{magazine}_SHARD_{n}_HOLES`, same shape, expire-at 0), so the hot paths keep reading 24 bytes.
+_HOLES = _META
+_HOLES_SUFFIX = b"_HOLES"
 _new_ref = tuple.__new__  # builds SlotRef / Claimed NamedTuples without their slower generated __init__
 _PACK = msgpack.Packer(use_bin_type=True).pack
 DURABILITY_MODES = ("fsync", "fast")
@@ -600,6 +606,22 @@ class LmdbStore:
     def _meta_put(self, txn: Any, key: bytes, load: int, fire: int) -> None:
         txn.put(key, _META.pack(0, load, fire), db=self._meta)
 
+    def _holes_key(self, magazine: str, shard: int) -> bytes:
+        return names.data_key_prefix(magazine, shard).encode()[:-1] + _HOLES_SUFFIX
+
+    def _add_holes(self, txn: Any, magazine: str, shard: int, made: int = 0, claimed: int = 0) -> None:
+        key = self._holes_key(magazine, shard)
+        raw = txn.get(key, db=self._meta)
+        _, holes, passed = _HOLES.unpack(raw) if raw is not None else (0, 0, 0)
+        txn.put(key, _HOLES.pack(0, holes + made, passed + claimed), db=self._meta)
+
+    def note_claimed_holes(self, magazine: str, holes: Mapping[int, int]) -> None:
+        if not holes:
+            return
+        with self._write("count_holes") as txn:
+            for shard, n in holes.items():
+                self._add_holes(txn, magazine, shard, claimed=n)
+
     def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
         expire_at = _expire_at(ttl_seconds, now_ms())
         if len(items) == 1:  # publish of one message: no per-shard bookkeeping
@@ -695,6 +717,7 @@ class LmdbStore:
                 if count <= 0:
                     return []
                 get, put, data_db = txn.get, txn.put, self._data
+                expired = 0
                 for slot in range(fire + 1, fire + count + 1):
                     key = prefix + b"%d" % slot
                     raw = get(key, None, data_db)
@@ -703,11 +726,14 @@ class LmdbStore:
                         if expire_at and expire_at <= now_ms_:
                             txn.delete(key, b"", data_db)
                             raw = None
+                            expired += 1
                         else:  # stamp fireTS and attempts in the fixed header: no msgpack in the txn
                             raw = header.pack(expire_at, now_ms_, attempts + bump) + raw[header_size:]
                             put(key, raw, True, True, False, data_db)
                     raws.append((slot, raw))
                 put(meta_key, _META.pack(0, load, fire + count), True, True, False, self._meta)
+                if expired:  # a message that expired unclaimed: a hole made now (the claimer counts it passed)
+                    self._add_holes(txn, magazine, shard, made=expired)
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
         return [_new_ref(Claimed, (_new_ref(SlotRef, (magazine, shard, slot)),
@@ -758,6 +784,9 @@ class LmdbStore:
                 if raw is None or _expired(raw, now) or (_DATA_HEADER.unpack_from(raw)[1] or None) != m.fired_at:
                     done.append(False)  # settled, moved by someone else, or not the record that was seen
                     continue
+                if self._meta_get(txn, m.source.magazine, m.source.shard)[2] < m.source.slot:
+                    # taken out before any claim reached it: its slot is a hole now
+                    self._add_holes(txn, m.source.magazine, m.source.shard, made=1)
                 state = shards.get(m.shard)
                 if state is None:
                     state = shards[m.shard] = [*self._meta_get(txn, target, m.shard), self._keys(target, m.shard)[1]]
@@ -834,7 +863,9 @@ class LmdbStore:
             out = {}
             for shard in range(shards):
                 _, load, fire = self._meta_get(txn, magazine, shard)
-                out[shard] = ShardPointers(load, fire)
+                raw = txn.get(self._holes_key(magazine, shard), db=self._meta)
+                _, holes, passed = _HOLES.unpack(raw) if raw is not None else (0, 0, 0)
+                out[shard] = ShardPointers(load, fire, holes, passed)
             return out
 
         return self._read("pointers", get_all)
@@ -866,8 +897,10 @@ class LmdbStore:
             if db is self._data:
                 return _HEADER.unpack_from(raw)[0], _unpack_data(bytes(raw)).to_bins()
             if db is self._meta:
-                expire_at, load, fire = _META.unpack(raw)
-                return expire_at, {LOAD_POINTER: load, FIRE_POINTER: fire}
+                expire_at, first, second = _META.unpack(raw)
+                if key.encode().endswith(_HOLES_SUFFIX):
+                    return expire_at, {HOLES: first, HOLES_CLAIMED: second}
+                return expire_at, {LOAD_POINTER: first, FIRE_POINTER: second}
             return _HEADER.unpack_from(raw)[0], _unpack(bytes(raw))
 
         return self._read("raw_record", get)
