@@ -232,9 +232,11 @@ class Sweeper:
             next_pos = last + 1
             written = settled.get(shard, 0)  # every missing slot up to it is a hole for good
             seen = pos  # the first slot of the window not returned by the peek yet
+            stamped_at: int | None = None  # the first record stamped here: the pointer stops there
             try:
                 for ref, env in store.peek(source.name, shard, pos, last):
-                    if ref.slot > max(seen, written + 1) and not (env.fire_ts and env.fire_ts <= now - grace):
+                    if stamped_at is None and ref.slot > max(seen, written + 1) and \
+                            not (env.fire_ts and env.fire_ts <= now - grace):
                         unsettled = self._first_unsettled(store, source.name, shard, max(seen, written + 1),
                                                           ref.slot - 1)
                         if unsettled is not None:  # a slot whose write may still land: a boundary
@@ -242,19 +244,24 @@ class Sweeper:
                             break
                     seen = ref.slot + 1
                     if not env.fire_ts:
-                        # Never swept on sight: stamp it (only if still unstamped) and stop there.
+                        # Never swept on sight: stamp it (only if still unstamped), and the pointer stops at
+                        # the first one. The scan goes on, so every unstamped record of the window gets its
+                        # stamp in this pass and all of them are swept one sweepDuration later, not one
+                        # sweepDuration each (a node change can leave many such claims in a shard).
                         if store.stamp_unfired(ref, now) is not None:
                             out.stamped += 1
                             STAMPED.labels(queue.name, kind).inc()
-                            next_pos = ref.slot
-                            break
-                        continue  # deleted between peek and stamp: acked, pass
+                            if stamped_at is None:
+                                stamped_at = ref.slot
+                        continue  # (deleted between peek and stamp: acked, pass)
                     if env.fire_ts >= cutoff:  # time boundary
-                        next_pos = ref.slot
+                        next_pos = ref.slot if stamped_at is None else stamped_at
                         break
                     abandoned.append((ref, env))
                 else:
-                    if last >= max(seen, written + 1):  # slots at the end of the window the peek skipped
+                    if stamped_at is not None:
+                        next_pos = stamped_at
+                    elif last >= max(seen, written + 1):  # slots at the end of the window the peek skipped
                         unsettled = self._first_unsettled(store, source.name, shard, max(seen, written + 1), last)
                         if unsettled is not None:
                             next_pos = unsettled
