@@ -1,9 +1,17 @@
 #!/usr/bin/env python3
 """Sweep throughput on lmdb, as a ratio to the raw store calls the same records need, and how sweep
-time grows with the backlog.
+time grows with the backlog; and on Aerospike, next to the raw client doing the same record work.
 
     .venv/bin/python bench/bench_sweep.py                 # 100 queues x 32 shards, 20 stuck per shard
     .venv/bin/python bench/bench_sweep.py --per-shard 50 --json
+    .venv/bin/python bench/bench_sweep.py --server 127.0.0.1:3000/test      # Aerospike (see below)
+
+Aerospike (`--server host:port[/ns]`, or IGNIS_TEST_AEROSPIKE): one queue of 32 shards with `--records`
+(default 16,000) claims abandoned long ago, swept by a Sweeper of 1, 8 and 64 threads; beside each, in the
+same round, the raw client does the same record work in a pool of as many threads: a batch read of the
+records, then per record a put of its copy and a remove of the original. Target: the sweep >= 1.5x that
+loop. Every sweep move stays fenced and copy-before-delete (DESIGN §4). Rounds are repeated (`--rounds`) and
+the median of each pool size's per-round ratios is reported.
 
 Set-up: `queues` queues of `shards` shards each; every shard gets `per-shard` messages, all claimed
 long ago and never settled (a stuck backlog: every record must be re-homed).
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -82,6 +91,87 @@ def timed(fn: Any) -> tuple[float, Any]:
     return time.perf_counter() - started, result
 
 
+def aerospike_main(args: argparse.Namespace) -> None:
+    """The sweep on a real server, next to the raw client's per-record loop (see the module doc)."""
+    import statistics
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    hostport, _, namespace = args.server.partition("/")
+    namespace = namespace or "test"
+    run = uuid.uuid4().hex[:8]
+    url = f"aerospike://{hostport}/{namespace}?farm=s{run}&client=s{run}"
+    store = open_store(url)
+    client = store.client  # type: ignore[attr-defined]
+    console = Console(stderr=True)
+    payload = b"x" * args.payload
+    raw_source, raw_copy = f"s{run}_raw_src", f"s{run}_raw_dst"
+    shards, per_shard = 32, max(args.records // 32, 1)
+    total = shards * per_shard
+    rows: list[dict[str, Any]] = []
+    try:
+        names = declare(store, 1, shards)
+        epoch = store.next_epoch()
+        for threads in (1, 8, 64):
+            for r in range(args.rounds):
+                console.print(f"{threads} thread(s), round {r + 1}/{args.rounds}: {total} abandoned claims")
+                # raw: the same records' bins, written beside the queue; a batch read, then a put of the copy
+                # and a remove of the original per record, on a pool of `threads`.
+                at = now_ms()
+                bins = Envelope(payload, "m", at, fire_ts=OLD, attempts=1).to_bins()
+                keys = [(namespace, raw_source, f"{r}-{i}") for i in range(total)]
+                with ThreadPoolExecutor(16) as pool:
+                    list(pool.map(lambda key, bins=bins: client.put(key, bins), keys))
+                started = time.perf_counter()
+                found = []
+                for i in range(0, total, 5000):
+                    found.extend(client.batch_read(keys[i:i + 5000]).batch_records)
+
+                def move_one(record: Any) -> None:
+                    key = record.key
+                    client.put((namespace, raw_copy, key[2]), record.record[2])
+                    client.remove(key)
+
+                with ThreadPoolExecutor(threads) as pool:
+                    list(pool.map(move_one, found))
+                raw_s = time.perf_counter() - started
+                # the sweep, over a fresh backlog of the same size
+                stick(store, names, shards, per_shard, payload)
+                sweeper = Sweeper(store, epoch_source=lambda: epoch, threads=threads)
+                sweep_s, reports = timed(sweeper.sweep_all)
+                sweeper.close()
+                moved = sum(r.main.moved for r in reports)
+                if moved != total or not all(r.ok for r in reports):
+                    raise SystemExit(f"the sweep moved {moved} of {total}: {[r.as_dict() for r in reports]}")
+                rows.append({"threads": threads, "round": r + 1, "raw_per_s": total / raw_s,
+                             "sweep_per_s": total / sweep_s, "ratio": raw_s / sweep_s})
+    finally:
+        for set_name in (raw_source, raw_copy, f"s{run}_data_set", f"s{run}_meta_set", f"s{run}_s{run}_ignis_queues",
+                         f"s{run}_ignis_system"):
+            client.truncate(namespace, set_name, 0)
+        store.close()
+    summary = []
+    for threads in (1, 8, 64):
+        mine = [row for row in rows if row["threads"] == threads]
+        summary.append({"threads": threads, "raw_per_s": round(statistics.median(r["raw_per_s"] for r in mine)),
+                        "sweep_per_s": round(statistics.median(r["sweep_per_s"] for r in mine)),
+                        "ratio": round(statistics.median(r["ratio"] for r in mine), 2),
+                        "ratios": [round(r["ratio"], 2) for r in mine]})
+    if args.json:
+        sys.stdout.write(json.dumps({"server": url, "records": total, "rounds": rows, "summary": summary},
+                                    indent=2) + "\n")
+        return
+    table = Table(title=f"sweep of {total} abandoned claims (1 queue x 32 shards) on {hostport}/{namespace}: "
+                        f"medians of {args.rounds} rounds")
+    for column in ("threads", "raw batch read + put + remove /s", "sweep /s", "sweep / raw", "per round"):
+        table.add_column(column, justify="right")
+    for row in summary:
+        table.add_row(str(row["threads"]), f"{row['raw_per_s']:,}", f"{row['sweep_per_s']:,}", f"{row['ratio']:.2f}x",
+                      " ".join(f"{x:.2f}" for x in row["ratios"]))
+    Console().print(table)
+    Console().print("target: the sweep >= 1.5x the raw per-record loop")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queues", type=int, default=100)
@@ -92,7 +182,15 @@ def main() -> None:
     parser.add_argument("--threads", default="64,1",
                         help="pool sizes to compare, comma-separated (each sweeps a fresh backlog of the same size)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--server", default=os.environ.get("IGNIS_TEST_AEROSPIKE"),
+                        help="host:port[/namespace]: measure on Aerospike instead of lmdb")
+    parser.add_argument("--records", type=int, default=16_000, help="Aerospike: abandoned claims per sweep")
+    parser.add_argument("--rounds", type=int, default=3, help="Aerospike: rounds per pool size")
+    parser.add_argument("--lmdb", action="store_true", help="lmdb even when IGNIS_TEST_AEROSPIKE is set")
     args = parser.parse_args()
+    if args.server and not args.lmdb:
+        aerospike_main(args)
+        return
     console = Console(stderr=True)
     tmp = Path(tempfile.mkdtemp(prefix="ignis-bench-sweep-"))
     store = open_store(f"lmdb://{tmp}/store?durability=fast")

@@ -280,14 +280,16 @@ class Magazine:
         self._mark_active({shard for shard, _ in items})
         return refs
 
-    def move_in(self, epoch: int, moves: Sequence[tuple[SlotRef, int | None, Envelope]]) -> list[bool]:
+    def move_in(self, epoch: int, moves: Sequence[tuple[SlotRef, int | None, Envelope]],
+                fired_before: int | None = None) -> list[bool]:
         """Fenced move of existing records (source slot, the fireTS it was seen with, envelope to write)
-        into this magazine, placed as `load` places them; see `Storage.move`. Per record: moved here."""
+        into this magazine, placed as `load` places them; see `Storage.move` (and its `fired_before`). Per
+        record: moved here."""
         first = random.randrange(self.shards)
         shards = self.shards
         placed = [Move(source, fired_at, shard_for_key(env.key, shards) if env.key is not None else
                        (first + i) % shards, env) for i, (source, fired_at, env) in enumerate(moves)]
-        done = self.store.move(self.name, placed, self.ttl_seconds, epoch)
+        done = self.store.move(self.name, placed, self.ttl_seconds, epoch, fired_before)
         self._mark_active({m.shard for m, moved in zip(placed, done, strict=True) if moved})
         return done
 

@@ -103,9 +103,11 @@ def test_a_magazine_seals_an_awaited_slot_once_the_producers_deadline_has_passed
 
 # ---- fenced moves ---------------------------------------------------------------------------------------
 class PausingClient:
-    """The raw client, with one batch_write (picked by `which`) paused after (or before) it ran."""
+    """The raw client, with one batch call (picked by `which` from its operations) paused after (or before)
+    it ran. A move's claims and deletes go out as batch_operate (one operation list for every key), its
+    copies as batch_write (a Write per record)."""
 
-    def __init__(self, inner: Any, which: Callable[[Any], bool], after: bool = True) -> None:
+    def __init__(self, inner: Any, which: Callable[[list[dict]], bool], after: bool = True) -> None:
         self._inner = inner
         self._which = which
         self._after = after
@@ -116,34 +118,39 @@ class PausingClient:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def batch_write(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        pause = not self.reached.is_set() and self._which(batch)
+    def _paused(self, ops: list[dict], call: Callable[[], Any]) -> Any:
+        pause = not self.reached.is_set() and self._which(ops)
         if pause and not self._after:
             self.reached.set()
             self.release.wait(30)
-        done = self._inner.batch_write(batch, *args, **kwargs) or batch
-        if is_delete(batch):
+        done = call()
+        if is_delete(ops):
             self.deletes_applied += sum(r.result == 0 for r in done.batch_records)
         if pause and self._after:
             self.reached.set()
             self.release.wait(30)
         return done
 
+    def batch_write(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._paused(ops_of(batch), lambda: self._inner.batch_write(batch, *args, **kwargs) or batch)
+
+    def batch_operate(self, keys: list, ops: list[dict], *args: Any, **kwargs: Any) -> Any:
+        return self._paused(ops, lambda: self._inner.batch_operate(keys, ops, *args, **kwargs))
+
 
 def ops_of(batch: Any) -> list[dict]:
     return batch.batch_records[0].ops if batch.batch_records and hasattr(batch.batch_records[0], "ops") else []
 
 
-def is_claim(batch: Any) -> bool:
-    return any(op.get("bin") == MOVE_EPOCH for op in ops_of(batch))
+def is_claim(ops: list[dict]) -> bool:
+    return any(op.get("bin") == MOVE_EPOCH for op in ops)
 
 
-def is_copy(batch: Any) -> bool:
-    return any(op.get("bin") == "payload" for op in ops_of(batch))
+def is_copy(ops: list[dict]) -> bool:
+    return any(op.get("bin") == "payload" for op in ops)
 
 
-def is_delete(batch: Any) -> bool:
-    ops = ops_of(batch)
+def is_delete(ops: list[dict]) -> bool:
     return len(ops) == 1 and ops[0].get("bin") == TOMBSTONE
 
 
@@ -235,10 +242,10 @@ def test_a_move_cut_between_its_copy_and_its_delete_is_finished_without_a_second
     real = aero._client
 
     class Cutting(PausingClient):
-        def batch_write(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-            if is_delete(batch):
+        def batch_operate(self, keys: list, ops: list[dict], *args: Any, **kwargs: Any) -> Any:
+            if is_delete(ops):
                 raise Cut("the process died here")
-            return real.batch_write(batch, *args, **kwargs)
+            return real.batch_operate(keys, ops, *args, **kwargs)
 
     aero._client = Cutting(real, lambda _: False)
     with pytest.raises(Cut):

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -125,6 +126,11 @@ TOMBSTONE = "deletedAt"  # the one bin of a tombstoned record (Community Edition
 SEALED = "sealedAt"  # with deletedAt: a slot given up as a hole for good; refuses a late write
 PURGED = "purgedAt"  # the one bin a magazine purge leaves; a new message may replace it
 MOVE_EPOCH, MOVE_TO = "mvEpoch", "mvTo"  # a move's claim on its source record (see the module doc)
+# A move's journal, in the system set under its token (the mvTo of its claims): the source keys and the
+# target slot keys, in order. Kept as long as the copies.
+MOVE_TOKEN_MARK = "mv:"
+JOURNAL_SOURCES, JOURNAL_TARGETS = "src", "dst"
+MOVE_CHUNK = 4000  # moves per journal (a journal of 4,000 pairs of keys is about 200 KB)
 EPOCH_KEY, EPOCH_BIN = "sweeperEpoch", "epoch"
 CLIENTS_KEY, CLIENTS_BIN = "clients", "clients"
 LEASE_PREFIX = "lease:"
@@ -134,6 +140,7 @@ ENVELOPE_BINS = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, REAS
 BATCH_CHUNK = 5000  # keys per batch call in peeks and purges
 MAX_BIN_NAME = 15
 RECORD_OVERHEAD = 128  # record header + key + per-bin overhead estimate, for the size pre-check
+SIZE_CHECK_MARGIN = 64 * 1024  # a payload this far below the limit skips the estimate (the server refuses the rest)
 
 _LIVE = exp.Not(exp.Or(exp.BinExists(TOMBSTONE), exp.BinExists(PURGED)))
 _NOT_TOMBSTONED = _LIVE.compile()
@@ -399,8 +406,10 @@ class AerospikeStore:
 
     def _check_size(self, magazine: str, bins: Mapping[str, Any]) -> None:
         payload = bins.get(PAYLOAD) or b""
-        size = RECORD_OVERHEAD + len(payload) + sum(len(k) + len(repr(v)) for k, v in bins.items() if k != PAYLOAD)
         limit = self._shared.settings.max_record_bytes
+        if len(payload) + SIZE_CHECK_MARGIN < limit:  # far from the limit: no estimate (the server still checks)
+            return
+        size = RECORD_OVERHEAD + len(payload) + sum(len(k) + len(repr(v)) for k, v in bins.items() if k != PAYLOAD)
         if size > limit:
             raise InvalidInputError(
                 f"message for magazine {magazine!r} needs a record of about {size} bytes; the Aerospike "
@@ -756,8 +765,9 @@ class AerospikeStore:
                 return [True]
             except ex.FilteredOut:
                 return [False]
-        batch = BatchRecords([Write(self._data_key(ref), [ops.write(k, v) for k, v in bins.items()], policy=policy)
-                              for ref, bins in zip(refs, bins_list, strict=True)])
+        write = aerospike.OPERATOR_WRITE  # the op dicts ops.write builds, without a call per bin
+        batch = BatchRecords([Write(self._data_key(ref), [{"op": write, "bin": k, "val": v} for k, v in bins.items()],
+                                    policy=policy) for ref, bins in zip(refs, bins_list, strict=True)])
         done = self._call(operation, self._client.batch_write, batch) or batch
         records = self._answers(operation, done, len(refs), self._data_set)
         failed = [r for r in records if r.result not in (0, FILTERED_OUT)]
@@ -949,46 +959,64 @@ class AerospikeStore:
         except ex.AerospikeError as exc:
             raise self._fail(exc, "count_holes", self._meta_set) from None
 
-    def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int) -> list[bool]:
+    def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int,
+             fired_before: int | None = None) -> list[bool]:
         if not moves:
             return []
         bins_list = [m.envelope.to_bins() for m in moves]
         for bins in bins_list:
             self._check_size(target, bins)
+        ttl = self._ttl(ttl_seconds)
+        out: list[bool] = []
         try:
-            return self._move(target, moves, bins_list, self._ttl(ttl_seconds), epoch)
+            for start in range(0, len(moves), MOVE_CHUNK):
+                out += self._move(target, moves[start:start + MOVE_CHUNK], bins_list[start:start + MOVE_CHUNK], ttl,
+                                  epoch, fired_before)
         except ex.AerospikeError as exc:
             raise self._fail(exc, "move", self._data_set) from None
+        return out
 
-    def _move(self, target: str, moves: Sequence[Move], bins_list: list[dict[str, Any]], ttl: int, epoch: int
-              ) -> list[bool]:
+    def _move(self, target: str, moves: Sequence[Move], bins_list: list[dict[str, Any]], ttl: int, epoch: int,
+              fired_before: int | None) -> list[bool]:
         dests = self._allocate("move", target, [m.shard for m in moves])
         dest_keys = [names.data_key(*ref) for ref in dests]
         sources = [self._data_key(m.source) for m in moves]
-        # 1. Claim each source for this epoch (a newer epoch's claim refuses it), reading the target
-        #    slot of any earlier claim. Repeating it is harmless: it finds its own target slot there.
-        guards: dict[int | None, Any] = {}
-        claims = []
-        for m, dest_key, source in zip(moves, dest_keys, sources, strict=True):
-            guard = guards.get(m.fired_at)
-            if guard is None:
-                fired = exp.Not(exp.BinExists(FIRE_TS)) if m.fired_at is None else \
-                    exp.Eq(exp.IntBin(FIRE_TS), m.fired_at)
-                guard = guards[m.fired_at] = exp.And(
-                    _LIVE, fired, exp.Or(exp.Not(exp.BinExists(MOVE_EPOCH)), exp.LE(exp.IntBin(MOVE_EPOCH), epoch))
-                ).compile()
-            claims.append(Write(source, [_READ_MOVE_TO_BEFORE, ops.write(MOVE_EPOCH, epoch),
-                                         ops.write(MOVE_TO, dest_key)],
-                                policy={**self._update, "expressions": guard}))
-        batch = BatchRecords(claims)
-        done = self._call("move", self._client.batch_write, batch) or batch
+        # 0. The journal of this move: which target slot each source goes to, under a token of its own, so
+        #    that a newer epoch taking a claim over finds the claim's target slots (step 2), and the claims of
+        #    step 1 are one operation list for every record (a batch the client converts once).
+        token = f"{MOVE_TOKEN_MARK}{epoch}:{uuid.uuid4().hex[:16]}"
+        self._call("move", self._client.put, self.key(self._system_set, token),
+                   {JOURNAL_SOURCES: [key[2] for key in sources], JOURNAL_TARGETS: dest_keys}, None,
+                   {**self._wp, "ttl": ttl})
+        # 1. Claim each source for this epoch (a newer epoch's claim refuses it), reading the token of any
+        #    earlier claim. Repeating it is harmless: it finds its own token there. The claim holds only for
+        #    the record as it was seen: fired before `fired_before` (a sweep: a holder that took the claim
+        #    back stamped it since), or with the very fireTS it was seen with (records grouped by it).
+        claim_ops = [_READ_MOVE_TO_BEFORE, ops.write(MOVE_EPOCH, epoch), ops.write(MOVE_TO, token)]
+        not_newer = exp.Or(exp.Not(exp.BinExists(MOVE_EPOCH)), exp.LE(exp.IntBin(MOVE_EPOCH), epoch))
+        groups: dict[int | None, list[int]] = {}
+        if fired_before is not None:
+            groups[None] = list(range(len(moves)))
+            fired = {None: exp.And(exp.BinExists(FIRE_TS), exp.LT(exp.IntBin(FIRE_TS), fired_before))}
+        else:
+            for i, m in enumerate(moves):
+                groups.setdefault(m.fired_at, []).append(i)
+            fired = {at: exp.Not(exp.BinExists(FIRE_TS)) if at is None else exp.Eq(exp.IntBin(FIRE_TS), at)
+                     for at in groups}
+        answers: list[Any] = [None] * len(moves)
+        for at, members in groups.items():
+            policy = {**self._update, "expressions": exp.And(_LIVE, fired[at], not_newer).compile()}
+            done = self._call("move", self._client.batch_operate, [sources[i] for i in members], claim_ops, None,
+                              policy)
+            for i, record in zip(members, self._answers("move", done, len(members), self._data_set), strict=True):
+                answers[i] = record
         claimed: list[int] = []
-        earlier: dict[int, str] = {}  # move -> target slot key of an earlier, unfinished claim
-        for i, record in enumerate(self._answers("move", done, len(claims), self._data_set)):
+        earlier: dict[int, str] = {}  # move -> the token (or target key) of an earlier, unfinished claim
+        for i, record in enumerate(answers):
             if record.result == 0:
                 claimed.append(i)
                 before = (record.record[2] or {}).get(MOVE_TO_BEFORE) if record.record else None
-                if before and before != dest_keys[i]:
+                if before and before != token:
                     earlier[i] = before
             elif record.result not in (NOT_FOUND, FILTERED_OUT):
                 # The claims that did land are harmless: a later move of the same epoch (or a newer one) finds
@@ -1005,11 +1033,12 @@ class AerospikeStore:
         #    that copy already landed (then this move only deletes the source).
         copied_before: set[int] = set()
         if earlier:
-            order = list(earlier)
-            targets = [SlotRef(*names.parse_data_key(earlier[i])) for i in order]
-            landed = [i for i, sealed in zip(order, self._seal_slots("move", targets, ttl), strict=True) if not sealed]
+            targets = self._earlier_targets(earlier, sources)
+            order = [i for i in earlier if i in targets]
+            refs = [SlotRef(*names.parse_data_key(targets[i])) for i in order]
+            landed = [i for i, sealed in zip(order, self._seal_slots("move", refs, ttl), strict=True) if not sealed]
             if landed:
-                found = self._batch_get("move", [(self._ns, self._data_set, earlier[i]) for i in landed])
+                found = self._batch_get("move", [(self._ns, self._data_set, targets[i]) for i in landed])
                 copied_before = {i for i, bins in zip(landed, found, strict=True)
                                  if bins is not None and bins.get(MSG_ID) == moves[i].envelope.msg_id}
         # 3. Copy. A slot sealed meanwhile means a newer epoch took the source over: it moves it.
@@ -1019,32 +1048,53 @@ class AerospikeStore:
         unused = sorted(set(range(len(moves))) - set(copied))
         if unused:  # target slots this move allocated and will not fill: holes at once, not after a grace
             self._seal_slots("move", [dests[i] for i in unused], ttl)
-        # 4. Delete the sources, only where this epoch's claim still holds. A source no claim had reached
-        #    (fire pointer below it, read before the delete: a claim after it finds the record moved) leaves a
-        #    hole where a message was counted: counted (HOLES) below.
+        # 4. Delete the sources, only where this epoch's claim still holds (one operation list for all). A
+        #    source no claim had reached (fire pointer below it, read before the delete: a claim after it finds
+        #    the record moved) leaves a hole where a message was counted: counted (HOLES) below.
         moved = sorted([*copied, *copied_before])
         unclaimed = self._unclaimed([moves[i].source for i in moved if moves[i].fired_at is None])
         if moved:
             guard = exp.And(_LIVE, exp.Eq(exp.IntBin(MOVE_EPOCH), epoch)).compile()
+            keys = [sources[i] for i in moved]
             if self._durable:
-                deletes: list[Any] = [Remove(sources[i], policy={**self._durable_remove, "expressions": guard})
-                                      for i in moved]
+                done = self._call("move", self._client.batch_remove, keys,
+                                  policy_batch_remove={"durable_delete": True, "expressions": guard})
             else:
-                tomb = [ops.write(TOMBSTONE, now_ms())]
-                deletes = [Write(sources[i], tomb, policy={**self._keep, "exists": aerospike.POLICY_EXISTS_REPLACE,
-                                                           "expressions": guard}) for i in moved]
-            batch = BatchRecords(deletes)
-            done = self._call("move", self._client.batch_write, batch) or batch
-            failed = [r for r in self._answers("move", done, len(deletes), self._data_set) if r.result not in _ANSWERED]
+                done = self._call("move", self._client.batch_operate, keys, [ops.write(TOMBSTONE, now_ms())], None,
+                                  {**self._keep, "exists": aerospike.POLICY_EXISTS_REPLACE, "expressions": guard})
+            records = self._answers("move", done, len(keys), self._data_set)
+            failed = [r for r in records if r.result not in _ANSWERED]
             if failed:  # copied, not deleted: the record stays claimed and the next pass finishes it
                 raise self._record_failure("move", failed[0], self._data_set)
             gone = {(r[0], r[1], r[2]) for r in unclaimed}
-            self._count_holes(HOLES, [moves[i].source for i, record in zip(moved, done.batch_records, strict=True)
+            self._count_holes(HOLES, [moves[i].source for i, record in zip(moved, records, strict=True)
                                       if record.result == 0 and tuple(moves[i].source) in gone])
         done_flags = [False] * len(moves)
         for i in moved:
             done_flags[i] = True
         return done_flags
+
+    def _earlier_targets(self, earlier: Mapping[int, str], sources: Sequence[tuple[str, str, str]]) -> dict[int, str]:
+        """The target slot key of each earlier claim, from its move's journal (or, for a claim written before
+        journals existed, the key itself). A claim whose journal is gone (expired) has none to seal."""
+        targets: dict[int, str] = {}
+        tokens: dict[str, list[int]] = {}
+        for i, mark in earlier.items():
+            if mark.startswith(MOVE_TOKEN_MARK):
+                tokens.setdefault(mark, []).append(i)
+            else:
+                targets[i] = mark
+        if tokens:
+            order = list(tokens)
+            journals = self._batch_get("move", [self.key(self._system_set, t) for t in order])
+            for token, journal in zip(order, journals, strict=True):
+                if not journal:
+                    continue
+                where = dict(zip(journal.get(JOURNAL_SOURCES) or [], journal.get(JOURNAL_TARGETS) or [], strict=False))
+                for i in tokens[token]:
+                    if sources[i][2] in where:
+                        targets[i] = where[sources[i][2]]
+        return targets
 
     def _unclaimed(self, refs: Sequence[SlotRef]) -> list[SlotRef]:
         """Those of `refs` above their shard's fire pointer (never claimed), one batch read of meta records."""

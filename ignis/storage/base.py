@@ -349,9 +349,12 @@ class Storage(Protocol):
         record landed first (restamp it)."""
         ...
 
-    def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int) -> list[bool]:
+    def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int,
+             fired_before: int | None = None) -> list[bool]:
         """Fenced copy-then-delete of records out of their magazine into `target` (a sweep, a shovel or a
-        dead-letter move). A record is moved only if it is still there with the fireTS it was seen with,
+        dead-letter move). A record is moved only if it is still there with the fireTS it was seen with (or,
+        with `fired_before`, a fireTS older than that: the sweep's cutoff, which a holder that took its claim
+        back has passed),
         and only under the newest epoch: the fence is part of the writes themselves, never a check made
         before them (lmdb: the move's own transaction refuses an epoch older than the newest handed out;
         Aerospike: a per-record claim that a newer epoch wins, and target slots a newer epoch seals), so a

@@ -764,7 +764,8 @@ class LmdbStore:
         # No write can be late here: a missing record is a hole already, and a present one is no hole.
         return [envelope is None for envelope in self.read(refs)]
 
-    def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int) -> list[bool]:
+    def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int,
+             fired_before: int | None = None) -> list[bool]:
         if not moves:
             return []
         now = now_ms()
@@ -781,7 +782,10 @@ class LmdbStore:
             for m, value in zip(moves, values, strict=True):
                 key = self._data_key(m.source)
                 raw = txn.get(key, db=self._data)
-                if raw is None or _expired(raw, now) or (_DATA_HEADER.unpack_from(raw)[1] or None) != m.fired_at:
+                fire_ts = None if raw is None else (_DATA_HEADER.unpack_from(raw)[1] or None)
+                seen = fire_ts == m.fired_at if fired_before is None else \
+                    fire_ts is not None and fire_ts < fired_before
+                if raw is None or _expired(raw, now) or not seen:
                     done.append(False)  # settled, moved by someone else, or not the record that was seen
                     continue
                 if self._meta_get(txn, m.source.magazine, m.source.shard)[2] < m.source.slot:

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 SWEEP_BATCH_SIZE = 1000
 PARALLEL_FACTOR = 64
 SWEPT_REASON = "swept"
+SHARD_GROUP_MIN_SLOTS = 2_000  # slots to examine per shard group, at least, before a magazine is split
 
 
 class LeadershipLost(Exception):
@@ -110,6 +111,7 @@ class Sweeper:
         self.batch_size = batch_size
         self.guard = guard
         self._pool: ThreadPoolExecutor | None = None
+        self._shard_pool: ThreadPoolExecutor | None = None  # shard groups of one magazine (never nested)
         self._lock = threading.Lock()
         self._fire_seen = _FireHistory()
 
@@ -120,11 +122,18 @@ class Sweeper:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ignis-sweep")
             return self._pool
 
+    def _shard_executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._shard_pool is None:
+                self._shard_pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ignis-sweep-shards")
+            return self._shard_pool
+
     def close(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pools, self._pool, self._shard_pool = (self._pool, self._shard_pool), None, None
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def _store_for(self, client_id: str) -> Storage:
         return client_view(self.store, client_id)
@@ -208,8 +217,32 @@ class Sweeper:
                 pos = max(int(stored.get(names.shard_label(shard), 1)), 1)
                 if pos <= pointers[shard].fire:
                     todo[shard] = [pos, pointers[shard].fire]
-            while todo:
-                self._round(queue, kind, source, todo, cutoff, now, epoch, out, settled, grace)
+
+            def rounds(group: dict[int, list[int]], result: MagazineSweep) -> None:
+                while group:
+                    self._round(queue, kind, source, group, cutoff, now, epoch, result, settled, grace)
+
+            # A big backlog is swept by groups of shards side by side (a queue is one task of the pool, and
+            # one queue may hold most of what there is to sweep); each group advances its own shards'
+            # pointers (forward-only map writes, so groups never undo each other).
+            groups = self._groups(todo)
+            if len(groups) == 1:
+                rounds(groups[0], out)
+            else:
+                parts = [MagazineSweep() for _ in groups]
+                futures = [self._shard_executor().submit(rounds, group, part) for group, part in zip(groups, parts,
+                                                                                                      strict=True)]
+                errors = [f.exception() for f in futures]
+                for part in parts:
+                    out.examined += part.examined
+                    out.moved += part.moved
+                    out.stamped += part.stamped
+                    out.failed_shards += part.failed_shards
+                    out.error = out.error or part.error
+                stop = next((e for e in errors if isinstance(e, StaleEpoch | LeadershipLost)), None)
+                failure = stop or next((e for e in errors if e is not None), None)
+                if failure is not None:
+                    raise failure
         except (StaleEpoch, LeadershipLost):
             raise
         except Exception as exc:
@@ -217,6 +250,14 @@ class Sweeper:
         finally:
             out.seconds = time.perf_counter() - started
             SWEEP_DURATION.labels(queue.name, kind).observe(out.seconds)
+
+    def _groups(self, todo: dict[int, list[int]]) -> list[dict[int, list[int]]]:
+        """The shards with work, in as many groups as there are threads and at least SHARD_GROUP_MIN_SLOTS of
+        backlog each (a small backlog is one group: splitting it costs more calls than it saves)."""
+        backlog = sum(fire - pos + 1 for pos, fire in todo.values())
+        count = max(1, min(len(todo), self.threads, backlog // SHARD_GROUP_MIN_SLOTS))
+        shards = sorted(todo)
+        return [{shard: todo[shard] for shard in shards[i::count]} for i in range(count)]
 
     def _round(self, queue: Queue, kind: MagazineKind, source: Magazine, todo: dict[int, list[int]], cutoff: int,
                now: int, epoch: int, out: MagazineSweep, settled: dict[int, int], grace: int) -> None:
@@ -284,7 +325,8 @@ class Sweeper:
                 # is not moved either, and is a time boundary: the pointer must not pass a claim that may
                 # still be abandoned, or no later pass would ever look at it again.
                 flags = queue.sideline.move_in(
-                    epoch, [(ref, env.fire_ts, env.for_transfer(SWEPT_REASON, now)) for ref, env in abandoned])
+                    epoch, [(ref, env.fire_ts, env.for_transfer(SWEPT_REASON, now)) for ref, env in abandoned],
+                    fired_before=cutoff)
                 moved = sum(flags)
                 refused = [ref for (ref, _), ok in zip(abandoned, flags, strict=True) if not ok]
                 if refused:
