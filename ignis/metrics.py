@@ -127,6 +127,9 @@ STORAGE_CALLS = FastCounter("ignis_storage_calls", "Storage round trips by opera
 STORAGE_RETRIES = FastCounter("ignis_storage_retries", "Storage retries by operation", ["operation"])
 STORAGE_ERRORS = FastCounter("ignis_storage_errors", "Storage calls that failed with a transient store error after "
                              "their retries (or that could not be retried safely)", ["operation"])
+STORE_ROLLBACKS = FastCounter("ignis_store_rollbacks", "Times the store answered a pointer lower than one this "
+                              "process had seen (acknowledged writes lost, e.g. by a crash before the flush): "
+                              "allocation moved past the high mark", ["queue", "magazine"])
 HANDLER_DURATION = Histogram("ignis_handler_duration_seconds", "Handler call duration",
                              ["queue", "outcome"])
 BATCH_SIZE = Histogram("ignis_handler_batch_size", "Messages per handler call on batching queues", ["queue"],

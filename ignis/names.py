@@ -48,6 +48,14 @@ def dead_of(queue: str) -> str:
     return queue + DEAD_SUFFIX
 
 
+def queue_and_kind(magazine: str) -> tuple[str, str]:
+    """(queue, main | sideline | dead) of a magazine name."""
+    for suffix, kind in ((SIDELINE_SUFFIX, "sideline"), (DEAD_SUFFIX, "dead")):
+        if magazine.endswith(suffix):
+            return magazine[: -len(suffix)], kind
+    return magazine, "main"
+
+
 def data_key(magazine: str, shard: int, slot: int) -> str:
     return f"{magazine}_SHARD_{shard}_{slot}"  # data_key_prefix + slot, in one step: built per message
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -118,6 +119,7 @@ from ignis.storage.base import (
     SlotRef,
     load_new_as_envelopes,
 )
+from ignis.storage.rollback import HighMarks, report
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -140,6 +142,7 @@ ENVELOPE_BINS = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, REAS
 BATCH_CHUNK = 5000  # keys per batch call in peeks and purges
 MAX_BIN_NAME = 15
 RECORD_OVERHEAD = 128  # record header + key + per-bin overhead estimate, for the size pre-check
+ROLLBACK_SEAL_TTL = 30 * 86400  # seals of slots left by an allocation that met a rollback (no queue TTL at hand)
 SIZE_CHECK_MARGIN = 64 * 1024  # a payload this far below the limit skips the estimate (the server refuses the rest)
 
 _LIVE = exp.Not(exp.Or(exp.BinExists(TOMBSTONE), exp.BinExists(PURGED)))
@@ -160,9 +163,10 @@ _CLAIM_ONE = [ops.increment(FIRE_POINTER, 1), ops.read(FIRE_POINTER)]
 
 def _allocate_ops(n: int) -> list[dict[str, Any]]:
     """Allocate n slots on a meta record: increment the load pointer and read it back; also create the
-    fire pointer (the claim guard needs it) and drop a purge tombstone's bins."""
-    return [ops.increment(LOAD_POINTER, n), ops.increment(FIRE_POINTER, 0), ops.write(TOMBSTONE, None),
-            ops.write(PURGED, None), ops.read(LOAD_POINTER)]
+    fire pointer (the claim guard needs it) and drop a purge tombstone's bins, reading first whether there
+    was one (a purge restarts the numbering on purpose: no rollback)."""
+    return [ops.read(PURGED), ops.increment(LOAD_POINTER, n), ops.increment(FIRE_POINTER, 0),
+            ops.write(TOMBSTONE, None), ops.write(PURGED, None), ops.read(LOAD_POINTER)]
 
 
 _ALLOCATE_ONE = _allocate_ops(1)  # built once: the per-message publish path
@@ -179,7 +183,8 @@ _MISSING = (ex.RecordNotFound, ex.FilteredOut)
 MOVE_TO_BEFORE = "mvToBefore"
 _READ_MOVE_TO_BEFORE = expr_ops.expression_read(MOVE_TO_BEFORE, exp.StrBin(MOVE_TO).compile(),
                                                 aerospike.EXP_READ_EVAL_NO_FAIL)
-NOT_FOUND, FILTERED_OUT = 2, 27  # per-record result codes of batch calls
+NOT_FOUND, RECORD_EXISTS, FILTERED_OUT = 2, 5, 27  # per-record result codes of batch calls
+COLLISION_WINDOW = 256  # slots read at a time past a slot found used twice (see _collided)
 _ANSWERED = (0, NOT_FOUND, FILTERED_OUT)  # a record's answer; any other code is a failure to answer
 REPUBLISH_ROUNDS = 5  # a message refused by a sealed slot is written again, at most this many times
 
@@ -203,6 +208,8 @@ class _Shared:
         self.closed = False
         self.lock = threading.Lock()
         self.views: dict[str, AerospikeStore] = {}
+        self.marks = HighMarks()  # the highest pointers and generations this process has seen (rollback.py)
+        self.lease_holds: dict[str, float] = {}  # lease name -> monotonic time until which it is not used
         self.durable_delete = self._detect_durable_delete()
 
     def _detect_durable_delete(self) -> bool:
@@ -500,7 +507,29 @@ class AerospikeStore:
             return None
         except ex.AerospikeError as exc:
             raise self._fail(exc, "get_queue", self._queue_set) from None
-        return None if self._tombstoned(bins) else QueueRecord(name, dict(bins))
+        if self._tombstoned(bins):
+            return None
+        record = QueueRecord(name, dict(bins))
+        self._check_sweep_pointers(record)
+        return record
+
+    def _check_sweep_pointers(self, record: QueueRecord) -> None:
+        """Sweep pointers lower than this process has written or seen are a rollback: reported, and the record
+        handed on with the high marks (the sweeper's next forward-only advance stores them again)."""
+        marks = self._shared.marks
+        for kind, bin_name in (("main", SWEEP_POINTERS), ("sideline", SIDELINE_SWEEP)):
+            stored = record.bins.get(bin_name)
+            if not isinstance(stored, dict):
+                continue
+            for label, value in list(stored.items()):
+                mark = (self._queue_set, record.name, bin_name, label)
+                high = marks.mark(mark)
+                if isinstance(value, int) and value < high:
+                    report(f"{kind} sweep pointer of {record.name} shard {label}", None, value, high,
+                           queue=record.name, kind=kind)
+                    stored[label] = high
+                elif isinstance(value, int):
+                    marks.saw(mark, value)
 
     def list_queues(self, active: bool | None = True) -> list[QueueRecord]:
         flags = ["true", "false"] if active is None else ["true" if active else "false"]
@@ -559,10 +588,14 @@ class AerospikeStore:
 
     def next_epoch(self) -> int:
         # Repeating an in-doubt increment is safe here: it can only skip an epoch, and epochs need to be
-        # increasing, not dense.
+        # increasing, not dense. The epoch is at least the current time in ms: a store that loses the last
+        # increments (rollback.py) still hands out an epoch above every one handed out before its crash, since
+        # epochs come seconds apart (one per leadership) and the restart takes longer than that.
+        at_least_now = arithmetic.Max(exp.IntBin(EPOCH_BIN), now_ms()).compile()
         try:
             _, _, bins = self._call("next_epoch", self._client.operate, self.key(self._system_set, EPOCH_KEY),
-                                    [ops.increment(EPOCH_BIN, 1), ops.read(EPOCH_BIN)], None, self._never)
+                                    [ops.increment(EPOCH_BIN, 1), expr_ops.expression_write(EPOCH_BIN, at_least_now),
+                                     ops.read(EPOCH_BIN)], None, self._never)
         except ex.AerospikeError as exc:
             raise self._fail(exc, "next_epoch", self._system_set) from None
         return int(bins[EPOCH_BIN])
@@ -603,6 +636,8 @@ class AerospikeStore:
             # sees the error and re-sweeps next pass; the re-sweep of a swept range changes nothing.
             self._call("advance_sweep", self._client.operate, key, operations, None,
                        {**self._update, "expressions": fence}, idempotent=False)
+            for shard, pointer in pointers.items():
+                self._shared.marks.saw((self._queue_set, name, pointer_bin, names.shard_label(shard)), int(pointer))
         except ex.RecordNotFound:
             raise QueueNotFound(name, self.client_id) from None
         except ex.FilteredOut:
@@ -632,16 +667,39 @@ class AerospikeStore:
             raise self._fail(exc, "list_clients", self._system_set) from None
         return sorted((bins or {}).get(CLIENTS_BIN) or {})
 
+    def _lease_held_off(self, name: str) -> None:
+        until = self._shared.lease_holds.get(name)
+        if until is not None:
+            if time.monotonic() < until:
+                raise StoreUnavailable(f"lease {name!r}: the store lost writes to it (a rollback); not read or "
+                                       f"written for {until - time.monotonic():.0f} s more, until any holder "
+                                       "it may have had has expired")
+            del self._shared.lease_holds[name]
+
     def get_lease(self, name: str) -> LeaseRecord | None:
+        self._lease_held_off(name)
         try:
             _, meta, bins = self._call("get_lease", self._client.get, self.key(self._system_set, LEASE_PREFIX + name))
         except ex.RecordNotFound:
             return None
         except ex.AerospikeError as exc:
             raise self._fail(exc, "get_lease", self._system_set) from None
-        return LeaseRecord(*(bins[b] for b in LEASE_BINS), version=meta["gen"])
+        lease = LeaseRecord(*(bins[b] for b in LEASE_BINS), version=meta["gen"])
+        mark = (self._system_set, LEASE_PREFIX + name)
+        high = self._shared.marks.mark(mark)
+        if lease.version < high:
+            # Writes to the lease were lost: who holds it is not known. This process neither renews nor takes
+            # it for a whole lease duration (a holder it knows nothing of expires meanwhile), so the rollback
+            # never makes two leaders. Then it starts afresh from what the store holds.
+            report(f"generation of lease {name}", None, lease.version, high, queue="", kind="lease")
+            self._shared.lease_holds[name] = time.monotonic() + lease.duration_s
+            self._shared.marks.forget(lambda k: k == mark)
+            self._lease_held_off(name)
+        self._shared.marks.saw(mark, lease.version)
+        return lease
 
     def replace_lease(self, name: str, lease: LeaseRecord, expected_version: int) -> LeaseRecord | None:
+        self._lease_held_off(name)
         writes = [ops.write(b, getattr(lease, b)) for b in LEASE_BINS]
         if expected_version == 0:
             meta, policy = None, {**self._never, "exists": aerospike.POLICY_EXISTS_CREATE}
@@ -656,6 +714,7 @@ class AerospikeStore:
             return None
         except ex.AerospikeError as exc:
             raise self._fail(exc, "replace_lease", self._system_set) from None
+        self._shared.marks.saw((self._system_set, LEASE_PREFIX + name), stored_meta["gen"])
         return LeaseRecord(lease.holder, lease.acquired_ms, lease.renewed_ms, lease.duration_s, lease.transitions,
                            stored_meta["gen"])
 
@@ -671,11 +730,9 @@ class AerospikeStore:
         if len(payload) + len(msg_id) + RECORD_OVERHEAD > self._shared.settings.max_record_bytes:
             return self.load(magazine, [(shard, Envelope(payload, msg_id, loaded_at))], ttl_seconds)[0].slot
         try:
-            _, _, got = self._call("load", self._client.operate, self._meta_key(magazine, shard), _ALLOCATE_ONE,
-                                   None, self._never)
+            slot = self._allocate_slots("load", magazine, shard, 1)
         except ex.AerospikeError as exc:
             raise self._fail(exc, "load", self._data_set) from None
-        slot = int(got[LOAD_POINTER])
         if self.load_reserved(tuple.__new__(SlotRef, (magazine, shard, slot)), payload, msg_id, loaded_at,
                               ttl_seconds):
             return slot
@@ -702,22 +759,56 @@ class AerospikeStore:
             # conversion costs the client about a third of the call, measured).
             self._call("load", self._client.put, key, bins, None, policies[0])
         except ex.RecordExistsError:  # a purge leftover, a seal, or this write's own earlier attempt
-            try:
-                self._call("load", self._client.put, key, bins, None, policies[1])
-            except ex.FilteredOut:
-                STORAGE_RETRIES.labels("load_sealed").inc()
-                return False
+            return self._write_over("load", key, bins, policies[1]["ttl"])
         return True
+
+    def _write_over(self, operation: str, key: tuple[str, str, str], bins: Mapping[str, Any], ttl: int) -> bool:
+        """A new record's write into a slot that holds one already: it replaces a purge leftover, or this same
+        message (its own earlier attempt); it is refused by a seal, and by another message, which a rollback
+        put there (the store handed the slot out twice: see rollback.py). False: publish it again elsewhere."""
+        replaceable = exp.And(exp.Not(exp.BinExists(SEALED)), exp.Or(
+            exp.BinExists(PURGED), exp.Eq(exp.StrBin(MSG_ID), str(bins.get(MSG_ID) or ""))))
+        policy = {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE, "ttl": ttl,
+                  "expressions": replaceable.compile()}
+        try:
+            self._call(operation, self._client.put, key, dict(bins), None, policy)
+            return True
+        except ex.FilteredOut:
+            pass
+        STORAGE_RETRIES.labels("load_sealed").inc()
+        try:
+            _, _, held = self._call(operation, self._client.get, key)
+        except ex.RecordNotFound:
+            return False
+        if held.get(SEALED) is None:  # not a seal: another message, or its ack
+            self._collided(*names.parse_data_key(key[2]))
+        return False
+
+    def _collided(self, magazine: str, shard: int, slot: int) -> None:
+        """The store handed out a slot that already holds a message (or its ack): its load pointer went back
+        (a rollback this process had no mark for, e.g. it started after the crash). Report it, and move the
+        load pointer past the messages stored beyond it (read ahead window by window), so the next
+        allocations get new slots."""
+        last = slot
+        while True:
+            refs = [SlotRef(magazine, shard, s) for s in range(last + 1, last + 1 + COLLISION_WINDOW)]
+            live = self._batch_get("rollback_check", [self._data_key(ref) for ref in refs])
+            used = [ref.slot for ref, bins, done in zip(refs, live, self.settled(refs), strict=True)
+                    if bins is not None or done]
+            if not used:
+                break
+            last = used[-1]
+        key = self._meta_key(magazine, shard)
+        self._shared.marks.saw((key[1], key[2], LOAD_POINTER), last)
+        self._roll_forward(magazine, shard, f"load pointer (slot {slot} already holds a message)", slot - 1)
 
     def reserve(self, magazine: str, shard: int, count: int) -> int:
         if count < 1:
             raise InvalidInputError(f"reserve {count} slots: count must be at least 1")
         try:
-            _, _, got = self._call("reserve", self._client.operate, self._meta_key(magazine, shard),
-                                   _allocate_ops(count), None, self._never)
+            return self._allocate_slots("reserve", magazine, shard, count)
         except ex.AerospikeError as exc:
             raise self._fail(exc, "reserve", self._meta_set) from None
-        return int(got[LOAD_POINTER]) - count + 1
 
     def load_reserved(self, ref: SlotRef, payload: bytes, msg_id: str, loaded_at: int, ttl_seconds: int
                       ) -> bool:
@@ -735,6 +826,62 @@ class AerospikeStore:
         # One record object per message either way: the envelope path costs nothing extra here.
         return load_new_as_envelopes(self, magazine, batch, placement, ttl_seconds)
 
+    def _allocate_slots(self, operation: str, magazine: str, shard: int, count: int) -> int:
+        """Allocate `count` consecutive slots of a shard; the first. Checked against the highest load pointer
+        this process has seen (the mark is taken before the call, see rollback.py): a lower answer is a
+        rollback, and the slots are allocated again past the mark after the pointers are moved there.
+        Aerospike errors raw."""
+        key = self._meta_key(magazine, shard)
+        marks, mark = self._shared.marks, (key[1], key[2], LOAD_POINTER)
+        before = marks.mark(mark)
+        _, _, got = self._call(operation, self._client.operate, key,
+                               _ALLOCATE_ONE if count == 1 else _allocate_ops(count), None, self._never)
+        load = int(got[LOAD_POINTER])
+        if got.get(PURGED) is not None:  # purged since: the numbering starts afresh, on purpose
+            marks.forget(lambda k: k[:2] == key[1:])
+            before = 0
+        elif load - count < before and self._renumbered(magazine, shard, load - count + 1, mark):
+            before = 0
+        if load - count < before and not self._renumbered(magazine, shard, load - count + 1, mark):
+            self._roll_forward(magazine, shard, "load pointer", load - count)
+            if load > before:  # the part of this allocation past the mark: ours, and unused from now on
+                self._seal_slots(operation, [SlotRef(magazine, shard, slot) for slot in range(before + 1, load + 1)],
+                                 ROLLBACK_SEAL_TTL)
+            return self._allocate_slots(operation, magazine, shard, count)
+        marks.saw(mark, load)
+        return load - count + 1
+
+    def _renumbered(self, magazine: str, shard: int, slot: int, mark: tuple[str, str, str]) -> bool:
+        """Whether a pointer below this process's mark comes from a purge (another process purged the magazine
+        and it is used again: numbering afresh, on purpose) rather than a rollback, told by the first slot
+        past the pointer: a purge tombstone there, or a message published after the mark was seen. Then the
+        shard's marks are forgotten. (A rollback leaves nothing there, or what was there before the mark.)"""
+        try:
+            _, _, bins = self._call("rollback_check", self._client.get, self._data_key(SlotRef(magazine, shard, slot)))
+        except ex.RecordNotFound:
+            return False
+        seen_at = self._shared.marks.seen_at(mark)
+        if bins.get(PURGED) is None and not (bins.get(TOMBSTONE) is None and (bins.get(LOADED_AT) or 0) > seen_at):
+            return False
+        self._shared.marks.forget(lambda k: k[:2] == mark[:2])
+        return True
+
+    def _roll_forward(self, magazine: str, shard: int, what: str, stored: int) -> None:
+        """After a rollback of a shard's pointers: report it, and move its load and fire pointers up to the
+        highest this process has seen (never down: max by expression, one call)."""
+        key = self._meta_key(magazine, shard)
+        marks = self._shared.marks
+        load_high = marks.mark((key[1], key[2], LOAD_POINTER))
+        fire_high = marks.mark((key[1], key[2], FIRE_POINTER))
+        high = load_high if what.startswith("load") else fire_high
+        report(f"{what} of {magazine} shard {shard}", magazine, stored, high)
+        load, fire = exp.IntBin(LOAD_POINTER), exp.IntBin(FIRE_POINTER)
+        fire_now = exp.Cond(exp.BinExists(FIRE_POINTER), fire, 0)
+        raised_fire = arithmetic.Max(fire_now, arithmetic.Min(fire_high, load))  # (load: already raised above)
+        self._call("roll_forward", self._client.operate, key, [
+            expr_ops.expression_write(LOAD_POINTER, arithmetic.Max(load, load_high).compile()),
+            expr_ops.expression_write(FIRE_POINTER, raised_fire.compile())], None, self._never)
+
     def _allocate(self, operation: str, magazine: str, shards: Sequence[int]) -> list[SlotRef]:
         """A new slot for each entry of `shards`, in order: one increment per distinct shard. Also creates
         FIRE_POINTER (claim's guard needs it) and drops a purge tombstone's bins, so a purged-then-reused
@@ -742,11 +889,7 @@ class AerospikeStore:
         counts: dict[int, int] = {}
         for shard in shards:
             counts[shard] = counts.get(shard, 0) + 1
-        next_slot: dict[int, int] = {}
-        for shard, n in counts.items():
-            _, _, got = self._call(operation, self._client.operate, self._meta_key(magazine, shard),
-                                   _allocate_ops(n), None, self._never)
-            next_slot[shard] = int(got[LOAD_POINTER]) - n + 1
+        next_slot = {shard: self._allocate_slots(operation, magazine, shard, n) for shard, n in counts.items()}
         refs = []
         for shard in shards:
             refs.append(SlotRef(magazine, shard, next_slot[shard]))
@@ -755,25 +898,27 @@ class AerospikeStore:
 
     def _write_new(self, operation: str, refs: Sequence[SlotRef], bins_list: Sequence[Mapping[str, Any]],
                    ttl: int) -> list[bool]:
-        """Write records into slots just allocated: create-or-replace (a purge tombstone may be there, or
-        this write's own earlier attempt), refused by a sealed slot. Per slot: False = sealed."""
-        policy = {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE, "expressions": _NOT_SEALED,
-                  "ttl": ttl}
+        """Write records into slots just allocated: create-only, and where a record is there already, over
+        it as _write_over allows (a purge leftover, this write's own earlier attempt). Per slot: False =
+        refused (a seal, or another message): publish it again elsewhere."""
+        create = {**self._wp, "exists": aerospike.POLICY_EXISTS_CREATE, "ttl": ttl}
         if len(refs) == 1:
+            key = self._data_key(refs[0])
             try:
-                self._call(operation, self._client.put, self._data_key(refs[0]), dict(bins_list[0]), None, policy)
+                self._call(operation, self._client.put, key, dict(bins_list[0]), None, create)
                 return [True]
-            except ex.FilteredOut:
-                return [False]
+            except ex.RecordExistsError:
+                return [self._write_over(operation, key, bins_list[0], ttl)]
         write = aerospike.OPERATOR_WRITE  # the op dicts ops.write builds, without a call per bin
         batch = BatchRecords([Write(self._data_key(ref), [{"op": write, "bin": k, "val": v} for k, v in bins.items()],
-                                    policy=policy) for ref, bins in zip(refs, bins_list, strict=True)])
+                                    policy=create) for ref, bins in zip(refs, bins_list, strict=True)])
         done = self._call(operation, self._client.batch_write, batch) or batch
         records = self._answers(operation, done, len(refs), self._data_set)
-        failed = [r for r in records if r.result not in (0, FILTERED_OUT)]
+        failed = [r for r in records if r.result not in (0, RECORD_EXISTS)]
         if failed:  # some may be written: publishing them again can duplicate, never lose
             raise self._record_failure(operation, failed[0], self._data_set)
-        return [r.result == 0 for r in records]
+        return [r.result == 0 or self._write_over(operation, r.key, bins, ttl)
+                for r, bins in zip(records, bins_list, strict=True)]
 
     def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
         if not items:
@@ -832,16 +977,28 @@ class AerospikeStore:
             operations, policy = _CLAIM_ONE if max_slots == 1 else self._claim_ops(max_slots), self._claim_policy
         else:
             operations, policy = self._bounded_claim(max_slots, up_to)
+        key = self._meta_key(magazine, shard)
+        marks, mark = self._shared.marks, (key[1], key[2], FIRE_POINTER)
+        before = marks.mark(mark)  # taken before the call: see rollback.py
         try:
             try:
-                _, _, got = self._call("claim", self._client.operate, self._meta_key(magazine, shard), operations,
-                                       None, policy, idempotent=False)
+                _, _, got = self._call("claim", self._client.operate, key, operations, None, policy, idempotent=False)
             except _MISSING:  # no meta record, or FIRE == LOAD: drained
                 return []
         except ex.AerospikeError as exc:
             raise self._fail(exc, "claim", self._meta_set) from None
         last = int(got[FIRE_POINTER])
         first = last if max_slots == 1 and up_to is None else int(got[CLAIM_FROM]) + 1
+        if first <= before:  # the fire pointer was below one seen before this claim: a rollback, or a purge
+            try:
+                if not self._renumbered(magazine, shard, first, mark):
+                    self._roll_forward(magazine, shard, "fire pointer", first - 1)
+                    first = before + 1  # slots up to the mark were claimed before the rollback: not this claim's
+            except ex.AerospikeError as exc:
+                raise self._fail(exc, "claim", self._meta_set) from None
+        marks.saw(mark, last)
+        if first > last:
+            return []
         new = tuple.__new__  # a NamedTuple's own __new__ is a Python call: too slow per claimed slot
         return self._stamp_slots("claim", [new(SlotRef, (magazine, shard, slot)) for slot in range(first, last + 1)],
                                  now_ms_, count_attempt)
@@ -1225,19 +1382,34 @@ class AerospikeStore:
     def pointers(self, magazine: str, shards: int) -> dict[int, ShardPointers]:
         if shards <= 0:
             return {}
+        keys = [self._meta_key(magazine, shard) for shard in range(shards)]
+        marks = self._shared.marks
+        before = [(marks.mark((k[1], k[2], LOAD_POINTER)), marks.mark((k[1], k[2], FIRE_POINTER))) for k in keys]
         try:
-            found = self._batch_get("pointers", [self._meta_key(magazine, shard) for shard in range(shards)])
+            found = self._batch_get("pointers", keys)
+            out = {}
+            for shard, (key, bins, (load_high, fire_high)) in enumerate(zip(keys, found, before, strict=True)):
+                load, fire = int((bins or {}).get(LOAD_POINTER, 0)), int((bins or {}).get(FIRE_POINTER, 0))
+                if bins is not None and (load < load_high or fire < fire_high):  # (absent: a purge, no telling)
+                    which, stored = ("load", load) if load < load_high else ("fire", fire)
+                    if not self._renumbered(magazine, shard, stored + 1, (key[1], key[2], f"{which.upper()}_POINTER")):
+                        self._roll_forward(magazine, shard, f"{which} pointer", stored)
+                        load, fire = max(load, load_high), max(fire, min(fire_high, max(load, load_high)))
+                marks.saw((key[1], key[2], LOAD_POINTER), load)
+                marks.saw((key[1], key[2], FIRE_POINTER), fire)
+                out[shard] = ShardPointers(load, fire, int((bins or {}).get(HOLES, 0)),
+                                           int((bins or {}).get(HOLES_CLAIMED, 0)))
         except ex.AerospikeError as exc:
             raise self._fail(exc, "pointers", self._meta_set) from None
-        return {shard: ShardPointers(int((bins or {}).get(LOAD_POINTER, 0)), int((bins or {}).get(FIRE_POINTER, 0)),
-                                     int((bins or {}).get(HOLES, 0)), int((bins or {}).get(HOLES_CLAIMED, 0)))
-                for shard, bins in enumerate(found)}
+        return out
 
     def purge_magazine(self, magazine: str) -> int:
         """Find the magazine's shards by a scan of the meta set (small: one record per shard), then turn
         every record of data slots 1..LOAD_POINTER and the meta records into purge tombstones (durable
         deletes on Enterprise): deletes that stay deleted, and a slot numbering that starts afresh."""
         prefix, suffix = names.magazine_prefix(magazine), "_METADATA"
+        # The numbering starts afresh on purpose: forget the pointers this process saw (no rollback).
+        self._shared.marks.forget(lambda k: k[0] == self._meta_set and str(k[1]).startswith(prefix))
 
         def scan() -> list[Any]:
             query = self._client.query(self._ns, self._meta_set)
