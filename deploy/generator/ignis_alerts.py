@@ -231,6 +231,19 @@ ALERTS: list[Alert] = [
               f'ignis_operator_queues{{{OPERATOR},state="Synced"}}': "4x30"}, "20m"),
     ),
     Alert(
+        "IgnisStoreRollback",
+        "sum by (queue, magazine) (increase(ignis_store_rollbacks_total[15m])) > 0",
+        "0m", "critical",
+        "The store lost acknowledged writes ({{ $labels.queue }} {{ $labels.magazine }})",
+        "A process saw a pointer of {{ $labels.queue }} ({{ $labels.magazine }}) go back: Aerospike lost writes "
+        "it had acknowledged (a node crashed before its flush, or a namespace without replication lost a "
+        "node). IgnisMQ moved past the lost slots, so none is given twice, but messages published in that "
+        "window may be gone.",
+        Case({'ignis_store_rollbacks_total{namespace="shop",queue="orders",magazine="main"}': "0 0 1 1 1 1"},
+             "5m", [{"queue": "orders", "magazine": "main"}]),
+        Case({'ignis_store_rollbacks_total{namespace="shop",queue="orders",magazine="main"}': "0x30"}, "20m"),
+    ),
+    Alert(
         "IgnisHoleBudgetExhausted",
         "sum by (queue) (increase(ignis_hole_budget_exhausted_total[10m])) > 0",
         "0m", "warning",
