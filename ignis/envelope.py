@@ -30,6 +30,13 @@ CODEC_BYTES = "bytes"
 CODEC_STR = "str"
 CODEC_JSON = "json"
 CODECS = (CODEC_BYTES, CODEC_STR, CODEC_JSON)
+# A record that did not decode as an envelope (written by another tool, or damaged): stored and moved on as
+# a readable envelope whose payload is a description of the record as found, with this codec (which nothing
+# decodes: it never reaches a handler) and what was wrong in the PROBLEM_HEADER header.
+CODEC_UNREADABLE = "unreadable"
+STORED_CODECS = (*CODECS, CODEC_UNREADABLE)
+PROBLEM_HEADER = "ignis-unreadable"
+UNREADABLE_REASON = "unreadable"
 
 HISTORY_LIMIT = 20  # a dead letter keeps its last 20 failures; enough to diagnose, bounded in size
 
@@ -80,7 +87,74 @@ def decode_payload(data: bytes, codec: str) -> Any:
         return data.decode("utf-8")
     if codec == CODEC_JSON:
         return json.loads(data)
+    if codec == CODEC_UNREADABLE:
+        raise ValueError("the stored record is not an IgnisMQ message (its ignis-unreadable header says why)")
     raise ValueError(f"unknown payload codec {codec!r}")
+
+
+_BIN_TYPES: tuple[tuple[str, tuple[type, ...], bool], ...] = (
+    # bin, accepted types, required
+    (PAYLOAD, (bytes, bytearray), True), (MSG_ID, (str,), True), (LOADED_AT, (int,), True),
+    (CODEC, (str,), False), (HEADERS, (dict,), False), (PARTITION_KEY, (str,), False), (FIRE_TS, (int,), False),
+    (ATTEMPTS, (int,), False), (REASON, (str,), False), (HISTORY, (list,), False),
+)
+
+
+def envelope_problem(bins: dict[str, Any]) -> str | None:
+    """What keeps stored bins from being an envelope (a bin of the wrong type, a missing payload or id, an
+    unknown codec, headers that are not strings), or None. (A None value counts as absent: a batch answers
+    a read of a missing bin with None.)"""
+    for name, types, required in _BIN_TYPES:
+        value = bins.get(name)
+        if value is None:
+            if required:
+                return f"bin {name} is missing"
+            continue
+        if not isinstance(value, types) or isinstance(value, bool):
+            return f"bin {name} is {type(value).__name__} {_short(value)}, not {types[0].__name__}"
+    if not bins.get(MSG_ID):
+        return "bin msgId is empty"
+    if bins.get(CODEC) is not None and bins[CODEC] not in STORED_CODECS:
+        return f"bin codec is {_short(bins[CODEC])}, not one of {', '.join(CODECS)}"
+    headers = bins.get(HEADERS)
+    if headers and not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        return "bin headers is not a map of strings"
+    return None
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(value: Any) -> Any:
+    """A JSON-able picture of a stored value (bytes as text where they are, else hex)."""
+    if isinstance(value, bytes | bytearray):
+        try:
+            return {"bytes": bytes(value).decode("utf-8")}
+        except UnicodeDecodeError:
+            return {"hex": bytes(value).hex()}
+    if isinstance(value, dict):
+        return {str(k): _describe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_describe(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return repr(value)
+
+
+def unreadable_envelope(problem: str, bins: dict[str, Any], where: str) -> Envelope:
+    """The envelope a record that is not one is carried on as (CODEC_UNREADABLE): its payload describes the
+    record as found (JSON), its PROBLEM_HEADER says what was wrong; its id, load time, fire time and attempts
+    are kept where they were usable (else derived from `where`, the slot, and 0)."""
+    def usable(name: str, kind: type) -> Any:
+        value = bins.get(name)
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+    payload = json.dumps({"problem": problem, "bins": _describe(dict(bins))}, sort_keys=True).encode()
+    return Envelope(payload, usable(MSG_ID, str) or f"unreadable:{where}", usable(LOADED_AT, int) or 0,
+                    codec=CODEC_UNREADABLE, headers={PROBLEM_HEADER: problem}, fire_ts=usable(FIRE_TS, int),
+                    attempts=usable(ATTEMPTS, int) or 0, reason=UNREADABLE_REASON)
 
 
 class Envelope:

@@ -15,7 +15,9 @@ from typing import Any
 from ignis import names
 from ignis.envelope import (
     CODEC_BYTES,
+    CODEC_UNREADABLE,
     CODECS,
+    PROBLEM_HEADER,
     Envelope,
     NewMessages,
     encode_payload,
@@ -23,7 +25,7 @@ from ignis.envelope import (
     new_message_ids,
     now_ms,
 )
-from ignis.errors import AlreadySettled, InvalidInputError, PayloadTooLarge
+from ignis.errors import AlreadySettled, IgnisError, InvalidInputError, PayloadTooLarge
 from ignis.magazine import Magazine
 from ignis.metrics import (
     ACKED,
@@ -35,12 +37,14 @@ from ignis.metrics import (
     SIDELINE_REFUSED,
     SIDELINED,
 )
+from ignis.outage import one_line
 from ignis.spec import QueueSpec
 from ignis.storage.base import Claimed, MessageRef, SlotRef, Storage
 
 log = logging.getLogger(__name__)
 
 MAX_ID_LENGTH = 128
+DIVERT_ROUNDS = 16  # claims fire_many makes again when all it claimed were unreadable records
 MAX_KEY_LENGTH = 256
 
 # Why a message left the main magazine (the `reason` label and envelope field).
@@ -300,6 +304,9 @@ class Queue:
     def fire(self) -> Message | None:
         """Claim the next message, or None when the queue has nothing to deliver."""
         claimed = self.main.fire_one()
+        while claimed is not None and claimed.envelope.codec == CODEC_UNREADABLE:  # type: ignore[union-attr]
+            self._divert([claimed])
+            claimed = self.main.fire_one()
         if claimed is None:
             return None
         self._delivered.tick()
@@ -309,7 +316,12 @@ class Queue:
 
     def fire_many(self, max_messages: int) -> list[Message]:
         """Claim up to `max_messages` messages in as few storage calls as the shards allow."""
-        return self._delivering(self.main.fire(max_messages))
+        for _ in range(DIVERT_ROUNDS):
+            claimed = self.main.fire(max_messages)
+            messages = self._delivering(claimed)
+            if messages or not claimed:  # (all claimed were unreadable and diverted: claim again)
+                return messages
+        return []
 
     def take_kept(self, max_messages: int) -> list[Message]:
         """Up to `max_messages` messages this handle already claimed for later fires (see
@@ -317,6 +329,9 @@ class Queue:
         return self._delivering(self.main.take_kept(max_messages))
 
     def _delivering(self, claimed: list[Claimed]) -> list[Message]:
+        if any(c.envelope.codec == CODEC_UNREADABLE for c in claimed):  # type: ignore[union-attr]
+            self._divert([c for c in claimed if c.envelope.codec == CODEC_UNREADABLE])  # type: ignore[union-attr]
+            claimed = [c for c in claimed if c.envelope.codec != CODEC_UNREADABLE]  # type: ignore[union-attr]
         if claimed:
             self._delivered.inc(len(claimed))
             again = sum(1 for c in claimed if c.envelope.attempts > 1)  # type: ignore[union-attr]
@@ -350,6 +365,16 @@ class Queue:
         IGNORED.labels(self.name).inc(len(messages))
 
     # ---- sideline / dead letter --------------------------------------------------------------------
+    def _divert(self, claimed: Sequence[Claimed]) -> None:
+        """Claimed records that are not IgnisMQ messages (written by another tool, or damaged: the store reads
+        them as CODEC_UNREADABLE envelopes) never reach a consumer: they go to the sideline as `unreadable`,
+        with what was wrong in their ignis-unreadable header (or to the dead letters if that copy fails)."""
+        messages = [Message(self, c.ref, c.envelope) for c in claimed]  # type: ignore[arg-type]
+        outcome = self.transfer(messages, UNREADABLE)
+        log.warning("%d record(s) of %s are not IgnisMQ messages (first: %s: %s): moved to the %s", len(messages),
+                    self.name, messages[0].ref, (messages[0].envelope.headers or {}).get(PROBLEM_HEADER),
+                    "dead letters" if outcome.dead_lettered and not outcome.sidelined else "sideline")
+
     def transfer(self, messages: Sequence[Message], reason: str) -> Transfer:
         """Copy-then-delete into the sideline, or into `q_DEAD` when a message has used up its
         maxDeliveries. A failed copy keeps the original in place (counted as refused)."""
@@ -365,9 +390,13 @@ class Queue:
                 continue
             try:
                 target.load([m.envelope.for_transfer(reason, at) for m in group])
-            except Exception:
-                log.exception("copy of %d message(s) of %s to %s failed; originals kept for the sweeper",
-                              len(group), self.name, target.name)
+            except Exception as exc:
+                if reason == UNREADABLE and target is self.sideline:  # not to be left in main: dead-letter it
+                    to_dead.extend(group)
+                    continue
+                log.error("copy of %d message(s) of %s to %s failed; originals kept for the sweeper: %s: %s",
+                          len(group), self.name, target.name, type(exc).__name__, one_line(exc),
+                          exc_info=not isinstance(exc, IgnisError))
                 SIDELINE_REFUSED.labels(self.name).inc(len(group))
                 continue
             counter.labels(self.name, reason).inc(len(group))

@@ -78,6 +78,7 @@ from ignis.envelope import (
     ATTEMPTS,
     CODEC,
     CODEC_BYTES,
+    CODEC_UNREADABLE,
     FIRE_TS,
     HEADERS,
     HISTORY,
@@ -86,9 +87,12 @@ from ignis.envelope import (
     PARTITION_KEY,
     PAYLOAD,
     REASON,
+    STORED_CODECS,
     Envelope,
     NewMessages,
+    envelope_problem,
     now_ms,
+    unreadable_envelope,
 )
 from ignis.errors import IgnisError, InvalidInputError, QueueNotFound, StaleEpoch, StoreError, StoreUnavailable
 from ignis.metrics import STORAGE_CALLS, STORAGE_ERRORS, STORAGE_RETRIES
@@ -173,6 +177,12 @@ _ALLOCATE_ONE = _allocate_ops(1)  # built once: the per-message publish path
 _READ_ENVELOPE = [ops.read(b) for b in ENVELOPE_BINS]
 _READ_STAMPED = [*_READ_ENVELOPE, ops.read(PURGED)]
 _READ_TOMBSTONE = ops.read(TOMBSTONE)
+
+
+def _stamp_only(now: int) -> list[dict[str, Any]]:
+    """A claim's stamp and read without the attempts increment, for a record whose attempts bin is not a
+    number (it is then read back as an unreadable envelope)."""
+    return [ops.write(FIRE_TS, now), *_READ_STAMPED]
 # What an ack, a delete or a seal leaves in a slot. Not a purge's mark: slot numbering starts afresh
 # after a purge, so a new message may still be written over it.
 _SETTLED_BINS = [TOMBSTONE]
@@ -183,7 +193,7 @@ _MISSING = (ex.RecordNotFound, ex.FilteredOut)
 MOVE_TO_BEFORE = "mvToBefore"
 _READ_MOVE_TO_BEFORE = expr_ops.expression_read(MOVE_TO_BEFORE, exp.StrBin(MOVE_TO).compile(),
                                                 aerospike.EXP_READ_EVAL_NO_FAIL)
-NOT_FOUND, RECORD_EXISTS, FILTERED_OUT = 2, 5, 27  # per-record result codes of batch calls
+NOT_FOUND, RECORD_EXISTS, BIN_INCOMPATIBLE, FILTERED_OUT = 2, 5, 12, 27  # per-record result codes of batch calls
 COLLISION_WINDOW = 256  # slots read at a time past a slot found used twice (see _collided)
 _ANSWERED = (0, NOT_FOUND, FILTERED_OUT)  # a record's answer; any other code is a failure to answer
 REPUBLISH_ROUNDS = 5  # a message refused by a sealed slot is written again, at most this many times
@@ -397,17 +407,33 @@ class AerospikeStore:
         return bins is None or bins.get(TOMBSTONE) is not None or bins.get(PURGED) is not None
 
     @staticmethod
-    def _envelope(bins: Mapping[str, Any], version: int | None = None) -> Envelope:
+    def _envelope(bins: Mapping[str, Any], version: int | None = None, where: object = "?") -> Envelope:
         # Envelope.from_bins, for what the client hands back: a batch write answers every operation (a
         # read of a missing bin, a write: None), so an absent bin may be there as None; blobs may come
-        # back as bytearray. One pass, no intermediate dict: this runs once per delivered message.
+        # back as bytearray. One pass, no intermediate dict: this runs once per delivered message. A record
+        # that is not an envelope (another tool wrote it, or it is damaged) is carried on as an unreadable one
+        # (envelope.unreadable_envelope): never as something else.
         get = bins.get
-        payload = get(PAYLOAD) or b""
-        if type(payload) is not bytes:
-            payload = bytes(payload)
-        envelope = Envelope(payload, get(MSG_ID) or "", get(LOADED_AT) or 0, get(CODEC) or CODEC_BYTES,
-                            get(HEADERS), get(PARTITION_KEY), get(FIRE_TS), get(ATTEMPTS) or 0, get(REASON),
-                            get(HISTORY))
+        payload, msg_id, loaded_at, codec = get(PAYLOAD), get(MSG_ID), get(LOADED_AT), get(CODEC) or CODEC_BYTES
+        headers, key, fire_ts, attempts = get(HEADERS), get(PARTITION_KEY), get(FIRE_TS), get(ATTEMPTS) or 0
+        reason, history = get(REASON), get(HISTORY)
+        if type(payload) is not bytes or type(msg_id) is not str or not msg_id or type(loaded_at) is not int \
+                or type(attempts) is not int or codec not in STORED_CODECS \
+                or (fire_ts is not None and type(fire_ts) is not int) \
+                or (headers is not None and type(headers) is not dict) \
+                or (key is not None and type(key) is not str) or (reason is not None and type(reason) is not str) \
+                or (history is not None and type(history) is not list):
+            problem = envelope_problem(dict(bins))
+            if problem is not None:
+                envelope = unreadable_envelope(problem, dict(bins), where)
+                envelope.version = version
+                return envelope
+            payload = bytes(payload)  # a bytearray: the client's blob type in some answers
+        elif headers and not all(type(k) is str and type(v) is str for k, v in headers.items()):
+            envelope = unreadable_envelope("bin headers is not a map of strings", dict(bins), where)
+            envelope.version = version
+            return envelope
+        envelope = Envelope(payload, msg_id, loaded_at, codec, headers, key, fire_ts, attempts, reason, history)
         envelope.version = version
         return envelope
 
@@ -1012,7 +1038,7 @@ class AerospikeStore:
         """A claimed slot from its stamp's outcome: the record; an awaited hole (not found, or a purge
         leftover a new message may still replace); or a hole for good (deleted or sealed)."""
         if result == 0 and bins is not None and bins.get(PURGED) is None:
-            return Claimed(ref, AerospikeStore._envelope(bins, generation), False)
+            return Claimed(ref, AerospikeStore._envelope(bins, generation, ref), False)
         return Claimed(ref, None, result != FILTERED_OUT)
 
     def _stamp_slots(self, operation: str, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool
@@ -1037,6 +1063,9 @@ class AerospikeStore:
                                                [*stamp, _READ_TOMBSTONE], None, self._update)
                 except ex.RecordNotFound:
                     return [self._slot(refs[0], None, NOT_FOUND)]
+                except ex.BinIncompatibleType:  # attempts is not a number: not an envelope, stamp it only
+                    _, meta, bins = self._call(operation, self._client.operate, self._data_key(refs[0]),
+                                               [*_stamp_only(now_ms_), _READ_TOMBSTONE], None, self._update)
                 if bins.get(TOMBSTONE) is not None:
                     return [self._slot(refs[0], None, FILTERED_OUT)]
                 return [self._slot(refs[0], bins, 0, (meta or {}).get("gen"))]
@@ -1050,6 +1079,17 @@ class AerospikeStore:
             raise self._interrupted(error, refs) from None
         except StoreUnavailable as error:
             raise self._interrupted(error, refs) from None
+        incompatible = [i for i, record in enumerate(records) if record.result == BIN_INCOMPATIBLE]
+        if incompatible:  # attempts is not a number (another tool wrote the record): stamp it only
+            records = list(records)
+            try:
+                keys = [self._data_key(refs[i]) for i in incompatible]
+                again = self._call(operation, self._client.batch_operate, keys, _stamp_only(now_ms_), None, self._stamp)
+                for i, record in zip(incompatible, self._answers(operation, again, len(incompatible), self._data_set),
+                                     strict=True):
+                    records[i] = record
+            except (ex.AerospikeError, StoreUnavailable):
+                pass  # those records stay failed: re-read later, like any record the store did not answer for
         out = []
         new, envelope = tuple.__new__, self._envelope
         failure: IgnisError | None = None
@@ -1057,7 +1097,7 @@ class AerospikeStore:
             result, got = record.result, record.record
             bins = got[2] if got else None
             if result == 0 and bins is not None and bins.get(PURGED) is None:  # _slot, inlined: per message
-                out.append(new(Claimed, (ref, envelope(bins, (got[1] or {}).get("gen")), False)))
+                out.append(new(Claimed, (ref, envelope(bins, (got[1] or {}).get("gen"), ref), False)))
             elif result in _ANSWERED:
                 out.append(self._slot(ref, bins, result))
             else:  # not answered: still this caller's slot, re-read later
@@ -1151,15 +1191,19 @@ class AerospikeStore:
         #    back stamped it since), or with the very fireTS it was seen with (records grouped by it).
         claim_ops = [_READ_MOVE_TO_BEFORE, ops.write(MOVE_EPOCH, epoch), ops.write(MOVE_TO, token)]
         not_newer = exp.Or(exp.Not(exp.BinExists(MOVE_EPOCH)), exp.LE(exp.IntBin(MOVE_EPOCH), epoch))
-        groups: dict[int | None, list[int]] = {}
-        if fired_before is not None:
-            groups[None] = list(range(len(moves)))
-            fired = {None: exp.And(exp.BinExists(FIRE_TS), exp.LT(exp.IntBin(FIRE_TS), fired_before))}
-        else:
-            for i, m in enumerate(moves):
-                groups.setdefault(m.fired_at, []).append(i)
-            fired = {at: exp.Not(exp.BinExists(FIRE_TS)) if at is None else exp.Eq(exp.IntBin(FIRE_TS), at)
-                     for at in groups}
+        groups: dict[int | str | None, list[int]] = {}
+        fired: dict[int | str | None, Any] = {}
+        for i, m in enumerate(moves):
+            if m.envelope.codec == CODEC_UNREADABLE:  # moved on as it is: nobody holds an unreadable record
+                group: int | str | None = CODEC_UNREADABLE
+                fired[group] = exp.Val(True)
+            elif fired_before is not None:
+                group = "before"
+                fired[group] = exp.And(exp.BinExists(FIRE_TS), exp.LT(exp.IntBin(FIRE_TS), fired_before))
+            else:
+                group = m.fired_at
+                fired[group] = exp.Not(exp.BinExists(FIRE_TS)) if group is None else exp.Eq(exp.IntBin(FIRE_TS), group)
+            groups.setdefault(group, []).append(i)
         answers: list[Any] = [None] * len(moves)
         for at, members in groups.items():
             policy = {**self._update, "expressions": exp.And(_LIVE, fired[at], not_newer).compile()}
@@ -1287,7 +1331,8 @@ class AerospikeStore:
             found = self._batch_get("read", [self._data_key(ref) for ref in refs])
         except ex.AerospikeError as exc:
             raise self._fail(exc, "read", self._data_set) from None
-        return [None if bins is None else self._envelope(bins) for bins in found]
+        return [None if bins is None else self._envelope(bins, None, ref)
+                for ref, bins in zip(refs, found, strict=True)]
 
     def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
         refs = [SlotRef(magazine, shard, slot) for slot in range(max(first, 1), last + 1)]
@@ -1297,7 +1342,8 @@ class AerospikeStore:
             found = self._batch_get("peek", [self._data_key(ref) for ref in refs])
         except ex.AerospikeError as exc:
             raise self._fail(exc, "peek", self._data_set) from None
-        return [(ref, self._envelope(bins)) for ref, bins in zip(refs, found, strict=True) if bins is not None]
+        return [(ref, self._envelope(bins, None, ref)) for ref, bins in zip(refs, found, strict=True)
+                if bins is not None]
 
     def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
         if not refs:
@@ -1377,7 +1423,7 @@ class AerospikeStore:
             return None
         except ex.AerospikeError as exc:
             raise self._fail(exc, "stamp_unfired", self._data_set) from None
-        return self._envelope(bins)
+        return self._envelope(bins, None, ref)
 
     def pointers(self, magazine: str, shards: int) -> dict[int, ShardPointers]:
         if shards <= 0:

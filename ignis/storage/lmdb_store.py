@@ -28,16 +28,22 @@ import msgpack
 
 from ignis import names
 from ignis.envelope import (
+    ATTEMPTS,
     CODEC_BYTES,
     CODEC_JSON,
     CODEC_STR,
+    CODEC_UNREADABLE,
+    FIRE_TS,
     HEADERS,
     HISTORY,
+    LOADED_AT,
     PARTITION_KEY,
     REASON,
     Envelope,
     NewMessages,
+    envelope_problem,
     now_ms,
+    unreadable_envelope,
 )
 from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch, StoreError, StoreFull, StoreUnavailable
 from ignis.metrics import STORAGE_CALLS
@@ -87,6 +93,8 @@ def _unpack(raw: bytes) -> dict[str, Any]:
 
 
 def _expired(raw: bytes, now: int) -> bool:
+    if len(raw) < _HEADER.size:  # damaged: not an IgnisMQ record (read as unreadable), never "expired"
+        return False
     expire_at = _HEADER.unpack_from(raw)[0]
     return expire_at != 0 and expire_at <= now
 
@@ -105,7 +113,7 @@ _DATA = struct.Struct(">QQIBQBBH")
 _PAYLOAD_LEN = struct.Struct(">I")
 _FORMAT = 1
 _HAS_EXTRAS = 1
-_CODEC_IDS = {CODEC_BYTES: 0, CODEC_STR: 1, CODEC_JSON: 2}
+_CODEC_IDS = {CODEC_BYTES: 0, CODEC_STR: 1, CODEC_JSON: 2, CODEC_UNREADABLE: 3}
 _CODEC_NAMES = {v: k for k, v in _CODEC_IDS.items()}
 
 
@@ -167,20 +175,36 @@ def _plain_head(id_length: int) -> struct.Struct:
     return struct.Struct(f"{_DATA.format}{id_length}s{_PAYLOAD_LEN.format[1:]}")
 
 
-def _unpack_data(raw: bytes) -> Envelope:
-    _, fire_ts, attempts, fmt, loaded_at, codec, flags, id_len = _DATA.unpack_from(raw)
-    if fmt != _FORMAT:
-        raise StoreError(f"data record format {fmt} is not one this version reads ({_FORMAT})")
-    at = _DATA.size + id_len
-    msg_id = raw[_DATA.size:at].decode()
-    end = at + 4 + _PAYLOAD_LEN.unpack_from(raw, at)[0]
-    payload = raw[at + 4:end]
-    if flags & _HAS_EXTRAS:
-        extras = msgpack.unpackb(raw[end:], raw=False)
-        return Envelope(payload, msg_id, loaded_at, _CODEC_NAMES[codec], extras.get(HEADERS),
-                        extras.get(PARTITION_KEY), fire_ts or None, attempts, extras.get(REASON),
-                        extras.get(HISTORY))
-    return Envelope(payload, msg_id, loaded_at, _CODEC_NAMES[codec], None, None, fire_ts or None, attempts)
+def _unpack_data(raw: bytes, where: object = "?") -> Envelope:
+    try:
+        _, fire_ts, attempts, fmt, loaded_at, codec, flags, id_len = _DATA.unpack_from(raw)
+        if fmt != _FORMAT:
+            raise StoreError(f"data record format {fmt} is not one this version reads ({_FORMAT})")
+        at = _DATA.size + id_len
+        msg_id = raw[_DATA.size:at].decode()
+        end = at + 4 + _PAYLOAD_LEN.unpack_from(raw, at)[0]
+        payload = raw[at + 4:end]
+        if len(payload) != end - at - 4 or not msg_id:
+            raise ValueError("the record is shorter than its lengths say" if msg_id else "its id is empty")
+        if flags & _HAS_EXTRAS:
+            extras = msgpack.unpackb(raw[end:], raw=False)
+            envelope = Envelope(payload, msg_id, loaded_at, _CODEC_NAMES[codec], extras.get(HEADERS),
+                                extras.get(PARTITION_KEY), fire_ts or None, attempts, extras.get(REASON),
+                                extras.get(HISTORY))
+            problem = envelope_problem(envelope.to_bins())
+            if problem is not None:
+                raise ValueError(problem)
+            return envelope
+        return Envelope(payload, msg_id, loaded_at, _CODEC_NAMES[codec], None, None, fire_ts or None, attempts)
+    except StoreError:
+        raise
+    except Exception as exc:  # damaged, or not written by IgnisMQ: carried on as unreadable, never as something else
+        problem = f"the record does not decode: {type(exc).__name__}: {exc}"
+        bins: dict[str, Any] = {"raw": bytes(raw)}
+        if len(raw) >= _DATA.size:
+            _, fire_ts, attempts, _, loaded_at, *_ = _DATA.unpack_from(raw)
+            bins.update({FIRE_TS: fire_ts or None, ATTEMPTS: attempts, LOADED_AT: loaded_at})
+        return unreadable_envelope(problem, bins, where)
 
 
 def _expire_at(ttl_seconds: int, now: int) -> int:
@@ -721,7 +745,7 @@ class LmdbStore:
                 for slot in range(fire + 1, fire + count + 1):
                     key = prefix + b"%d" % slot
                     raw = get(key, None, data_db)
-                    if raw is not None:
+                    if raw is not None and len(raw) >= header_size:  # (a shorter one: damaged, unreadable)
                         expire_at, _, attempts = header.unpack_from(raw)
                         if expire_at and expire_at <= now_ms_:
                             txn.delete(key, b"", data_db)
@@ -754,10 +778,11 @@ class LmdbStore:
                 if raw is None or _expired(raw, now_ms_):
                     out.append(Claimed(ref, None, False))
                     continue
-                expire_at, _, attempts = _DATA_HEADER.unpack_from(raw)
-                raw = _DATA_HEADER.pack(expire_at, now_ms_, attempts + bump) + raw[_DATA_HEADER.size:]
-                txn.put(key, raw, db=self._data)
-                out.append(Claimed(ref, _unpack_data(raw), False))
+                if len(raw) >= _DATA_HEADER.size:
+                    expire_at, _, attempts = _DATA_HEADER.unpack_from(raw)
+                    raw = _DATA_HEADER.pack(expire_at, now_ms_, attempts + bump) + raw[_DATA_HEADER.size:]
+                    txn.put(key, raw, db=self._data)
+                out.append(Claimed(ref, _unpack_data(raw, ref), False))
         return out
 
     def seal(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
@@ -782,9 +807,12 @@ class LmdbStore:
             for m, value in zip(moves, values, strict=True):
                 key = self._data_key(m.source)
                 raw = txn.get(key, db=self._data)
-                fire_ts = None if raw is None else (_DATA_HEADER.unpack_from(raw)[1] or None)
+                fire_ts = None if raw is None or len(raw) < _DATA_HEADER.size else \
+                    (_DATA_HEADER.unpack_from(raw)[1] or None)
                 seen = fire_ts == m.fired_at if fired_before is None else \
                     fire_ts is not None and fire_ts < fired_before
+                if m.envelope.codec == CODEC_UNREADABLE:  # moved on as it is: nobody holds an unreadable record
+                    seen = True
                 if raw is None or _expired(raw, now) or not seen:
                     done.append(False)  # settled, moved by someone else, or not the record that was seen
                     continue
@@ -808,7 +836,7 @@ class LmdbStore:
             out: list[Envelope | None] = []
             for ref in refs:
                 raw = txn.get(self._data_key(ref), db=self._data)
-                out.append(None if raw is None or _expired(raw, now) else _unpack_data(raw))
+                out.append(None if raw is None or _expired(raw, now) else _unpack_data(raw, ref))
             return out
 
         return self._read("read", get_all)
@@ -821,7 +849,7 @@ class LmdbStore:
             for slot in range(max(first, 1), last + 1):
                 raw = txn.get(prefix + b"%d" % slot, db=self._data)
                 if raw is not None and not _expired(raw, now):
-                    out.append((SlotRef(magazine, shard, slot), _unpack_data(raw)))
+                    out.append((SlotRef(magazine, shard, slot), _unpack_data(raw, f"{magazine}/{shard}/{slot}")))
             return out
 
         return self._read("peek", scan)
@@ -856,11 +884,13 @@ class LmdbStore:
             raw = txn.get(key, db=self._data)
             if raw is None or _expired(raw, now_ms_):
                 return None
+            if len(raw) < _DATA_HEADER.size:
+                return _unpack_data(raw, ref)  # damaged: unreadable, not stamped
             expire_at, fire_ts, attempts = _DATA_HEADER.unpack_from(raw)
             if not fire_ts:
                 raw = _DATA_HEADER.pack(expire_at, now_ms_, attempts) + raw[_DATA_HEADER.size:]
                 txn.put(key, raw, db=self._data)
-        return _unpack_data(raw)
+        return _unpack_data(raw, ref)
 
     def pointers(self, magazine: str, shards: int) -> dict[int, ShardPointers]:
         def get_all(txn: Any) -> dict[int, ShardPointers]:

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from ignis.envelope import Envelope, now_ms
+from ignis.envelope import CODEC_UNREADABLE, Envelope, now_ms
 from ignis.errors import HoleBudgetExceeded, InvalidInputError, QueueNotFound, StaleEpoch, StoreUnavailable
 from ignis.magazine import Magazine
 from ignis.metrics import DEAD_LETTERED
@@ -137,7 +137,10 @@ class Shovel:
                 env = c.envelope
                 assert env is not None  # fire returns present records only
                 copy = env.for_transfer(None, at)
-                if source == "sideline" and limit and env.attempts >= limit:
+                if source == "sideline" and env.codec == CODEC_UNREADABLE:  # never deliverable: no round trip
+                    copy.reason = env.reason or "unreadable"
+                    dead.append((c.ref, env.fire_ts, copy))
+                elif source == "sideline" and limit and env.attempts >= limit:
                     copy.reason = env.reason or EXHAUSTED_REASON
                     dead.append((c.ref, env.fire_ts, copy))
                 else:

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ignis import names
-from ignis.envelope import now_ms
+from ignis.envelope import CODEC_UNREADABLE, now_ms
 from ignis.errors import QueueNotFound, StaleEpoch, StoreUnavailable
 from ignis.magazine import Magazine
 from ignis.outage import STORE_HEALTH, one_line
@@ -284,6 +284,9 @@ class Sweeper:
                             next_pos = unsettled
                             break
                     seen = ref.slot + 1
+                    if not env.fire_ts and env.codec == CODEC_UNREADABLE:
+                        abandoned.append((ref, env))  # not a message (no usable fireTS either): to the sideline
+                        continue
                     if not env.fire_ts:
                         # Never swept on sight: stamp it (only if still unstamped), and the pointer stops at
                         # the first one. The scan goes on, so every unstamped record of the window gets its
