@@ -132,6 +132,63 @@ def wait_serving(host: str, port: int, timeout: float, namespace: str = "test") 
     raise TimeoutError(f"aerospike {host}:{port} did not serve within {timeout:g} s: {last}")
 
 
+def info(host: str, port: int, command: str, timeout: float = 3.0) -> str:
+    """One info command on one node (Aerospike's info protocol: version 2, type 1, 48-bit length)."""
+    import struct
+
+    body = (command + "\n").encode()
+    with socket.create_connection((host, port), timeout=timeout) as conn:
+        conn.sendall(struct.pack(">Q", (2 << 56) | (1 << 48) | len(body)) + body)
+        header = b""
+        while len(header) < 8:
+            chunk = conn.recv(8 - len(header))
+            if not chunk:
+                raise ConnectionError(f"{host}:{port} closed the info connection")
+            header += chunk
+        size = struct.unpack(">Q", header)[0] & 0xFFFFFFFFFFFF
+        data = b""
+        while len(data) < size:
+            chunk = conn.recv(size - len(data))
+            if not chunk:
+                break
+            data += chunk
+    text = data.decode(errors="replace")
+    return text.split("\t", 1)[1].strip() if "\t" in text else text.strip()
+
+
+def _stats(host: str, port: int) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in info(host, port, "statistics").split(";") if "=" in item)
+
+
+def settle(nodes: list[tuple[str, int]], timeout: float = 180.0) -> float:
+    """Wait until the running nodes of `nodes` form one cluster of all of them, with no migrations left
+    (cluster_size, cluster_integrity, migrate_partitions_remaining, and `cluster-stable` agreeing on one
+    cluster key), twice in a row. Returns when it held (time.monotonic())."""
+    deadline = time.monotonic() + timeout
+    streak = 0
+    last = ""
+    while time.monotonic() < deadline:
+        up = [(h, p) for h, p in nodes if port_open(h, p)]
+        try:
+            keys = set()
+            for h, p in up:
+                stats = _stats(h, p)
+                if int(stats.get("cluster_size", 0)) != len(up) or stats.get("cluster_integrity") != "true" \
+                        or int(stats.get("migrate_partitions_remaining", 1)) != 0:
+                    raise ValueError(f"{h}:{p} {stats.get('cluster_size')} nodes, "
+                                     f"{stats.get('migrate_partitions_remaining')} partitions to migrate")
+                keys.add(info(h, p, f"cluster-stable:size={len(up)};ignore-migrations=false"))
+            if len(keys) != 1 or any(k.startswith("ERROR") for k in keys):
+                raise ValueError(f"cluster-stable: {keys}")
+            streak += 1
+            if streak >= 2:
+                return time.monotonic()
+        except (OSError, ValueError) as exc:
+            streak, last = 0, str(exc)
+        time.sleep(0.5)
+    raise TimeoutError(f"the cluster did not settle within {timeout:g} s: {last}")
+
+
 def parse_hosts(target: str) -> tuple[list[tuple[str, int]], str]:
     """`h:p,h:p/ns` -> ([(h, p), ...], ns)."""
     hosts, _, namespace = target.partition("/")

@@ -1,0 +1,88 @@
+"""A producer or consumer process for the fault suite (tests/test_aerospike_faults.py).
+
+    fault_worker.py produce URL QUEUE SECONDS RATE     # publish for SECONDS at about RATE/s
+    fault_worker.py consume URL QUEUE                  # a Consumer until SIGTERM
+
+stdout (flushed, one line per step, each with the time it happened, epoch ms):
+    published <ms> <id>                 a publish that returned (confirmed)
+    handled <ms> <id> <attempts>        the handler got the message
+    acked <ms> <id>                     its ack returned
+The process's logs (ignis.logs, text) go to stderr. A producer whose publish fails waits (backing off) and
+publishes a new message: an unconfirmed one may still have been stored, and may be delivered."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+from ignis import Consumer, Ignis
+from ignis.envelope import now_ms
+from ignis.errors import StoreError
+from ignis.logs import configure
+from ignis.outage import Backoff
+from ignis.queue import Message, Queue
+
+_out = threading.Lock()
+
+
+def say(*words: object) -> None:
+    with _out:
+        sys.stdout.write(" ".join(str(w) for w in words) + "\n")
+        sys.stdout.flush()
+
+
+def produce(ignis: Ignis, queue_name: str, seconds: float, rate: float) -> None:
+    queue = ignis.queue(queue_name)
+    backoff = Backoff()
+    deadline = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        try:
+            ref = queue.publish(f"m-{i}".encode())
+        except StoreError as exc:
+            time.sleep(backoff.failed(f"publish {queue_name}", exc))
+            continue
+        backoff.ok()
+        say("published", now_ms(), ref.id)
+        i += 1
+        time.sleep(max(0.0, 1 / rate - (time.monotonic() - started)))
+
+
+class ReportingConsumer(Consumer):
+    """A Consumer that also says when an ack returned (Consumer._ack retries it while the store is down)."""
+
+    def _ack(self, queue: Queue, messages: list[Message]) -> None:
+        super()._ack(queue, messages)
+        for m in messages:
+            say("acked", now_ms(), m.id)
+
+
+def consume(ignis: Ignis, queue_name: str) -> None:
+    consumer = ReportingConsumer(ignis, queues=[queue_name], poll_interval=0.05)
+
+    def handle(message: Any) -> None:
+        say("handled", now_ms(), message.id, message.attempts)
+
+    consumer.register(queue_name, handle)
+    consumer.run()  # until SIGTERM
+
+
+def main() -> None:
+    action, url, queue_name = sys.argv[1:4]
+    configure("text", "INFO")
+    with Ignis(url) as ignis:
+        say("ready", now_ms())
+        if action == "produce":
+            produce(ignis, queue_name, float(sys.argv[4]), float(sys.argv[5]))
+        elif action == "consume":
+            consume(ignis, queue_name)
+        else:
+            raise SystemExit(f"unknown action {action}")
+    say("done", now_ms())
+
+
+if __name__ == "__main__":
+    main()
