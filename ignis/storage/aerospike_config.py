@@ -46,6 +46,7 @@ class AerospikeSettings(BaseSettings):
     retry_sleep_ms: int = Field(50, ge=0, description="sleep between retries")
     max_conns_per_node: int = Field(100, ge=1, description="connection pool size per server node")
     thread_pool_size: int = Field(16, ge=1, description="client thread pool (batch and async work)")
+    tend_interval_ms: int = Field(1000, ge=250, description="how often the client checks the cluster's nodes")
     ack_mode: AckMode = Field("auto", description="auto: durable delete on Enterprise, tombstones on Community")
     max_record_bytes: int = Field(1 << 20, ge=1024, description="largest record the namespace accepts")
     login_timeout_ms: int = Field(5000, ge=0, description="connect/login timeout")
@@ -95,6 +96,7 @@ class AerospikeSettings(BaseSettings):
                          "login_timeout_ms": self.login_timeout_ms},
             "max_conns_per_node": self.max_conns_per_node,
             "thread_pool_size": self.thread_pool_size,
+            "tend_interval": self.tend_interval_ms,
         }
         if self.user:
             config["user"] = self.user
