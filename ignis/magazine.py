@@ -26,7 +26,9 @@ from ignis.outage import STORE_HEALTH
 from ignis.storage.base import (
     RESERVATION_FRESH_MS,
     Claimed,
+    ClaimInDoubt,
     ClaimInterrupted,
+    ClaimTicket,
     MessageRef,
     Move,
     ShardPointers,
@@ -103,6 +105,7 @@ class Magazine:
         # not yet handed out. Re-read on later fires of this handle: a worker never blocks on them.
         self._awaited: list[_Awaited] = []
         self._landed: deque[Claimed] = deque()
+        self._in_doubt: list[ClaimTicket] = []  # claims whose answer was lost: resolved before the next claim
         self._grace = store.write_grace_ms / 1000
         self._holes = HOLES_SKIPPED.labels(queue, kind)
         self._late = LATE_WRITES.labels(queue, kind)
@@ -340,12 +343,20 @@ class Magazine:
     def _claim_next(self, max_slots: int) -> list[Claimed] | None:
         """One guarded claim on an active shard: None when no shard has work, [] when the picked shard
         turned out drained (it is dropped from the active set)."""
+        if self._in_doubt:
+            resolved = self._resolve_in_doubt()
+            if resolved:
+                return resolved
         loads_seen = self._last_load
         shard = self._pick_shard()
         if shard is None:
             return None
         try:
             claimed = self.store.claim(self.name, shard, max_slots, now_ms(), self._count_attempt)
+        except ClaimInDoubt as exc:  # the claim's answer was lost: find out what it took before claiming more
+            with self._lock:
+                self._in_doubt.append(exc.ticket)
+            raise
         except ClaimInterrupted as exc:
             # The store failed after the claim took its slots: they are still ours. Keep them, awaited,
             # to re-read once the store answers, and report the outage.
@@ -360,6 +371,30 @@ class Magazine:
             self._drained.tick()
             self._suppress(shard, loads_seen)
         return claimed
+
+    def _resolve_in_doubt(self) -> list[Claimed]:
+        """Find out what the claims whose answer was lost took (raising StoreUnavailable while the store still
+        does not answer, keeping them for the next fire): their slots, stamped, are this handle's."""
+        with self._lock:
+            tickets, self._in_doubt = self._in_doubt, []
+        out: list[Claimed] = []
+        try:
+            while tickets:
+                try:
+                    claimed = self.store.resolve_claim(tickets[0], now_ms())
+                except ClaimInterrupted as exc:  # it took slots, then their stamp failed: keep them, awaited
+                    tickets.pop(0)
+                    holes: list[SlotRef] = []
+                    for item in exc.claimed:
+                        self._set_aside(item, holes)
+                    raise
+                tickets.pop(0)
+                out.extend(claimed or ())
+        finally:
+            if tickets:
+                with self._lock:
+                    self._in_doubt[:0] = tickets
+        return out
 
     def _give_up(self, skipped: int) -> None:
         self._exhausted.inc()
@@ -535,8 +570,9 @@ class Magazine:
             self._awaited.append(_Awaited(ref, time.monotonic(), self._grace))
 
     def awaiting(self) -> int:
-        """Slots this handle claimed and has not delivered yet: awaited, landed or prefetched."""
-        return len(self._awaited) + len(self._landed) + len(self._prefetched)
+        """Slots this handle claimed and has not delivered yet: awaited, landed or prefetched (and claims
+        whose answer was lost, not resolved yet)."""
+        return len(self._awaited) + len(self._landed) + len(self._prefetched) + len(self._in_doubt)
 
     def next_check_in(self) -> float | None:
         """Seconds until an awaited slot is due for a re-read (0 when a claimed record waits to be handed

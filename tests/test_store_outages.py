@@ -125,3 +125,46 @@ def test_errors_of_the_store_are_one_line(server: EmulatedServer, ignis: Ignis) 
     assert "\n" not in str(caught.value)
     mapped = aerospike_store.map_error(error, "get", "here")
     assert "\n" not in str(mapped) and "sub-errors: node A: timeout node B: refused" in str(mapped)
+
+
+def test_a_claim_whose_answer_was_lost_is_found_and_delivered_by_its_claimer(server: EmulatedServer,
+                                                                             ignis: Ignis) -> None:
+    from aerospike import exception as ex
+
+    queue = ignis.queue("orders")
+    ids = {r.id for r in queue.publish_many([b"a", b"b", b"c"], key="k")}
+    queue.main.pointers()  # the handle knows the shard has work
+    # The claim is applied, then its answer is lost (a node died after applying it): in doubt.
+    server.fail_next("operate", ex.TimeoutError, apply_first=True)
+    with pytest.raises(StoreUnavailable):
+        queue.fire_many(3)
+    assert sum(p.fire for p in queue.main.pointers().values()) == 3  # the slots were taken...
+    assert queue.main.awaiting() == 1  # ...by a claim this handle will resolve
+    got = queue.fire_many(3)  # resolves it first: the slots are its own
+    assert {m.id for m in got} == ids and [m.attempts for m in got] == [1, 1, 1]
+
+
+def test_a_single_slot_claim_whose_answer_was_lost_is_found_too(server: EmulatedServer, ignis: Ignis) -> None:
+    from aerospike import exception as ex
+
+    queue = ignis.queue("orders")
+    ref = queue.publish(b"one", key="k")
+    queue.main.pointers()
+    server.fail_next("operate", ex.TimeoutError, apply_first=True)
+    with pytest.raises(StoreUnavailable):
+        queue.fire()
+    message = queue.fire()
+    assert message is not None and message.id == ref.id
+
+
+def test_a_claim_whose_answer_was_lost_and_was_not_applied_claims_afresh(server: EmulatedServer,
+                                                                         ignis: Ignis) -> None:
+    from aerospike import exception as ex
+
+    queue = ignis.queue("orders")
+    ids = {r.id for r in queue.publish_many([b"a", b"b"], key="k")}
+    queue.main.pointers()
+    server.fail_next("operate", ex.TimeoutError)  # lost before it reached the server (in doubt for the client)
+    with pytest.raises(StoreUnavailable):
+        queue.fire_many(2)
+    assert {m.id for m in queue.fire_many(2)} == ids

@@ -54,6 +54,7 @@ in the record metadata.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -113,7 +114,9 @@ from ignis.storage.base import (
     SWEEP_POINTERS,
     SWEPT_COUNTER,
     Claimed,
+    ClaimInDoubt,
     ClaimInterrupted,
+    ClaimTicket,
     LeaseRecord,
     MagazineKind,
     Move,
@@ -142,6 +145,9 @@ CLIENTS_KEY, CLIENTS_BIN = "clients", "clients"
 LEASE_PREFIX = "lease:"
 LEASE_BINS = ("holder", "acquired_ms", "renewed_ms", "duration_s", "transitions")
 CLAIM_FROM = "claimFrom"  # expression-read result: the fire pointer before the claim
+# Every claim leaves its token (and, for a claim of several slots, the fire pointer before it) on the meta
+# record, so a claimer whose answer was lost can tell later whether the claim was applied and what it took.
+LAST_CLAIM, LAST_FROM = "lastClaim", "lastFrom"
 ENVELOPE_BINS = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, REASON, HISTORY, FIRE_TS, ATTEMPTS)
 BATCH_CHUNK = 5000  # keys per batch call in peeks and purges
 MAX_BIN_NAME = 15
@@ -187,6 +193,7 @@ def _stamp_only(now: int) -> list[dict[str, Any]]:
 # after a purge, so a new message may still be written over it.
 _SETTLED_BINS = [TOMBSTONE]
 _MISSING = (ex.RecordNotFound, ex.FilteredOut)
+_ANSWER_LOST = (ex.TimeoutError, ex.NoResponse)  # sent, maybe applied, no answer
 # A move reads the target of an earlier claim while writing its own. A plain read of mvTo would come
 # back overwritten by the write's None (a batch write answers every operation, later ones winning), so
 # it is read by an expression under its own name; a missing bin reads as None.
@@ -220,6 +227,8 @@ class _Shared:
         self.views: dict[str, AerospikeStore] = {}
         self.marks = HighMarks()  # the highest pointers and generations this process has seen (rollback.py)
         self.lease_holds: dict[str, float] = {}  # lease name -> monotonic time until which it is not used
+        self.claim_prefix = uuid.uuid4().hex[:10]  # claim tokens: this prefix and a counter
+        self.claim_seq = itertools.count(1)
         self.durable_delete = self._detect_durable_delete()
 
     def _detect_durable_delete(self) -> bool:
@@ -980,6 +989,7 @@ class AerospikeStore:
         if cached is None:
             advanced = arithmetic.Min(arithmetic.Add(exp.IntBin(FIRE_POINTER), k), exp.IntBin(LOAD_POINTER))
             cached = [expr_ops.expression_read(CLAIM_FROM, exp.IntBin(FIRE_POINTER).compile()),
+                      expr_ops.expression_write(LAST_FROM, exp.IntBin(FIRE_POINTER).compile()),
                       expr_ops.expression_write(FIRE_POINTER, advanced.compile()),
                       ops.read(FIRE_POINTER)]
             if len(self._claim_exprs) < 1024:
@@ -992,6 +1002,7 @@ class AerospikeStore:
         guard = exp.And(exp.LT(fire, load), exp.LT(fire, up_to)).compile()
         advanced = arithmetic.Min(arithmetic.Add(fire, k), load, up_to)
         operations = [expr_ops.expression_read(CLAIM_FROM, fire.compile()),
+                      expr_ops.expression_write(LAST_FROM, fire.compile()),
                       expr_ops.expression_write(FIRE_POINTER, advanced.compile()), ops.read(FIRE_POINTER)]
         return operations, {**self._update, "expressions": guard}
 
@@ -1006,15 +1017,40 @@ class AerospikeStore:
         key = self._meta_key(magazine, shard)
         marks, mark = self._shared.marks, (key[1], key[2], FIRE_POINTER)
         before = marks.mark(mark)  # taken before the call: see rollback.py
+        token = f"{self._shared.claim_prefix}{next(self._shared.claim_seq)}"
         try:
             try:
-                _, _, got = self._call("claim", self._client.operate, key, operations, None, policy, idempotent=False)
+                _, _, got = self._call("claim", self._client.operate, key, [*operations, ops.write(LAST_CLAIM, token)],
+                                       None, policy, idempotent=False)
             except _MISSING:  # no meta record, or FIRE == LOAD: drained
                 return []
         except ex.AerospikeError as exc:
+            error = self._fail(exc, "claim", self._meta_set)
+            if is_transient(exc, True) and (getattr(exc, "in_doubt", False) or isinstance(exc, _ANSWER_LOST)):
+                ticket = ClaimTicket(magazine, shard, max_slots == 1 and up_to is None, token, count_attempt)
+                raise ClaimInDoubt(str(error), ticket) from None
+            raise error from None
+        return self._claimed(magazine, shard, max_slots == 1 and up_to is None, got, before, now_ms_, count_attempt)
+
+    def resolve_claim(self, ticket: ClaimTicket, now_ms_: int) -> list[Claimed] | None:
+        try:
+            _, _, got = self._call("claim", self._client.get, self._meta_key(ticket.magazine, ticket.shard))
+        except ex.RecordNotFound:
+            return None
+        except ex.AerospikeError as exc:
             raise self._fail(exc, "claim", self._meta_set) from None
+        if got.get(LAST_CLAIM) != ticket.token:  # not applied, or another claim came after it: no telling
+            return None
+        answer = {FIRE_POINTER: got.get(FIRE_POINTER, 0), CLAIM_FROM: got.get(LAST_FROM, 0)}
+        return self._claimed(ticket.magazine, ticket.shard, ticket.single, answer, 0, now_ms_, ticket.count_attempt)
+
+    def _claimed(self, magazine: str, shard: int, single: bool, got: Mapping[str, Any], before: int, now_ms_: int,
+                 count_attempt: bool) -> list[Claimed]:
+        """The slots a claim answered `got` took (checked against the fire pointer's mark `before`), stamped."""
+        key = self._meta_key(magazine, shard)
+        marks, mark = self._shared.marks, (key[1], key[2], FIRE_POINTER)
         last = int(got[FIRE_POINTER])
-        first = last if max_slots == 1 and up_to is None else int(got[CLAIM_FROM]) + 1
+        first = last if single else int(got[CLAIM_FROM]) + 1
         if first <= before:  # the fire pointer was below one seen before this claim: a rollback, or a purge
             try:
                 if not self._renumbered(magazine, shard, first, mark):

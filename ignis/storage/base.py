@@ -126,6 +126,27 @@ class ClaimInterrupted(StoreUnavailable):
         self.claimed = list(claimed)
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimTicket:
+    """A claim whose answer was lost (the store may or may not have applied it): what its claimer needs to
+    find out later (`Storage.resolve_claim`) which slots, if any, it took."""
+
+    magazine: str
+    shard: int
+    single: bool  # a claim of one slot (its answer is the fire pointer after it; others record the one before)
+    token: str
+    count_attempt: bool
+
+
+class ClaimInDoubt(StoreUnavailable):
+    """The store did not answer a claim that it may have applied: `ticket` resolves it once it answers, so
+    the slots it took stay the claimer's (and are not left for the sweeper)."""
+
+    def __init__(self, message: str, ticket: ClaimTicket) -> None:
+        super().__init__(message)
+        self.ticket = ticket
+
+
 class Move(NamedTuple):
     """One record a fenced `Storage.move` takes out of its magazine: where it is, the fireTS it was seen
     with (the move refuses a record that changed since), and the envelope to write at the target."""
@@ -329,6 +350,13 @@ class Storage(Protocol):
                       ) -> bool:
         """`load_one`'s record write, into a slot from `reserve`. False if the slot was sealed meanwhile
         (a consumer gave it up): nothing was written, publish the message again."""
+        ...
+
+    def resolve_claim(self, ticket: ClaimTicket, now_ms: int) -> list[Claimed] | None:
+        """What a claim that raised ClaimInDoubt took: its slots, stamped and read as `claim` does (None when
+        it was not applied, or can no longer be told: then the sweeper finds whatever it took). Raises
+        StoreUnavailable while the store still does not answer. A backend whose claims are never in doubt
+        answers None."""
         ...
 
     def note_claimed_holes(self, magazine: str, holes: Mapping[int, int]) -> None:
