@@ -24,8 +24,7 @@ log = logging.getLogger("ignis.store")
 
 
 class HighMarks:
-    """The highest value seen per (record, counter), and when it was first seen. Thread-safe; a plain dict
-    read for `mark`."""
+    """The highest value seen per (record, counter), and when it was seen. Thread-safe (see `saw`)."""
 
     def __init__(self) -> None:
         self._marks: dict[Hashable, tuple[int, int]] = {}
@@ -39,10 +38,12 @@ class HighMarks:
         return self._marks.get(key, (0, 0))[1]
 
     def saw(self, key: Hashable, value: int) -> None:
-        if value > self._marks.get(key, (0, 0))[0]:
-            with self._lock:
-                if value > self._marks.get(key, (0, 0))[0]:
-                    self._marks[key] = (value, now_ms())
+        # No lock: this runs on every claim and allocation. Two threads racing may leave the lower of their
+        # two values, which only makes the check a little less sensitive, never wrong: a mark is always a
+        # value the store did answer, and it is compared only with answers to calls sent after it was seen.
+        current = self._marks.get(key)
+        if current is None or value > current[0]:
+            self._marks[key] = (value, now_ms())
 
     def forget(self, predicate: Callable[[Hashable], bool]) -> None:
         """Drop every mark whose key matches (a purge: the numbering starts afresh, on purpose)."""
