@@ -358,12 +358,7 @@ class Magazine:
                 self._in_doubt.append(exc.ticket)
             raise
         except ClaimInterrupted as exc:
-            # The store failed after the claim took its slots: they are still ours. Keep them, awaited,
-            # to re-read once the store answers, and report the outage.
-            holes: list[SlotRef] = []
-            for item in exc.claimed:
-                self._set_aside(item, holes)
-            self._holes.inc(len(holes))  # (the store is failing: not counted there)
+            self._keep_interrupted(exc)
             raise
         if claimed:
             self._won.tick()
@@ -382,11 +377,9 @@ class Magazine:
             while tickets:
                 try:
                     claimed = self.store.resolve_claim(tickets[0], now_ms())
-                except ClaimInterrupted as exc:  # it took slots, then their stamp failed: keep them, awaited
+                except ClaimInterrupted as exc:  # it took slots, then their stamp failed
                     tickets.pop(0)
-                    holes: list[SlotRef] = []
-                    for item in exc.claimed:
-                        self._set_aside(item, holes)
+                    self._keep_interrupted(exc)
                     raise
                 tickets.pop(0)
                 out.extend(claimed or ())
@@ -395,6 +388,14 @@ class Magazine:
                 with self._lock:
                     self._in_doubt[:0] = tickets
         return out
+
+    def _keep_interrupted(self, exc: ClaimInterrupted) -> None:
+        """The store failed after a claim took its slots: they are still ours. Keep them, awaited, to re-read
+        once the store answers (the caller reports the outage)."""
+        holes: list[SlotRef] = []
+        for item in exc.claimed:
+            self._set_aside(item, holes)
+        self._holes.inc(len(holes))  # (not counted in the store: it is failing)
 
     def _give_up(self, skipped: int) -> None:
         self._exhausted.inc()
