@@ -1228,21 +1228,21 @@ class AerospikeStore:
         claim_ops = [_READ_MOVE_TO_BEFORE, ops.write(MOVE_EPOCH, epoch), ops.write(MOVE_TO, token)]
         not_newer = exp.Or(exp.Not(exp.BinExists(MOVE_EPOCH)), exp.LE(exp.IntBin(MOVE_EPOCH), epoch))
         groups: dict[int | str | None, list[int]] = {}
-        fired: dict[int | str | None, Any] = {}
         for i, m in enumerate(moves):
             if m.envelope.codec == CODEC_UNREADABLE:  # moved on as it is: nobody holds an unreadable record
                 group: int | str | None = CODEC_UNREADABLE
-                fired[group] = exp.Val(True)
-            elif fired_before is not None:
-                group = "before"
-                fired[group] = exp.And(exp.BinExists(FIRE_TS), exp.LT(exp.IntBin(FIRE_TS), fired_before))
             else:
-                group = m.fired_at
-                fired[group] = exp.Not(exp.BinExists(FIRE_TS)) if group is None else exp.Eq(exp.IntBin(FIRE_TS), group)
+                group = "before" if fired_before is not None else m.fired_at
             groups.setdefault(group, []).append(i)
         answers: list[Any] = [None] * len(moves)
         for at, members in groups.items():
-            policy = {**self._update, "expressions": exp.And(_LIVE, fired[at], not_newer).compile()}
+            if at == CODEC_UNREADABLE:
+                fired: Any = exp.Val(True)
+            elif at == "before":
+                fired = exp.And(exp.BinExists(FIRE_TS), exp.LT(exp.IntBin(FIRE_TS), fired_before))
+            else:
+                fired = exp.Not(exp.BinExists(FIRE_TS)) if at is None else exp.Eq(exp.IntBin(FIRE_TS), at)
+            policy = {**self._update, "expressions": exp.And(_LIVE, fired, not_newer).compile()}
             done = self._call("move", self._client.batch_operate, [sources[i] for i in members], claim_ops, None,
                               policy)
             for i, record in zip(members, self._answers("move", done, len(members), self._data_set), strict=True):
