@@ -82,13 +82,18 @@ def _job_session_conf() -> dict[str, dict[str, str]]:
     return {"export": export.SESSION_CONF}
 
 
-def _session(ctx: typer.Context, job: str) -> Any:
-    from ignis_pipeline.session import build_session, parse_conf
+def _session_args(ctx: typer.Context, job: str) -> tuple[str | None, dict[str, str]]:
+    from ignis_pipeline.session import parse_conf
 
     master, conf = ctx.meta.get("ignis.spark", (None, []))
     # Our own progress line replaces Spark's console bar; failures come back as exceptions, turned into one
     # `error:` line by the core CLI, so Spark's own error logs (stack traces) would only repeat them.
-    settings = {"spark.ui.showConsoleProgress": "false", **_job_session_conf().get(job, {}), **parse_conf(conf)}
+    return master, {"spark.ui.showConsoleProgress": "false", **_job_session_conf().get(job, {}), **parse_conf(conf)}
+
+
+def _session(master: str | None, settings: dict[str, str], job: str) -> Any:
+    from ignis_pipeline.session import build_session
+
     spark = build_session(f"ignis-pipeline-{job}", master, settings)
     spark.sparkContext.setLogLevel("FATAL")
     return spark
@@ -110,10 +115,16 @@ _OUR_ERROR = re.compile(r"\b(InvalidInputError|QueueNotFound|QueueInactive|Paylo
 
 
 def _job(ctx: typer.Context, name: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Run a job; a failure inside Spark comes back as one line naming the problem."""
-    spark = _session(ctx, name)
+    """Run a job; a failure inside Spark comes back as one line naming the problem. Where the store can be
+    reached from is checked before the session starts (an lmdb store and a master on other hosts)."""
+    from ignis_pipeline.session import check_master, effective_master
+
+    store = _store(ctx)
+    master, settings = _session_args(ctx, name)
+    check_master(effective_master(master, settings), store["store"])
+    spark = _session(master, settings, name)
     try:
-        return fn(spark, _store(ctx), *args, **kwargs)
+        return fn(spark, store, *args, **kwargs)
     except IgnisError:
         raise
     except Exception as exc:

@@ -360,12 +360,17 @@ def test_lmdb_store_is_refused_on_another_host(store_url: str) -> None:
         check_host(moved)  # every executor reaches Aerospike with the same URL
 
 
-def test_a_job_refuses_lmdb_with_a_cluster_master() -> None:
+def test_a_job_refuses_lmdb_with_a_master_on_other_hosts() -> None:
     from ignis_pipeline.session import check_master
 
-    from ignis.errors import StoreUnavailable
+    from ignis.errors import InvalidInputError
 
-    with pytest.raises(StoreUnavailable, match="local master"):
-        check_master("spark://spark-master:7077", "lmdb:///data")
-    check_master("spark://spark-master:7077", "aerospike://aero:3000/ignis")
-    check_master("local[2]", "lmdb:///data")
+    for master in ("spark://spark-master:7077", "spark://10.1.2.3:7077", "spark://127.0.0.1:7077,spark-b:7077",
+                   "yarn", "k8s://https://127.0.0.1:6443", "spark://myhost.example:7077"):
+        with pytest.raises(InvalidInputError, match="local master"):
+            check_master(master, "lmdb:///data")
+        check_master(master, "aerospike://aero:3000/ignis")  # every executor reaches Aerospike with the same URL
+    # Every executor on this host: local masters, and a standalone master on the loopback address.
+    for master in ("local", "local[2]", "local[*]", "local-cluster[2,1,1024]", "spark://127.0.0.1:7077",
+                   "spark://localhost:7077", "spark://[::1]:7077", "spark://127.0.0.1:7077,127.0.0.1:7078"):
+        check_master(master, "lmdb:///data")
