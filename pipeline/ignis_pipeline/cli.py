@@ -2,14 +2,14 @@
 `--conf k=v` goes to the SparkSession. A plug-in of the core CLI (entry point `ignis.cli`): pyspark is
 imported only when a job runs, so `ignis --help` works without the `spark` extra.
 
-Under spark-submit the job modules (`ignis_pipeline/jobs/*.py`) call `run_job`, which runs the same
-commands through the core CLI (store from IGNIS_STORE / IGNIS_CLIENT_ID / IGNIS_FARM_ID).
+Under spark-submit the job modules (`ignis_pipeline/jobs/*.py`) run the same commands through the core
+CLI (runner.run_job); they never import this module, which imports them.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -181,16 +181,25 @@ def replay(
     rate: RateOpt = None,
     canary: CanaryOpt = None,
     canary_timeout: CanaryTimeoutOpt = 300.0,
+    magazine: Annotated[Magazine, typer.Option(
+        "--magazine", case_sensitive=False,
+        help="which of the export's rows to publish: main (the default), or also failed messages: sideline, dead "
+             "or all")] = Magazine.MAIN,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
-    """Publish an export into a queue again, ids, keys and headers kept."""
+    """Publish an export into a queue again, ids, keys and headers kept. Only the export's main rows unless
+    --magazine asks for the sideline or the dead letters."""
     from ignis_pipeline.jobs.replay import replay as run
 
     if not source or not queue:
         raise InvalidInputError("--from PATH and --to QUEUE are both required")
     doc = _job(ctx, "replay", run, source, queue, fmt=fmt.value, where=where, rate=rate, canary=canary,
-               canary_timeout=canary_timeout)
-    _emit(doc, output, f"replayed {doc['published']} message(s) from {source} into {queue}" + _canary(doc))
+               canary_timeout=canary_timeout, magazine=magazine.value)
+    line = f"replayed {doc['published']} message(s) from {source} into {queue}"
+    if doc["leftOut"]:
+        line += (f"; left out {doc['leftOut']} row(s) of other magazines than {magazine.value} "
+                 "(--magazine all to publish them too)")
+    _emit(doc, output, line + _canary(doc))
 
 
 @pipeline_app.command()
@@ -274,9 +283,3 @@ def _stats_table(doc: dict[str, Any]) -> Table:
                       " ".join(f"{k['key']}:{k['count']}" for k in row["topKeys"][:3]) or "-")
     return table
 
-
-def run_job(job: str, argv: Sequence[str]) -> int:
-    """Run one job through the core CLI (spark-submit entry of the job modules)."""
-    from ignis.cli.app import run
-
-    return run(["pipeline", job, *argv])
