@@ -200,12 +200,15 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _await(queue: Queue, refs: list[SlotRef]) -> list[SlotRef]:
         """Claimed slots whose record was still being written: re-read until it lands (stamped then, as a
         claim stamps), or until the producer's write deadline is over, when the slot is sealed (a hole that
-        refuses the late write, so its producer publishes it again, into a later slot)."""
+        refuses the late write, so its producer publishes it again, into a later slot). Bounded: what is
+        neither landed nor sealed by twice the deadline is left to the sweeper, which finds stranded writes."""
         store = queue.store
         landed: list[SlotRef] = []
-        deadline = time.monotonic() + store.write_grace_ms / 1000
+        grace = store.write_grace_ms / 1000
+        deadline = time.monotonic() + grace
+        give_up = deadline + max(grace, 1.0)
         wait = AWAIT_FIRST_SECONDS
-        while refs:
+        while refs and time.monotonic() < give_up:
             time.sleep(wait)
             wait = min(wait * 2, AWAIT_MAX_SECONDS)
             still = []
@@ -218,7 +221,10 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if refs and time.monotonic() >= deadline:
                 sealed = store.seal(refs, queue.main.ttl_seconds)
                 refs = [ref for ref, done in zip(refs, sealed, strict=True) if not done]  # landed: read again
-                wait = 0.0
+                wait = AWAIT_FIRST_SECONDS
+        if refs:
+            log.warning("ignis stream: %d claimed slot(s) of %s neither landed nor sealed; left to the sweeper",
+                        len(refs), queue.name)
         return landed
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:

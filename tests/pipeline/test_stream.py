@@ -186,3 +186,39 @@ def test_available_now_delivers_what_was_there_at_the_start_then_stops(
     query = _available_now(spark, store_url, "nightly", tmp_path / "ckpt", lambda df, _: empty.append(df.count()))
     assert query.awaitTermination(180)
     assert sum(empty) == 0
+
+
+@pytest.mark.parametrize("backend", ["aerospike-emu"], indirect=True)
+def test_available_now_awaits_a_write_in_flight_and_seals_one_that_never_lands(backend: Any) -> None:
+    """On a store whose publish is two steps (Aerospike: allocate the slot, then write it), a slot below the
+    target may still be written when the query claims it: it is awaited, delivered if it lands, sealed once
+    the producer's write deadline is over if it does not. (In-process, on the emulator: no Spark needed.)"""
+    from ignis_pipeline.options import SourceOptions
+    from ignis_pipeline.stream import IgnisStreamReader
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from ignis import Ignis, QueueSpec
+    from ignis.envelope import now_ms
+
+    url = backend.url + "&total_timeout_ms=100&retries=0"  # a write deadline of about 1.4 s
+    with Ignis(url, purge_interval=0) as client:
+        client.apply(QueueSpec.build(name="q", handlerType="q", shards=1))
+        q = client.queue("q")
+        q.publish_many([b"a", b"b"])  # slots 1 and 2
+        assert client.store.reserve("q", 0, 2) == 3  # slots 3 and 4: allocated, not written yet
+        reader = IgnisStreamReader(SourceOptions.parse({"store": url, "queue": "q"}))
+        start = reader.initialOffset()
+        reader.prepareForTriggerAvailableNow()  # the target: slot 4
+        q.publish(b"after")  # slot 5: past the target
+        late = threading.Timer(0.3, client.store.load_reserved, (SlotRef("q", 0, 3), b"late", "late-id", now_ms(), 60))
+        late.start()
+        try:
+            end = reader.latestOffset(start, ReadMaxRows(10))
+        finally:
+            late.join()
+        assert decode_claims(end["claims"]) == [(0, 1, 3)]  # 3 landed while awaited; 4 never did
+        assert end["fire"] == {"0": 3}
+        assert not client.store.load_reserved(SlotRef("q", 0, 4), b"x", "x-id", now_ms(), 60)  # sealed: refused
+        assert reader.latestOffset(end, ReadMaxRows(10)) == end  # the target reached: no new data, the query ends
+        assert [m.data for m in q.fire_many(10)] == [b"after"]  # left for the next run
+        reader.stop()
