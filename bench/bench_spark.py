@@ -20,6 +20,19 @@ measures; then `--rounds` rounds (default 3) run the loops and the Spark jobs si
 medians over the rounds (steady state; the ratio is the median of each round's own ratio), and rows/s
 with the session's start-up plus the first run added (what a one-off job in a new process pays).
 Targets: read >= 1.0x the loop, write >= 0.7x the loop (steady state).
+
+On an Aerospike server, on a Spark standalone cluster:
+
+    .venv/bin/python bench/bench_spark.py --server 127.0.0.1:3000/test          # 200,000 messages of 256 bytes
+    .venv/bin/python bench/bench_spark.py --server 127.0.0.1:3000/test --messages 500000 --json
+
+fills a queue of its own (a farm and clientId of its own, its sets truncated at the end) on the server,
+starts a standalone master and two workers on 127.0.0.1 (tests/support/spark_cluster.py: executors in
+JVMs of their own, one core each), and compares, side by side in each round: (a) a single-process loop
+with the raw aerospike client, a scan of the queue's data set turned into the export's columns and
+written to one Parquet file with pyarrow, as plain_read does; against (b) the export job on the cluster
+(`ignis pipeline --master spark://... export`: the data source's batch reads in both executors).
+Target: the export >= 1.5x the loop (two workers read in parallel). Ratio: median of each round's own.
 """
 
 from __future__ import annotations
@@ -45,6 +58,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from ignis import Ignis, QueueSpec
 
 READ_TARGET, WRITE_TARGET = 1.0, 0.7
+CLUSTER_TARGET = 1.5  # --server: the export on a two-worker standalone cluster against the raw-client loop
 PUBLISH_CHUNK = 10_000
 PEEK_WINDOW = 4_096
 
@@ -66,17 +80,22 @@ def batches(ignis: Ignis) -> Any:
                 yield schema.to_batch("bench", "main", shard, records)
 
 
-def plain_read(ignis: Ignis, path: Path) -> int:
-    """(a): every batch into one Parquet file, laid out as the export lays out its files."""
+def write_parquet(path: Path, arrow_batches: Any) -> int:
+    """Arrow batches into one Parquet file, laid out as the export lays out its files; the rows written."""
     rows = 0
     columns = schema.ARROW_SCHEMA.names
     with pq.ParquetWriter(path, schema.ARROW_SCHEMA,
                           use_dictionary=[c for c in columns if c not in export_job.NO_DICTIONARY],
                           write_statistics=[c for c in columns if c not in export_job.NO_STATISTICS]) as out:
-        for batch in batches(ignis):
+        for batch in arrow_batches:
             out.write_batch(batch)
             rows += batch.num_rows
     return rows
+
+
+def plain_read(ignis: Ignis, path: Path) -> int:
+    """(a): every batch into one Parquet file, laid out as the export lays out its files."""
+    return write_parquet(path, batches(ignis))
 
 
 def spark_cpu_seconds() -> float:
@@ -189,9 +208,189 @@ def timed(fn: Any, *args: Any) -> tuple[float, Any]:
     return time.perf_counter() - began, result
 
 
+# ---- --server: an Aerospike server, a standalone cluster ------------------------------------------------
+def raw_scan_export(url: str, queue: str, path: Path) -> int:
+    """(a) of --server: every record of the queue's data set, scanned with the raw aerospike client (one
+    query without a filter: the server streams the set's records from every partition), turned into the
+    export's Arrow columns and written to one Parquet file laid out as the export's files are."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    import aerospike
+
+    from ignis import names
+    from ignis.envelope import Envelope
+    from ignis.storage.aerospike_store import PURGED, TOMBSTONE
+    from ignis.storage.base import SlotRef
+
+    parts = urlsplit(url)
+    host, _, port = parts.netloc.rpartition(":")
+    client_id = dict(parse_qsl(parts.query))["client"]
+    prefix = f"{queue}_SHARD_"
+    by_shard: dict[int, list[tuple[Any, Any]]] = {}
+    client = aerospike.client({"hosts": [(host, int(port))]}).connect()
+    try:
+        for key, _, bins in client.query(parts.path.strip("/"), names.data_set(client_id)).results(
+                {"total_timeout": 600_000}):
+            user_key = key[2]
+            if not bins or TOMBSTONE in bins or PURGED in bins or not str(user_key).startswith(prefix):
+                continue
+            shard, _, slot = str(user_key)[len(prefix):].partition("_")
+            ref = SlotRef(queue, int(shard), int(slot))
+            by_shard.setdefault(ref.shard, []).append((ref, Envelope.from_bins(bins)))
+    finally:
+        client.close()
+
+    def in_slot_order() -> Any:
+        for shard in sorted(by_shard):
+            records = sorted(by_shard[shard], key=lambda r: r[0].slot)
+            for at in range(0, len(records), PEEK_WINDOW):
+                yield schema.to_batch(queue, "main", shard, records[at:at + PEEK_WINDOW])
+
+    return write_parquet(path, in_slot_order())
+
+
+def drop_sets(url: str) -> None:
+    """Truncate every set of this run's farm and clientId (and nothing shared with anyone else)."""
+    import contextlib
+    from urllib.parse import parse_qsl, urlsplit
+
+    import aerospike
+
+    from ignis import names
+
+    parts = urlsplit(url)
+    host, _, port = parts.netloc.rpartition(":")
+    query = dict(parse_qsl(parts.query))
+    namespace, farm, client_id = parts.path.strip("/"), query["farm"], query["client"]
+    client = aerospike.client({"hosts": [(host, int(port))]}).connect()
+    try:
+        for set_name in (names.queue_set(farm, client_id), names.system_set(farm), names.data_set(client_id),
+                         names.meta_set(client_id)):
+            client.truncate(namespace, set_name, 0)
+        with contextlib.suppress(aerospike.exception.AerospikeError):
+            client.index_remove(namespace, names.active_index(farm, client_id))
+    finally:
+        client.close()
+
+
+def server_cpu_seconds() -> float:
+    """CPU time so far of the Aerospike server processes (asd) on this machine: the loop's scan and the
+    export's batch reads both cost the server, on the same cores."""
+    total = 0.0
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] == "asd":
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+    return total
+
+
+def server_main(args: argparse.Namespace) -> int:
+    import uuid
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from ignis_pipeline.jobs.export import SESSION_CONF, export
+    from ignis_pipeline.session import build_session
+    from support.spark_cluster import standalone_cluster, wait_for_executors
+
+    hostport, _, namespace = args.server.partition("/")
+    run = uuid.uuid4().hex[:8]
+    url = f"aerospike://{hostport}/{namespace or 'test'}?farm=bench{run}&client=bench{run}"
+    store = {"store": url, "farmId": f"bench{run}", "clientId": f"bench{run}"}
+    n = args.messages or 200_000
+    work = Path(tempfile.mkdtemp(prefix="ignis-bench-spark-cluster-", dir=args.dir))
+    samples: dict[str, list[float]] = {}
+    try:
+        with Ignis(url, purge_interval=0) as ignis:
+            for name in ("bench", "warm-up"):
+                ignis.apply(QueueSpec.build(name=name, handlerType="bench", shards=32))
+            ignis.queue("warm-up").publish_many([b"w" * args.size] * 10_000)
+            log(f"filling {n} x {args.size} B on {hostport} ...")
+            fill_s, _ = timed(fill, ignis, n, args.size)
+            log(f"  {fill_s:.1f} s")
+            with standalone_cluster(work / "spark", workers=args.workers, cores_per_worker=1) as cluster:
+                conf = {**cluster.session_conf(), **SESSION_CONF, "spark.driver.memory": "1g",
+                        "spark.executor.memory": "1g"}
+                startup_s, spark = timed(build_session, "bench-spark-cluster", cluster.master_url, conf)
+                spark.sparkContext.setLogLevel("ERROR")
+                wait_for_executors(spark, args.workers)
+                log(f"cluster {cluster.master_url}: {args.workers} workers, session up in {startup_s:.1f} s")
+                export(spark, store, ["warm-up"], str(work / "warm"))  # Python workers started, code compiled
+                for w in range(args.warmup):
+                    log(f"warm-up round {w + 1}/{args.warmup}")
+                    export(spark, store, ["bench"], str(work / f"export-warm-{w}"))
+                    floor_export(spark, ignis, n, work / f"floor-warm-{w}")
+                # What reading alone costs (peek + Arrow through the storage interface, no Spark, no Parquet):
+                # the export's tasks do this work too.
+                read_cpu = time.process_time()
+                sum(b.num_rows for b in batches(ignis))
+                read_cpu = time.process_time() - read_cpu
+                counts = set()
+                for r in range(args.rounds):
+                    log(f"round {r + 1}/{args.rounds}")
+                    server = server_cpu_seconds()
+                    loop_s, loop_cpu, loop_rows = cpu_timed(raw_scan_export, url, "bench", work / f"loop-{r}.parquet")
+                    loop_server = server_cpu_seconds() - server
+                    export_s, export_cpu, result = cpu_timed(export, spark, store, ["bench"], str(work / f"export-{r}"))
+                    export_server = server_cpu_seconds() - server - loop_server
+                    floor_s, floor_cpu, _ = cpu_timed(floor_export, spark, ignis, n, work / f"floor-{r}")
+                    written = pq.ParquetFile(work / f"loop-{r}.parquet").metadata.num_rows
+                    floor_rows = spark.read.parquet(str(work / f"floor-{r}")).count()
+                    counts |= {loop_rows, result["exported"], written, floor_rows}
+                    log(f"  loop {loop_s:.2f} s ({loop_cpu:.2f} CPU-s, server {loop_server:.2f}), export on the "
+                        f"cluster {export_s:.2f} s ({export_cpu:.2f} CPU-s, server {export_server:.2f}): "
+                        f"{loop_s / export_s:.2f}x; floor {floor_s:.2f} s ({floor_cpu:.2f} CPU-s)")
+                    for key, value in (("loop", loop_s), ("export", export_s), ("ratio", loop_s / export_s),
+                                       ("loop_cpu", loop_cpu + loop_server), ("export_cpu", export_cpu + export_server),
+                                       ("floor", floor_s), ("floor_cpu", floor_cpu)):
+                        samples.setdefault(key, []).append(value)
+                spark.stop()
+            if counts != {n}:
+                log(f"row counts differ ({sorted(counts)} for {n} messages): the run is not valid")
+                return 1
+    finally:
+        drop_sets(url)
+        shutil.rmtree(work, ignore_errors=True)
+    med = {key: statistics.median(values) for key, values in samples.items()}
+    cores = os.cpu_count() or 1
+    # The fastest the export could be here: Spark's own CPU for these rows (the floor, reading nothing) plus
+    # the reading itself, spread perfectly over every core of the machine.
+    best_s = (med["floor_cpu"] + read_cpu) / cores
+    doc = {"messages": n, "payloadBytes": args.size, "server": args.server, "workers": args.workers,
+           "loopRowsPerSecond": round(n / med["loop"]), "clusterRowsPerSecond": round(n / med["export"]),
+           "ratio": round(med["ratio"], 2), "ratioPerRound": [round(x, 2) for x in samples["ratio"]],
+           "target": CLUSTER_TARGET, "cores": cores,
+           "loopCpuSeconds": round(med["loop_cpu"], 2), "exportCpuSeconds": round(med["export_cpu"], 2),
+           "floorSeconds": round(med["floor"], 2), "floorCpuSeconds": round(med["floor_cpu"], 2),
+           "readCpuSeconds": round(read_cpu, 2), "bestPossibleRatio": round(med["loop"] / best_s, 2),
+           # The export's own measured CPU (its reads' server CPU included) spread perfectly over every core.
+           "cpuBoundRatio": round(med["loop"] / (med["export_cpu"] / cores), 2)}
+    doc["verdict"] = "PASS" if doc["ratio"] >= CLUSTER_TARGET else "FAIL"
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"export from Aerospike: raw-client loop {doc['loopRowsPerSecond']:>9,} rows/s   standalone cluster "
+              f"({args.workers} workers) {doc['clusterRowsPerSecond']:>9,} rows/s   ratio {doc['ratio']:.2f}x "
+              f"(rounds {doc['ratioPerRound']})   target >= {CLUSTER_TARGET}x: {doc['verdict']}")
+        print(f"CPU-s (with the server's): loop {doc['loopCpuSeconds']}, export {doc['exportCpuSeconds']}; floor "
+              f"(Spark writing these rows, reading nothing) {doc['floorSeconds']} s, {doc['floorCpuSeconds']} CPU-s; "
+              f"reading alone {doc['readCpuSeconds']} CPU-s: on {cores} cores the export can be at best "
+              f"{doc['bestPossibleRatio']:.2f}x the loop (server not counted); at the CPU the export measured, server "
+              f"included, at best {doc['cpuBoundRatio']:.2f}x"
+              + (": the target is out of reach on this machine" if doc["cpuBoundRatio"] < CLUSTER_TARGET else ""))
+        print(f"{n:,} messages of {args.size} bytes on {args.server}; {cores} cores on this machine, shared by the "
+              "server, the loop, the driver, the executors (and whatever else runs)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--messages", type=int, default=None, help="default 1,000,000 (lmdb), 200,000 (--server)")
+    parser.add_argument("--server", default=None, metavar="HOST:PORT/NS",
+                        help="an Aerospike server: the export on a standalone cluster against a raw-client loop")
+    parser.add_argument("--workers", type=int, default=2, help="--server: standalone workers (one core each)")
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--dir", default=None, help="where the store and outputs go (a real disk)")
@@ -199,6 +398,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds (medians)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.server:
+        return server_main(args)
+    args.messages = args.messages or 1_000_000
     work = Path(tempfile.mkdtemp(prefix="ignis-bench-spark-", dir=args.dir))
     url = f"lmdb://{work}/store?durability=fast&map_size=64g"
     rounds = range(args.rounds)

@@ -2,14 +2,14 @@
 `--conf k=v` goes to the SparkSession. A plug-in of the core CLI (entry point `ignis.cli`): pyspark is
 imported only when a job runs, so `ignis --help` works without the `spark` extra.
 
-Under spark-submit the job modules (`ignis_pipeline/jobs/*.py`) call `run_job`, which runs the same
-commands through the core CLI (store from IGNIS_STORE / IGNIS_CLIENT_ID / IGNIS_FARM_ID).
+Under spark-submit the job modules (`ignis_pipeline/jobs/*.py`) run the same commands through the core
+CLI (runner.run_job); they never import this module, which imports them.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -82,13 +82,18 @@ def _job_session_conf() -> dict[str, dict[str, str]]:
     return {"export": export.SESSION_CONF}
 
 
-def _session(ctx: typer.Context, job: str) -> Any:
-    from ignis_pipeline.session import build_session, parse_conf
+def _session_args(ctx: typer.Context, job: str) -> tuple[str | None, dict[str, str]]:
+    from ignis_pipeline.session import parse_conf
 
     master, conf = ctx.meta.get("ignis.spark", (None, []))
     # Our own progress line replaces Spark's console bar; failures come back as exceptions, turned into one
     # `error:` line by the core CLI, so Spark's own error logs (stack traces) would only repeat them.
-    settings = {"spark.ui.showConsoleProgress": "false", **_job_session_conf().get(job, {}), **parse_conf(conf)}
+    return master, {"spark.ui.showConsoleProgress": "false", **_job_session_conf().get(job, {}), **parse_conf(conf)}
+
+
+def _session(master: str | None, settings: dict[str, str], job: str) -> Any:
+    from ignis_pipeline.session import build_session
+
     spark = build_session(f"ignis-pipeline-{job}", master, settings)
     spark.sparkContext.setLogLevel("FATAL")
     return spark
@@ -110,10 +115,16 @@ _OUR_ERROR = re.compile(r"\b(InvalidInputError|QueueNotFound|QueueInactive|Paylo
 
 
 def _job(ctx: typer.Context, name: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Run a job; a failure inside Spark comes back as one line naming the problem."""
-    spark = _session(ctx, name)
+    """Run a job; a failure inside Spark comes back as one line naming the problem. Where the store can be
+    reached from is checked before the session starts (an lmdb store and a master on other hosts)."""
+    from ignis_pipeline.session import check_master, effective_master
+
+    store = _store(ctx)
+    master, settings = _session_args(ctx, name)
+    check_master(effective_master(master, settings), store["store"])
+    spark = _session(master, settings, name)
     try:
-        return fn(spark, _store(ctx), *args, **kwargs)
+        return fn(spark, store, *args, **kwargs)
     except IgnisError:
         raise
     except Exception as exc:
@@ -170,16 +181,25 @@ def replay(
     rate: RateOpt = None,
     canary: CanaryOpt = None,
     canary_timeout: CanaryTimeoutOpt = 300.0,
+    magazine: Annotated[Magazine, typer.Option(
+        "--magazine", case_sensitive=False,
+        help="which of the export's rows to publish: main (the default), or also failed messages: sideline, dead "
+             "or all")] = Magazine.MAIN,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
-    """Publish an export into a queue again, ids, keys and headers kept."""
+    """Publish an export into a queue again, ids, keys and headers kept. Only the export's main rows unless
+    --magazine asks for the sideline or the dead letters."""
     from ignis_pipeline.jobs.replay import replay as run
 
     if not source or not queue:
         raise InvalidInputError("--from PATH and --to QUEUE are both required")
     doc = _job(ctx, "replay", run, source, queue, fmt=fmt.value, where=where, rate=rate, canary=canary,
-               canary_timeout=canary_timeout)
-    _emit(doc, output, f"replayed {doc['published']} message(s) from {source} into {queue}" + _canary(doc))
+               canary_timeout=canary_timeout, magazine=magazine.value)
+    line = f"replayed {doc['published']} message(s) from {source} into {queue}"
+    if doc["leftOut"]:
+        line += (f"; left out {doc['leftOut']} row(s) of other magazines than {magazine.value} "
+                 "(--magazine all to publish them too)")
+    _emit(doc, output, line + _canary(doc))
 
 
 @pipeline_app.command()
@@ -263,9 +283,3 @@ def _stats_table(doc: dict[str, Any]) -> Table:
                       " ".join(f"{k['key']}:{k['count']}" for k in row["topKeys"][:3]) or "-")
     return table
 
-
-def run_job(job: str, argv: Sequence[str]) -> int:
-    """Run one job through the core CLI (spark-submit entry of the job modules)."""
-    from ignis.cli.app import run
-
-    return run(["pipeline", job, *argv])

@@ -1,17 +1,24 @@
 """The SparkSession of a job: `local[*]` by default, `--master URL` and `--conf k=v` passed through.
 
-Under `spark-submit` the session already exists (master and conf come from spark-submit) and is reused.
+Under spark-submit the session's master and conf come from spark-submit (the job only adds its --conf).
+
+Where the store can be reached from is checked before any session starts (`check_master`): an lmdb store
+is a directory on one host, so it takes a master whose executors all run on this host: `local[...]`, or a
+standalone master on this host's loopback address (`spark://127.0.0.1:PORT`: a test or single-machine
+cluster). Any other master would be asked for executors that cannot open the store; Spark itself would
+only say so after waiting for the master (about a minute when it is not there) with a Java stack trace.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ignis.errors import InvalidInputError, StoreUnavailable
+from ignis.errors import InvalidInputError
 from ignis_pipeline.stores import LMDB_LOCAL_ONLY
 
 DEFAULT_MASTER = "local[*]"
@@ -30,6 +37,38 @@ def parse_conf(pairs: Sequence[str] | None) -> dict[str, str]:
     return conf
 
 
+def under_spark_submit() -> bool:
+    """True in a Python driver started by spark-submit (or a pyspark shell): its JVM is already running and
+    handed this process its gateway port, and spark-submit's --master and --conf are in that JVM."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _submitted_master() -> str | None:
+    """spark.master as spark-submit set it, read from the running JVM without creating a SparkContext."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # attaches to spark-submit's JVM (the gateway port in the environment)
+    return SparkConf().get("spark.master", None)
+
+
+def effective_master(master: str | None = None, conf: dict[str, str] | None = None) -> str:
+    """The master a session built with these arguments gets, known before it is built."""
+    if master:
+        return master
+    if (conf or {}).get("spark.master"):
+        return str((conf or {})["spark.master"])
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        return DEFAULT_MASTER
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return str(active.sparkContext.master)
+    if under_spark_submit():
+        return _submitted_master() or DEFAULT_MASTER
+    return DEFAULT_MASTER
+
+
 def build_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None) -> Any:
     """A SparkSession with the `ignis` format registered."""
     try:
@@ -42,8 +81,8 @@ def build_session(app_name: str, master: str | None = None, conf: dict[str, str]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     active = SparkSession.getActiveSession()
-    if active is None and master is None and "spark.master" not in (conf or {}):
-        master = DEFAULT_MASTER  # not under spark-submit, which sets spark.master itself
+    if active is None and master is None and "spark.master" not in (conf or {}) and not under_spark_submit():
+        master = DEFAULT_MASTER  # spark-submit sets spark.master itself: never override it
     if master is not None:
         builder = builder.master(master)
     for key, value in (conf or {}).items():
@@ -56,10 +95,39 @@ def build_session(app_name: str, master: str | None = None, conf: dict[str, str]
 
 
 def check_store_reachable(spark: Any, store_url: str) -> None:
-    """An lmdb store works with a local master only: say so before any task fails on another host."""
+    """An lmdb store works with a master on this host only: say so before any task fails on another host."""
     check_master(str(spark.sparkContext.master), store_url)
 
 
+def _loopback(host: str) -> bool:
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may be any machine
+
+
+def master_on_this_host(master: str) -> bool:
+    """True for a master whose executors all run on this host: local[...] and local-cluster[...], or a
+    standalone master reached on a loopback address (spark://127.0.0.1:7077, spark://localhost:7077; each of
+    an HA list). A master reached on a loopback address runs here, and so do the workers it accepted on
+    that address; a task that still lands on another host is refused by the task itself (stores.check_host)."""
+    master = master.strip()
+    if master == "local" or master.startswith(("local[", "local-cluster[")):
+        return True
+    if not master.startswith("spark://"):
+        return False  # yarn, k8s://..., mesos://...: executors anywhere
+    hosts = []
+    for address in master[len("spark://"):].split(","):
+        host, sep, port = address.rpartition(":")
+        hosts.append(host if sep and port.isdigit() else address)
+    return bool(hosts) and all(_loopback(h) for h in hosts)
+
+
 def check_master(master: str, store_url: str) -> None:
-    if store_url.startswith("lmdb:") and not master.startswith("local"):
-        raise StoreUnavailable(f"store {store_url} with master {master}: {LMDB_LOCAL_ONLY}")
+    """Refuse (bad input, before any session starts) an lmdb store with a master whose executors may run on
+    other hosts."""
+    if store_url.startswith("lmdb:") and not master_on_this_host(master):
+        raise InvalidInputError(f"store {store_url} with master {master}: {LMDB_LOCAL_ONLY}")

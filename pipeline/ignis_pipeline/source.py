@@ -5,9 +5,10 @@
     df = spark.read.format("ignis").option("queue", "orders").load()
 
 Spark instantiates `IgnisDataSource(options)` wherever it needs it (a Python process on the driver side
-for planning, Python workers for tasks); the options are parsed and checked when a reader or writer is
-made, on the driver side, so a bad option fails the query before any task starts. (`DataSource.__init__`
-"should not be overridden", says pyspark.sql.datasource: hence the cached property.)
+for planning, Python workers for tasks). It asks for the schema when a DataFrame is made (`load()`, for a
+read and a stream), on the driver side: the options are parsed and the named queues looked up there, so
+a bad option or an unknown queue fails `load()` itself, before any query. (`DataSource.__init__` "should
+not be overridden", says pyspark.sql.datasource: hence the cached property.)
 Reading: reader.py; writing: writer.py; streaming: stream.py.
 """
 
@@ -18,8 +19,9 @@ import functools
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceWriter
 from pyspark.sql.types import StructType
 
-from ignis_pipeline import schema
+from ignis_pipeline import schema, slots
 from ignis_pipeline.options import SourceOptions
+from ignis_pipeline.stores import open_driver_store
 
 
 class IgnisDataSource(DataSource):
@@ -34,7 +36,18 @@ class IgnisDataSource(DataSource):
         return "ignis"
 
     def schema(self) -> str:
+        self.check()
         return schema.DDL
+
+    def check(self) -> None:
+        """The options, and that every named queue exists (QueueNotFound otherwise): at `load()`."""
+        options = self.parsed
+        if options.queues:
+            store = open_driver_store(options)
+            try:
+                slots.queue_shards(store, options.queues)
+            finally:
+                store.close()
 
     def reader(self, schema: StructType) -> DataSourceReader:
         from ignis_pipeline.reader import IgnisReader

@@ -25,7 +25,8 @@ from ignis.storage import Storage, open_store
 from ignis_pipeline.options import SourceOptions
 
 LMDB_LOCAL_ONLY = ("an lmdb store is one directory on one host, so the ignis data source reads and writes it "
-                   "only with a local master (local[*]); use an aerospike:// store on a cluster")
+                   "only with a local master (local[*]) or a standalone master on this host's loopback address "
+                   "(spark://127.0.0.1:PORT); use an aerospike:// store on a cluster")
 
 _stores: dict[tuple[int, str, str, str], Storage] = {}
 _lock = threading.Lock()

@@ -14,6 +14,15 @@ A Structured Streaming query that *consumes* one queue, at least once:
   next offset only after the batch ending at `start` has completed and been recorded in the commit log
   (MicroBatchExecution runs one batch at a time), so those rows are in the sink.
 
+`Trigger.AvailableNow` (process what is there now, then stop): `prepareForTriggerAvailableNow`, called
+once at the start of such a query, takes the target: each shard's load pointer at that moment. From then
+on `latestOffset` claims with the storage interface's bounded claim (`Storage.claim(..., up_to=target)`:
+the fire pointer never passes the target slot), so no offset goes past the target, messages published
+during the run are left for later, and once every shard's fire pointer has reached its target
+`latestOffset` returns its start: no new data, and Spark ends the query. (A message at or below the target
+that another consumer claimed first is that consumer's; a write still in flight in a claimed slot is
+awaited up to the producer's write deadline, as the library's fire does.)
+
 If the query dies before its batch is acked, the claimed messages are neither acked nor lost: a
 restarted query re-runs the logged batch from its checkpoint and reads the same claimed slots again; and
 whatever no query reads again (a batch that never reached the offset log, a query never restarted) the
@@ -24,13 +33,15 @@ again. Delivery is at least once: a sink may see a message twice, never zero tim
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from ignis.client import Ignis
+from ignis.envelope import now_ms
 from ignis.errors import HoleBudgetExceeded, InvalidInputError
 from ignis.queue import Queue
 from ignis.storage.base import SlotRef, Storage
@@ -43,6 +54,8 @@ log = logging.getLogger(__name__)
 ALL_AVAILABLE_CAP = 100_000  # messages one micro-batch claims under a ReadAllAvailable limit
 ACK_CHUNK = 5_000
 HOLE_RETRIES = 8  # fire calls that may end on a hole budget before a batch is planned with what it has
+AWAIT_FIRST_SECONDS = 0.01  # first re-read of a claimed slot whose write is in flight (doubling, capped)
+AWAIT_MAX_SECONDS = 0.5
 
 
 def encode_claims(refs: list[SlotRef]) -> str:
@@ -75,24 +88,33 @@ class ClaimedSlots(InputPartition):
         self.runs = runs
 
 
-class IgnisStreamReader(DataSourceStreamReader):
+class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self.queue_name = options.single_queue("a streaming read")
-        if options.magazines != ("main",):
-            raise InvalidInputError("a streaming read consumes a queue's main magazine; read the sideline and "
-                                    "dead letters with a batch read (spark.read) instead")
+        # What a stream cannot do is refused by the first call Spark makes (`check`), not here: pyspark's
+        # source runner stops the reader it failed to make in a `finally`, and the UnboundLocalError of that
+        # hides the message.
+        self.queue_name = options.queues[0] if options.queues and len(options.queues) == 1 else ""
         self._store: Storage | None = None
         self._queue: Queue | None = None
         self._acked: set[str] = set()  # claims of batches acked by this process (ack is idempotent anyway)
+        self._target: dict[int, int] | None = None  # Trigger.AvailableNow: per shard, the last slot to claim
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader to the executors for `read`: the driver side's connection stays here.
         return {**self.__dict__, "_store": None, "_queue": None, "_acked": set()}
 
     # ---- driver side -----------------------------------------------------------------------------
+    def check(self) -> None:
+        """One queue, its main magazine: what a streaming read consumes."""
+        self.options.single_queue("a streaming read")
+        if self.options.magazines != ("main",):
+            raise InvalidInputError("a streaming read consumes a queue's main magazine; read the sideline and "
+                                    "dead letters with a batch read (spark.read) instead")
+
     def _open(self) -> Queue:
         if self._queue is None:
+            self.check()
             self._store = open_driver_store(self.options)
             # A deactivated queue can still be drained, as `ignis consume` does.
             self._queue = Ignis(self._store).queue(self.queue_name, allow_inactive=True)
@@ -103,7 +125,16 @@ class IgnisStreamReader(DataSourceStreamReader):
         return {"fire": {str(s): p.fire for s, p in queue.main.pointers().items()}, "claims": ""}
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        self.check()
         return ReadMaxRows(self.options.max_messages_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: take the target, every shard's load pointer now (see the module doc)."""
+        queue = self._open()
+        pointers = queue.main.pointers()
+        self._target = {shard: p.load for shard, p in pointers.items()}
+        log.info("ignis stream: available now: %d unclaimed slot(s) of %s", sum(p.pending for p in pointers.values()),
+                 queue.name)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         queue = self._open()
@@ -114,6 +145,18 @@ class IgnisStreamReader(DataSourceStreamReader):
             want = ALL_AVAILABLE_CAP
         else:
             want = self.options.max_messages_per_trigger
+        # Trigger.AvailableNow: never past the target (see the module doc); else the library's fire.
+        claimed = self._fire(queue, want) if self._target is None else self._claim_up_to_target(queue, want)
+        if not claimed:
+            return start
+        fire = dict(start.get("fire") or {})
+        for ref in claimed:
+            fire[str(ref.shard)] = max(int(fire.get(str(ref.shard), 0)), ref.slot)
+        return {"fire": fire, "claims": encode_claims(claimed)}
+
+    @staticmethod
+    def _fire(queue: Queue, want: int) -> list[SlotRef]:
+        """Up to `want` messages, with the library's fire."""
         claimed: list[SlotRef] = []
         misses = 0
         while len(claimed) < want:
@@ -127,12 +170,62 @@ class IgnisStreamReader(DataSourceStreamReader):
             if not got:
                 break
             claimed.extend(m.ref for m in got)
-        if not claimed:
-            return start
-        fire = dict(start.get("fire") or {})
-        for ref in claimed:
-            fire[str(ref.shard)] = max(int(fire.get(str(ref.shard), 0)), ref.slot)
-        return {"fire": fire, "claims": encode_claims(claimed)}
+        return claimed
+
+    def _claim_up_to_target(self, queue: Queue, want: int) -> list[SlotRef]:
+        """Up to `want` messages in slots up to the target (Trigger.AvailableNow), spread over the shards that
+        have some left; [] once every shard's fire pointer has reached its target."""
+        target = self._target or {}
+        store, name = queue.store, queue.name
+        pointers = queue.main.pointers()
+        shards = [s for s, last in sorted(target.items()) if pointers[s].fire < last]
+        claimed: list[SlotRef] = []
+        in_flight: list[SlotRef] = []
+        while shards and len(claimed) < want:
+            for shard in list(shards):
+                need = want - len(claimed)
+                if need <= 0:
+                    break
+                got = store.claim(name, shard, -(-need // len(shards)), now_ms(), True, up_to=target[shard])
+                if not got:  # the target (or the load pointer) reached
+                    shards.remove(shard)
+                for item in got:
+                    if item.envelope is not None:
+                        claimed.append(item.ref)
+                    elif item.awaiting:
+                        in_flight.append(item.ref)
+        return claimed + self._await(queue, in_flight)
+
+    @staticmethod
+    def _await(queue: Queue, refs: list[SlotRef]) -> list[SlotRef]:
+        """Claimed slots whose record was still being written: re-read until it lands (stamped then, as a
+        claim stamps), or until the producer's write deadline is over, when the slot is sealed (a hole that
+        refuses the late write, so its producer publishes it again, into a later slot). Bounded: what is
+        neither landed nor sealed by twice the deadline is left to the sweeper, which finds stranded writes."""
+        store = queue.store
+        landed: list[SlotRef] = []
+        grace = store.write_grace_ms / 1000
+        deadline = time.monotonic() + grace
+        give_up = deadline + max(grace, 1.0)
+        wait = AWAIT_FIRST_SECONDS
+        while refs and time.monotonic() < give_up:
+            time.sleep(wait)
+            wait = min(wait * 2, AWAIT_MAX_SECONDS)
+            still = []
+            for item in store.restamp(refs, now_ms(), True):
+                if item.envelope is not None:
+                    landed.append(item.ref)
+                elif item.awaiting:
+                    still.append(item.ref)
+            refs = still
+            if refs and time.monotonic() >= deadline:
+                sealed = store.seal(refs, queue.main.ttl_seconds)
+                refs = [ref for ref, done in zip(refs, sealed, strict=True) if not done]  # landed: read again
+                wait = AWAIT_FIRST_SECONDS
+        if refs:
+            log.warning("ignis stream: %d claimed slot(s) of %s neither landed nor sealed; left to the sweeper",
+                        len(refs), queue.name)
+        return landed
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         if end.get("claims", "") == start.get("claims", "") and end.get("fire") == start.get("fire"):

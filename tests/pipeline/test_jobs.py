@@ -19,6 +19,7 @@ from ignis_pipeline.jobs.replay import replay
 from ignis_pipeline.jobs.stats import stats
 
 from ignis import Ignis
+from ignis.errors import InvalidInputError
 
 IGNIS = Path(sys.executable).parent / "ignis"
 
@@ -56,8 +57,9 @@ def test_export_then_replay_into_a_new_queue_equals_the_original(spark: Any, sto
     done = replay(spark, store, str(tmp_path / "export"), "copy")
     assert done["published"] == 51
     assert _messages(copy) == _messages(orders)
-    with pytest.raises(Exception, match="already exists"):
+    with pytest.raises(InvalidInputError, match="already exists: add --overwrite to replace it"):
         export(spark, store, ["orders"], str(tmp_path / "export"))
+    assert export(spark, store, ["orders"], str(tmp_path / "export"), overwrite=True)["exported"] == 51
 
 
 def test_export_of_an_empty_queue_exports_nothing(spark: Any, store: dict[str, str], make_queue: Any,
@@ -230,3 +232,84 @@ def test_cli_pipeline_stats_json_in_a_subprocess(ignis: Ignis, store_url: str, m
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert json.loads(done.stdout)["exported"] == 7
     assert len(list((tmp_path / "out" / "queue=cli" / "magazine=main").glob("*.parquet"))) == 1
+
+
+def test_replay_of_an_export_of_every_magazine_publishes_main_rows_unless_asked(
+        spark: Any, store: dict[str, str], make_queue: Any, tmp_path: Path) -> None:
+    q = make_queue("mixed", shards=2, maxDeliveries=2)
+    q.publish_many([b"m%d" % i for i in range(12)])
+    q.nack(q.fire_many(3), "timeout")  # attempts 1 < 2: sideline
+    for m in q.fire_many(2):
+        q.nack([m], "first")
+    sidelined = _magazine(q, "mixed_SIDELINE")
+    assert len(sidelined) == 5
+    export(spark, store, ["mixed"], str(tmp_path / "e"), magazine="all")
+    main_ids = set(_messages(q))
+
+    only_main = make_queue("only-main", shards=2)
+    done = replay(spark, store, str(tmp_path / "e"), "only-main")
+    assert (done["published"], done["leftOut"], done["magazine"]) == (7, 5, "main")
+    assert set(_messages(only_main)) == main_ids  # no failed message re-published as a fresh one
+
+    side = make_queue("side", shards=2)
+    assert replay(spark, store, str(tmp_path / "e"), "side", magazine="sideline")["published"] == 5
+    assert set(_messages(side)) == set(sidelined)
+    every = make_queue("every", shards=2)
+    done = replay(spark, store, str(tmp_path / "e"), "every", magazine="all")
+    assert (done["published"], done["leftOut"]) == (12, 0)
+    assert set(_messages(every)) == main_ids | set(sidelined)
+    with pytest.raises(InvalidInputError, match="--magazine 'gone'"):
+        replay(spark, store, str(tmp_path / "e"), "every", magazine="gone")
+
+
+def _magazine(q: Any, name: str) -> dict[str, Any]:
+    out = {}
+    for shard, p in q.store.pointers(name, q.spec.shards).items():
+        if p.load:
+            out.update({env.msg_id: env for _, env in q.store.peek(name, shard, 1, p.load)})
+    return out
+
+
+def test_the_plot_numbers_shards_0_to_n_minus_1(spark: Any, store: dict[str, str], make_queue: Any) -> None:
+    from ignis_pipeline.jobs.plot import figure
+
+    q = make_queue("eight", shards=8, maxDeliveries=3)
+    q.publish_many([b"x"] * 80)  # every shard gets some
+    q.nack(q.fire_many(5), "timeout")
+    doc = stats(spark, store, ["eight"])
+    assert sorted(int(s) for s in doc["magazines"][0]["shards"]) == list(range(8))
+    fig = figure(doc)
+    axis = fig.axes[1]
+    low, high = axis.get_xlim()
+    drawn = [t for t in axis.get_xticks() if low <= t <= high]
+    assert drawn == list(range(8))  # whole shard numbers, and no 8
+    two = make_queue("two", shards=2)
+    two.publish_many([b"y"] * 4)
+    axis = figure(stats(spark, store, ["two"])).axes[1]
+    low, high = axis.get_xlim()
+    assert [t for t in axis.get_xticks() if low <= t <= high] == [0, 1]  # no 0.5
+
+
+def test_the_cli_and_the_jobs_do_not_import_each_other() -> None:
+    import ast
+
+    import ignis_pipeline
+
+    root = Path(ignis_pipeline.__file__).parent
+
+    def imports(path: Path) -> set[str]:
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+        return found
+
+    jobs = sorted((root / "jobs").glob("*.py"))
+    assert len(jobs) >= 8
+    for job in jobs:
+        assert not {m for m in imports(job) if m.startswith("ignis_pipeline.cli")}, job.name
+    assert not {m for m in imports(root / "runner.py") if m.startswith("ignis_pipeline")}
+    assert "ignis_pipeline.runner.run_job" in imports(root / "jobs" / "export.py")

@@ -3,7 +3,13 @@ errors. The Aerospike run happens when IGNIS_TEST_AEROSPIKE is set (see conftest
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +22,13 @@ from pyspark.sql.datasource import EqualTo, GreaterThan, In
 
 from ignis import Ignis
 from ignis.storage import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ignis_stats(store_url: str, queue: str) -> int:
+    with Ignis(store_url, purge_interval=0) as client:
+        return client.queue(queue).stats().published
 
 
 def _by_id(rows: list[Any]) -> dict[str, Any]:
@@ -360,12 +373,94 @@ def test_lmdb_store_is_refused_on_another_host(store_url: str) -> None:
         check_host(moved)  # every executor reaches Aerospike with the same URL
 
 
-def test_a_job_refuses_lmdb_with_a_cluster_master() -> None:
+def test_a_job_refuses_lmdb_with_a_master_on_other_hosts() -> None:
     from ignis_pipeline.session import check_master
 
-    from ignis.errors import StoreUnavailable
+    from ignis.errors import InvalidInputError
 
-    with pytest.raises(StoreUnavailable, match="local master"):
-        check_master("spark://spark-master:7077", "lmdb:///data")
-    check_master("spark://spark-master:7077", "aerospike://aero:3000/ignis")
-    check_master("local[2]", "lmdb:///data")
+    for master in ("spark://spark-master:7077", "spark://10.1.2.3:7077", "spark://127.0.0.1:7077,spark-b:7077",
+                   "yarn", "k8s://https://127.0.0.1:6443", "spark://myhost.example:7077"):
+        with pytest.raises(InvalidInputError, match="local master"):
+            check_master(master, "lmdb:///data")
+        check_master(master, "aerospike://aero:3000/ignis")  # every executor reaches Aerospike with the same URL
+    # Every executor on this host: local masters, and a standalone master on the loopback address.
+    for master in ("local", "local[2]", "local[*]", "local-cluster[2,1,1024]", "spark://127.0.0.1:7077",
+                   "spark://localhost:7077", "spark://[::1]:7077", "spark://127.0.0.1:7077,127.0.0.1:7078"):
+        check_master(master, "lmdb:///data")
+
+
+def test_a_bad_read_fails_at_load_with_the_message_on_the_first_line(spark: Any, ignis: Ignis, store_url: str,
+                                                                      make_queue: Any) -> None:
+    from ignis.errors import QueueNotFound
+
+    make_queue("real")
+
+    def first_line(**options: str) -> str:
+        reader = spark.read.format("ignis").option("store", store_url)
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        with pytest.raises(Exception) as caught:
+            reader.load()  # no action: the options and the queues are checked when the DataFrame is made
+        return str(caught.value).splitlines()[0]
+
+    missing = QueueNotFound("nosuch", ignis.client_id)
+    assert first_line(queue="real,nosuch").endswith(f"ignis.errors.QueueNotFound: {missing}")
+    assert first_line(queue="real", magazine="nope").endswith(
+        "ignis.errors.InvalidInputError: option magazine='nope': must be main, sideline, dead or all")
+    assert first_line(queue="real", bogus="1").endswith(
+        "ignis.errors.InvalidInputError: unknown option(s) bogus for format 'ignis'; known: store, clientId, farmId, "
+        "queue, magazine, since, until, slotsPerPartition, maxMessagesPerTrigger, chunkSize, "
+        "maxMessagesPerSecondPerTask")
+    assert first_line().endswith(
+        "ignis.errors.InvalidInputError: option queue is missing: name one queue, a comma list, or * for every queue")
+    data = spark.createDataFrame([(b"x",)], "payload binary")
+    with pytest.raises(Exception) as caught:
+        data.write.format("ignis").option("store", store_url).option("queue", "nosuch").mode("append").save()
+    assert str(caught.value).splitlines()[0].endswith(f"ignis.errors.QueueNotFound: {missing}")
+    assert spark.read.format("ignis").option("store", store_url).option("queue", "real").load().count() == 0
+
+
+def test_register_leaves_the_sessions_own_errors_and_interpreter_alone(spark: Any) -> None:
+    import ignis_pipeline
+
+    before = (spark.sparkContext.pythonExec, dict(spark.sparkContext.environment))
+    ignis_pipeline.register(spark)
+    assert (spark.sparkContext.pythonExec, dict(spark.sparkContext.environment)) == before
+    assert spark.conf.get("spark.sql.execution.pyspark.udf.hideTraceback.enabled") == "false"  # UDFs keep theirs
+
+
+def test_the_readme_data_source_snippet_runs_with_the_venv_python_not_activated(store_url: str, make_queue: Any,
+                                                                                 tmp_path: Path) -> None:
+    """The README's snippet as written, run by the venv's interpreter with the venv not activated: no venv on
+    PATH, no PYSPARK_PYTHON. Only its store (the option, and IGNIS_STORE for the calls that name none) and its
+    output paths are pointed at this test's."""
+    if not store_url.startswith("lmdb:"):
+        pytest.skip("one store is enough: this is about the interpreter of Spark's Python workers")
+    text = (ROOT / "README.md").read_text()
+    code = text.split("### The data source", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    assert 'ignis_pipeline.register(spark)' in code and "lmdb:///var/lib/ignis" in code
+    code = (code.replace("lmdb:///var/lib/ignis", store_url).replace("/data/orders", str(tmp_path / "out"))
+            .replace("/data/ckpt", str(tmp_path / "ckpt")))
+    q = make_queue("orders", shards=2, maxDeliveries=1)
+    make_queue("orders-copy", shards=2)
+    q.publish_many([b"m%d" % i for i in range(20)])
+    q.nack(q.fire_many(5), "timeout")  # five dead letters with reason timeout, for the snippet's query
+    script = tmp_path / "snippet.py"
+    script.write_text(code + textwrap.dedent(f"""
+        for query in spark.streams.active:  # the snippet's stream: let it consume what is there, then stop
+            query.processAllAvailable()
+            query.stop()
+        print("ROWS", spark.read.parquet({str(tmp_path / "out")!r}).count())
+    """))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV",
+                                                             "PYTHONPATH")}
+    env["IGNIS_STORE"] = store_url  # the snippet's write and stream name no store: IGNIS_STORE, as documented
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p and Path(p).resolve() != Path(sys.executable).parent.resolve())
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    out = proc.stdout.decode()
+    shown = re.findall(r"^\|\s*(\d+)\|\s*(\d+)\|$", out, re.MULTILINE)  # .show() of shard | count
+    assert sum(int(count) for _, count in shown) == 5, out
+    assert out.strip().endswith("ROWS 15")  # every main message consumed into the sink
+    assert ignis_stats(store_url, "orders-copy") == 20  # the snippet's write: every row of `df` published

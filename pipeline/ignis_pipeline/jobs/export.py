@@ -58,6 +58,8 @@ def export(spark: Any, store: dict[str, str], queues: list[str], to: str, *, mag
         raise InvalidInputError(f"--format {fmt!r}: must be parquet or json")
     check_store_reachable(spark, store["store"])
     require_queues(store, queues)  # before Spark creates anything at `to`
+    if not overwrite and path_exists(spark, to):
+        raise InvalidInputError(f"--to {to} already exists: add --overwrite to replace it, or choose another path")
     df = read_queues(spark, store, queues, magazine, since, until)
     # As many write tasks as the cluster runs at once, each reading several slot ranges in turn (a
     # coalesce, no shuffle): a Python task and a committed output file cost Spark about a tenth of a
@@ -77,12 +79,25 @@ def export(spark: Any, store: dict[str, str], queues: list[str], to: str, *, mag
     return {"path": to, "format": fmt, "queues": queues or ["*"], "magazine": magazine, "exported": exported}
 
 
+def path_exists(spark: Any, path: str) -> bool:
+    """Whether `path` exists, asked of the file system Spark would write it with (local, HDFS, s3a, ...)."""
+    from py4j.protocol import Py4JJavaError
+
+    context = spark.sparkContext
+    try:
+        where = context._jvm.org.apache.hadoop.fs.Path(path)
+        return bool(where.getFileSystem(context._jsc.hadoopConfiguration()).exists(where))
+    except Py4JJavaError as exc:  # e.g. no file system for the scheme, bad credentials
+        reason = str(exc.java_exception.getMessage() or exc.java_exception.toString()).splitlines()[0]
+        raise InvalidInputError(f"--to {path}: {reason}") from None
+
+
 def read_export(spark: Any, path: str, fmt: str = "parquet") -> Any:
     """An export with the data source's schema (so the partition columns stay strings)."""
     return spark.read.schema(schema.DDL).format(fmt).load(path)
 
 
 if __name__ == "__main__":  # spark-submit .../jobs/export.py QUEUE... --to PATH
-    from ignis_pipeline.cli import run_job
+    from ignis_pipeline.runner import run_job
 
     sys.exit(run_job("export", sys.argv[1:]))

@@ -109,6 +109,6 @@ def redrive(spark: Any, store: dict[str, str], queue: str, source: str, *, where
 
 
 if __name__ == "__main__":  # spark-submit .../jobs/redrive.py QUEUE --from dead --where "reason = 'timeout'"
-    from ignis_pipeline.cli import run_job
+    from ignis_pipeline.runner import run_job
 
     sys.exit(run_job("redrive", sys.argv[1:]))

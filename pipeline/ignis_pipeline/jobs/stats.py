@@ -97,6 +97,6 @@ def bucket_label(bucket: int) -> str:
 
 
 if __name__ == "__main__":  # spark-submit .../jobs/stats.py [QUEUE...] [--plot FILE.png]
-    from ignis_pipeline.cli import run_job
+    from ignis_pipeline.runner import run_job
 
     sys.exit(run_job("stats", sys.argv[1:]))
