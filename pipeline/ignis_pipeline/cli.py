@@ -234,8 +234,8 @@ def stats(
         "--plot", show_default=False, help="also draw the backlog-age distribution and depth per shard (PNG)")] = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
-    """Backlog analytics per queue and magazine: depth, in flight, ages (oldest, p50/p90/p99), attempts,
-    reasons, top keys, depth per shard."""
+    """Backlog analytics per queue and magazine: stored, depth (not claimed yet, as `ignis stats`), in flight,
+    ages (oldest, p50/p90/p99), attempts, reasons, top keys, messages stored per shard."""
     from ignis_pipeline.jobs.plot import plot as draw
     from ignis_pipeline.jobs.stats import stats as run
 
@@ -267,15 +267,15 @@ def _emit(doc: dict[str, Any], output: OutputFormat, line: str) -> None:
 
 def _stats_table(doc: dict[str, Any]) -> Table:
     table = Table(title="backlog")
-    for column in ("queue", "magazine", "depth", "in flight", "oldest", "p50", "p90", "p99", "attempts",
+    for column in ("queue", "magazine", "stored", "depth", "in flight", "oldest", "p50", "p90", "p99", "attempts",
                    "reasons", "top keys"):
-        table.add_column(column, justify="right" if column in ("depth", "in flight") else "left")
+        table.add_column(column, justify="right" if column in ("stored", "depth", "in flight") else "left")
 
     def age(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}s"
 
     for row in doc["magazines"]:
-        table.add_row(row["queue"], row["magazine"], str(row["depth"]), str(row["inFlight"]),
+        table.add_row(row["queue"], row["magazine"], str(row["stored"]), str(row["depth"]), str(row["inFlight"]),
                       age(row["oldestAgeSeconds"]), age(row["ageSeconds"]["p50"]), age(row["ageSeconds"]["p90"]),
                       age(row["ageSeconds"]["p99"]),
                       " ".join(f"{k}:{v}" for k, v in row["attempts"].items()) or "-",

@@ -121,7 +121,8 @@ def test_jobs_on_the_cluster(cluster_spark: Any, store: dict[str, str], make_que
 
     doc = stats(cluster_spark, store, ["work"])
     rows = {r["magazine"]: r for r in doc["magazines"]}
-    assert (rows["main"]["depth"], rows["dead"]["depth"]) == (540, 60)
+    assert (rows["main"]["stored"], rows["dead"]["stored"]) == (540, 60)
+    assert (rows["main"]["depth"], rows["dead"]["depth"]) == (q.stats().depth, q.stats().dead) == (540, 60)
     assert rows["dead"]["reasons"] == {"rejected": 60}
     assert sum(rows["main"]["shards"].values()) == 540
 

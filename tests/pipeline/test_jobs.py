@@ -185,6 +185,32 @@ def test_redrive_where_moves_exactly_the_matching_dead_letters(spark: Any, store
     assert again["moved"] == 0  # each moved exactly once
 
 
+@pytest.mark.parametrize("source", ["dead", "sideline"])
+def test_after_a_redrive_every_figure_agrees(spark: Any, store: dict[str, str], make_queue: Any,
+                                             source: str) -> None:
+    """The pipeline's redrive moves chosen messages out of slots no claim reached: `ignis stats`, the
+    library's browse and `ignis pipeline stats` still count the same messages, in both magazines."""
+    q = make_queue("agree", shards=2, maxDeliveries=1 if source == "dead" else 5)
+    q.publish_many([b"t%d" % i for i in range(12)], headers={"kind": "t"})
+    q.publish_many([b"o%d" % i for i in range(12)])
+    for m in q.fire_many(30):
+        q.nack([m], "timeout" if m.data.startswith(b"t") else "rejected")
+    magazine = q.dead if source == "dead" else q.sideline
+
+    def library() -> int:
+        figures = q.stats()
+        return figures.dead if source == "dead" else figures.sidelined
+
+    assert library() == len(magazine.browse(100)) == 24
+    done = redrive(spark, store, "agree", source, where="reason = 'timeout'")
+    assert done["moved"] == 12
+    rows = {r["magazine"]: r for r in stats(spark, store, ["agree"])["magazines"]}
+    assert library() == len(magazine.browse(100)) == rows[source]["depth"] == rows[source]["stored"] == 12
+    assert q.stats().depth == rows["main"]["depth"] == 12
+    # Taking what is left passes the emptied slots and the figures stay right.
+    assert len(magazine.fire(100)) == 12 and library() == 0
+
+
 def test_stats_and_plot(spark: Any, store: dict[str, str], make_queue: Any, tmp_path: Path) -> None:
     from ignis_pipeline.jobs.plot import plot
 
@@ -194,7 +220,9 @@ def test_stats_and_plot(spark: Any, store: dict[str, str], make_queue: Any, tmp_
     q.nack(q.fire_many(3), "timeout")
     doc = stats(spark, store, ["backlog"])
     rows = {r["magazine"]: r for r in doc["magazines"]}
-    assert rows["main"]["depth"] == 12 and rows["sideline"]["depth"] == 3
+    assert rows["main"]["stored"] == 12 and rows["sideline"]["stored"] == 3
+    assert (rows["main"]["depth"], rows["main"]["inFlight"]) == (12, 0)  # the 3 fired were nacked: none in flight
+    assert rows["main"]["depth"] == q.stats().depth and rows["sideline"]["depth"] == q.stats().sidelined
     assert rows["sideline"]["reasons"] == {"timeout": 3}
     assert rows["main"]["attempts"] == {"0": 12}
     assert sum(rows["main"]["shards"].values()) == 12
@@ -215,7 +243,7 @@ def test_cli_pipeline_stats_json_in_a_subprocess(ignis: Ignis, store_url: str, m
                           capture_output=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     doc = json.loads(proc.stdout)
-    assert [(r["magazine"], r["depth"]) for r in doc["magazines"]] == [("main", 7)]
+    assert [(r["magazine"], r["stored"], r["depth"]) for r in doc["magazines"]] == [("main", 7, 7)]
     assert (tmp_path / "s.png").exists()
     bad = subprocess.run([str(IGNIS), "pipeline", "export", "cli"], capture_output=True, env=env, timeout=60)
     assert bad.returncode == 2 and bad.stderr.decode().startswith("error: --to PATH is required")

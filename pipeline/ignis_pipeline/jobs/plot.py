@@ -1,4 +1,4 @@
-"""`stats --plot FILE.png`: the backlog-age distribution and the depth per shard, drawn with matplotlib."""
+"""`stats --plot FILE.png`: the backlog-age distribution and the messages stored per shard, drawn with matplotlib."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _pyplot() -> Any:
 
 
 def figure(doc: dict[str, Any]) -> Any:
-    """The figure of a stats document: ages above, depth per shard below (the caller closes it)."""
+    """The figure of a stats document: ages above, messages stored per shard below (the caller closes it)."""
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -42,7 +42,7 @@ def figure(doc: dict[str, Any]) -> Any:
     highest = max((int(s) for row in rows for s in row["shards"]), default=0)
     shards.set_xlim(-0.5, highest + 0.5)
     shards.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-    shards.set(title="depth per shard", xlabel="shard", ylabel="messages stored")
+    shards.set(title="messages stored per shard", xlabel="shard", ylabel="messages stored")
     for axis in (ages, shards):
         if rows:
             axis.legend(fontsize="small")

@@ -1,7 +1,8 @@
 """`ignis pipeline stats [QUEUE...] [--plot FILE.png] [-o json]`: backlog analytics over a snapshot of every
-magazine (the `ignis` format, magazine=all), per queue and magazine: depth (messages stored), in flight
-(fired, not settled), oldest message age, age percentiles, attempts histogram, reasons (sideline, dead),
-top partition keys, and depth per shard."""
+magazine (the `ignis` format, magazine=all), per queue and magazine: stored (every message stored, in flight
+included), depth (not claimed yet: what `ignis stats` calls depth), in flight (fired, not settled), oldest
+message age, age percentiles, attempts histogram, reasons (sideline, dead), top partition keys, and messages
+stored per shard."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def stats(spark: Any, store: dict[str, str], queues: list[str]) -> dict[str, Any
     keys = ["queue", "magazine"]
     with spark_progress(spark, "reading the backlog"):
         summary = df.groupBy(*keys).agg(
-            F.count("*").alias("depth"), F.count("fired_at").alias("inFlight"), F.max("age").alias("oldest"),
+            F.count("*").alias("stored"), F.count("fired_at").alias("inFlight"), F.max("age").alias("oldest"),
             F.percentile_approx("age", [0.5, 0.9, 0.99], 1000).alias("pct")).collect()
     shards = df.groupBy(*keys, "shard").count().collect()
     attempts = df.groupBy(*keys, "attempts").count().collect()
@@ -54,7 +55,8 @@ def stats(spark: Any, store: dict[str, str], queues: list[str]) -> dict[str, Any
     for r in summary:
         p50, p90, p99 = r.pct or (None, None, None)
         out[(r.queue, r.magazine)] = {
-            "queue": r.queue, "magazine": r.magazine, "depth": r.depth, "inFlight": r.inFlight,
+            "queue": r.queue, "magazine": r.magazine, "stored": r.stored, "depth": r.stored - r.inFlight,
+            "inFlight": r.inFlight,
             "oldestAgeSeconds": _round(r.oldest), "ageSeconds": {"p50": _round(p50), "p90": _round(p90),
                                                                  "p99": _round(p99)},
             "attempts": {}, "reasons": {}, "topKeys": [], "shards": {}, "ageHistogram": {},
