@@ -199,6 +199,8 @@ def replay(
     if doc["leftOut"]:
         line += (f"; left out {doc['leftOut']} row(s) of other magazines than {magazine.value} "
                  "(--magazine all to publish them too)")
+    if doc.get("unreadable"):
+        line += f"; left out {doc['unreadable']} row(s) of records that were no IgnisMQ message (codec unreadable)"
     _emit(doc, output, line + _canary(doc))
 
 

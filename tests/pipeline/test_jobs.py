@@ -341,3 +341,23 @@ def test_the_cli_and_the_jobs_do_not_import_each_other() -> None:
         assert not {m for m in imports(job) if m.startswith("ignis_pipeline.cli")}, job.name
     assert not {m for m in imports(root / "runner.py") if m.startswith("ignis_pipeline")}
     assert "ignis_pipeline.runner.run_job" in imports(root / "jobs" / "export.py")
+
+
+def test_records_that_are_not_messages_are_exported_as_unreadable_and_never_replayed(
+        spark: Any, store: dict[str, str], make_queue: Any, tmp_path: Path) -> None:
+    q = make_queue("mixed", shards=1)
+    refs = q.publish_many([b"a", b"b", b"c"])
+    forged = refs[1].ref  # another tool overwrote it (the lmdb internals / the raw client)
+    if hasattr(q.store, "client"):
+        q.store.client.put(q.store._data_key(forged), {"payload": 12345, "msgId": "x", "loadedAt": 1},
+                           policy={"exists": 3, "ttl": -2})
+    else:
+        with q.store._env.env.begin(write=True) as txn:
+            txn.put(q.store._data_key(forged), b"\x00\x01", db=q.store._data)
+    done = export(spark, store, ["mixed"], str(tmp_path / "e"))
+    assert done["exported"] == 3
+    codecs = sorted(r.codec for r in spark.read.parquet(str(tmp_path / "e")).collect())
+    assert codecs == ["bytes", "bytes", "unreadable"]
+    make_queue("mixed-copy", shards=1)
+    replayed = replay(spark, store, str(tmp_path / "e"), "mixed-copy")
+    assert (replayed["published"], replayed["unreadable"]) == (2, 1)

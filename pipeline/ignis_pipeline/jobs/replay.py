@@ -5,13 +5,16 @@ order), waits until they are settled, and goes on only if at least 95% were acke
 
 An export of `--magazine all` also holds the sideline and the dead letters: messages that failed. Only
 the main magazine's rows are replayed unless others are asked for (`--magazine sideline|dead|all`), so a
-replay never re-publishes dead letters as fresh messages by accident; the rows left out are counted."""
+replay never re-publishes dead letters as fresh messages by accident; the rows left out are counted. Rows of
+records that were no IgnisMQ message (codec `unreadable`: their payload describes what was found) are never
+replayed, and counted apart."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any
 
+from ignis.envelope import CODEC_UNREADABLE
 from ignis.errors import InvalidInputError
 from ignis_pipeline.jobs.export import read_export
 from ignis_pipeline.jobs.gate import gated, rate_options
@@ -38,6 +41,9 @@ def replay(spark: Any, store: dict[str, str], source: str, queue: str, *, fmt: s
         chosen = F.coalesce(F.col("magazine").isin(*MAGAZINES[magazine]), F.lit(False))
         left_out = rows.where(~chosen).count()  # (partition pruning: reads no file of the chosen magazine)
         rows = rows.where(chosen)
+    readable = F.coalesce(F.col("codec") != F.lit(CODEC_UNREADABLE), F.lit(True))
+    unreadable = rows.where(~readable).count()
+    rows = rows.where(readable)
 
     def publish(df: Any, description: str) -> int:
         count = df.count()
@@ -49,7 +55,7 @@ def replay(spark: Any, store: dict[str, str], source: str, queue: str, *, fmt: s
             writer.save()
         return count
 
-    return {"from": source, "queue": queue, "magazine": magazine, "leftOut": left_out,
+    return {"from": source, "queue": queue, "magazine": magazine, "leftOut": left_out, "unreadable": unreadable,
             **gated(rows, store, queue, canary=canary, canary_timeout=canary_timeout, publish=publish)}
 
 
