@@ -26,6 +26,13 @@ def declare_resources(emulator: Any) -> None:
     emulator.resources["v1/events"] = ResourceInfo(kind="Event", namespaced=True, verbs={"create", "list"})
 
 
+def kube_configuration(server: str) -> Any:
+    """The operator's own API client (status writes of the background passes, Events) for `server`."""
+    from kubernetes_asyncio import client
+
+    return client.Configuration(host=server)
+
+
 def emulator_settings() -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
     configure(settings)
