@@ -71,6 +71,8 @@ GROUP = "ignismq.io"
 VERSION = "v1alpha1"
 PLURAL = "ignisqueues"
 FINALIZER = "ignismq.io/finalizer"
+API_CONNECTIONS = 32  # kopf's connections to the API server, watches included
+LIST_CHUNK = 500
 
 log = logging.getLogger(__name__)
 
@@ -247,19 +249,20 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
     from ignis_operator.resync import Background
 
     registry = kopf.OperatorRegistry()  # a bare registry has no login handler of its own
+    kopflogs.install(ctx.api_health)  # before kopf runs: its login line is bookkeeping too
     cfg = ctx.config
     resource = (GROUP, VERSION, PLURAL)
     running: dict[str, Any] = {}
 
     if cluster_login:
         @kopf.on.login(registry=registry, id="login")
-        def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-            return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        async def login(**kwargs: Any) -> Any:
+            info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+            return None if info is None else bounded_session(info)
 
     @kopf.on.startup(registry=registry, id="start")
     async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings, scanning=None if cfg.scanning else False)  # never re-enables what a caller disabled
-        running["logs"] = kopflogs.install(ctx.api_health)
         if ctx.kube is None:
             from ignis.kube import load_configuration
 
@@ -281,9 +284,6 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
             await asyncio.gather(task, return_exceptions=True)
         if ctx.api is not None:
             await ctx.api.close()
-        policy = running.pop("logs", None)
-        if policy is not None:
-            policy.remove()
 
     @kopf.on.event(*resource, registry=registry, id="observe")
     async def observe(event: Mapping[str, Any], body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
@@ -344,6 +344,23 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
     return registry
 
 
+def bounded_session(info: kopf.ConnectionInfo, limit: int = API_CONNECTIONS) -> Any:
+    """kopf's login result with at most `limit` connections to the API server. kopf's own client has no
+    limit: every object in handling is a request in flight on a connection of its own (a TLS connection
+    holds a 256 KiB buffer), so 10,000 objects created at once meant thousands of connections, hundreds of
+    MiB that the allocator then keeps, and as many TLS handshakes for the API server. Requests beyond the
+    limit wait for a free connection. Call it on the operator's event loop (an async login handler)."""
+    import aiohttp
+
+    session_type = getattr(kopf, "AiohttpSession", None)
+    if session_type is None:  # a kopf without custom sessions: its own, unbounded client
+        return info
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, ssl=info.as_ssl_context()),
+                                    headers=info.as_http_headers(), proxy=info.proxy_url, trust_env=info.trust_env)
+    return session_type(aiohttp_session=session, server=info.server, default_namespace=info.default_namespace,
+                        priority=info.priority, expiration=info.expiration)
+
+
 def _ensure_indexes(store: Storage) -> None:
     for client_id in {store.client_id, *store.list_clients()}:
         store.with_client(client_id).ensure_index()
@@ -374,6 +391,7 @@ def configure(settings: kopf.OperatorSettings, *, scanning: bool | None = None) 
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.enabled = False
+    settings.watching.chunk_size = LIST_CHUNK  # list (on start and after a lost watch) in pages, not one body
     settings.background.cancellation_polling = 1.0
     settings.background.instant_exit_timeout = 0.5
     if scanning is not None:

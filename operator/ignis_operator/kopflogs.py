@@ -13,7 +13,7 @@ updated, drift repaired, deleted, a problem); kopf's bookkeeping is DEBUG:
 * Requests refused because their namespace is being deleted become DEBUG.
 
 A filter on every `kopf*` logger (a logger's filters see the records logged on it, not its children's),
-installed by `install` and removed by `KopfLogPolicy.remove`.
+installed once per process by `install` (build_registry calls it) and removed by `KopfLogPolicy.remove`.
 """
 
 from __future__ import annotations
@@ -69,9 +69,12 @@ class KopfLogPolicy(logging.Filter):
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
     def remove(self) -> None:
+        global _POLICY
         for logger in self._installed:
             logger.removeFilter(self)
         self._installed = []
+        if _POLICY is self:
+            _POLICY = None
 
 
 def _outage_exception(exc: BaseException) -> bool:
@@ -85,15 +88,23 @@ def _outage_exception(exc: BaseException) -> bool:
     return False
 
 
+_POLICY: KopfLogPolicy | None = None
+
+
 def install(api: Reachability) -> KopfLogPolicy:
     """Put the policy on every kopf logger (kopf creates them at import, one per module, plus
-    `kopf.objects` for its per-object records)."""
+    `kopf.objects` for its per-object records). Once per process: installing again points the one policy
+    at `api` (the last operator built in a process owns the outage lines; tests build several)."""
     import kopf  # noqa: F401  (imported for its loggers)
 
-    policy = KopfLogPolicy(api)
+    global _POLICY
+    policy = _POLICY or KopfLogPolicy(api)
+    policy.api = api
     names = ["kopf"] + [name for name in logging.root.manager.loggerDict if name.startswith("kopf.")]
     for name in names:
         logger = logging.getLogger(name)
-        logger.addFilter(policy)
-        policy._installed.append(logger)
+        if policy not in logger.filters:
+            logger.addFilter(policy)
+            policy._installed.append(logger)
+    _POLICY = policy
     return policy

@@ -3,7 +3,7 @@ status writes of the background passes, every Event the operator posts, and the 
 API server is back after an outage. Through kubernetes_asyncio, configured like the sweeper's client
 (ignis/kube.py: in-cluster first, then $KUBECONFIG / ~/.kube/config).
 
-Events are posted in the background by two workers, after the status writes that make objects Ready (so
+Events are posted in the background by four workers, after the status writes that make objects Ready (so
 10,000 `Created` Events do not hold up 10,000 Ready conditions). An Event for a namespace that is being
 deleted is skipped quietly: the API server refuses all new content there, and the object is going away
 with its namespace. An API server that does not answer is one WARNING (and one INFO when it is back,
@@ -52,7 +52,7 @@ class KubeApi:
     """Status writes, Events and an API probe on one kubernetes_asyncio client. `start` and `close` run on
     the operator's event loop; `event` may be called from any thread."""
 
-    def __init__(self, configuration: Any, health: Reachability, *, event_workers: int = 2,
+    def __init__(self, configuration: Any, health: Reachability, *, event_workers: int = 4,
                  event_backlog: int = 100_000, timeout: float = 10.0) -> None:
         self.configuration = configuration
         self.health = health
