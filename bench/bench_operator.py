@@ -22,13 +22,15 @@ on a temporary lmdb store (or --store URL), with the kubeconfig as its KUBECONFI
 3. ready: a watch started before the apply sees every object Ready=True; the figure is the time from
    the end of the apply to the last Ready (target <= 60 s at 10,000);
 4. memory: the operator's resident set size, sampled every second (peak; target <= 400 MiB at 10,000);
-5. idle: --idle-seconds with nothing to do: the operator's CPU (target <= 5% of a core), API writes
+5. idle: once the create burst is over (30 s without an operator write, at most --settle-seconds: the
+   operator posts the Created Events after the status writes, in the background), --idle-seconds with
+   nothing to do: the operator's CPU (target <= 5% of a core), API writes
    (target <= 10 a minute; counted from the API server's apiserver_request_total for ignisqueues and
    events, every write of the window is the operator's), changed objects seen on the watch, and log lines
    (target <= 60 an hour, scaled from the window);
-6. delete: every IgnisQueue deleted (one deletecollection per namespace, all at once); the figure is the
-   time from the first call until the watch has seen every object go (target <= 120 s), and the objects
-   left (stuck) after --delete-timeout.
+6. delete: every IgnisQueue deleted (--concurrency requests at a time); the figure is the time from the
+   first call until the watch has seen every object go (target <= 120 s), and the objects left (stuck)
+   after --delete-timeout.
 The machine's load (1-minute load average, and the CPU of kube-apiserver and etcd) is printed with each
 phase: on a shared machine it explains a slow figure.
 """
@@ -396,7 +398,11 @@ async def prepare(cluster: Cluster, namespaces: int) -> None:
     for n in range(namespaces):
         await cluster.call("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
                                                                "metadata": {"name": BENCH_NS.format(n)}}, ok=(409,))
-        base = f"/apis/{GROUP}/{VERSION}/namespaces/{BENCH_NS.format(n)}/{PLURAL}"
+    existing = (await cluster.call("GET", "/api/v1/namespaces")).get("items") or []
+    for namespace in sorted(ns["metadata"]["name"] for ns in existing):
+        if not namespace.startswith(BENCH_NS.format(0)[:-2]):
+            continue  # earlier runs may have used more namespaces: every one of them is emptied
+        base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
         left = (await cluster.call("GET", base)).get("items") or []
         for obj in left:  # an earlier run's objects: no operator is running, so take the finalizer off
             await cluster.call("PATCH", f"{base}/{obj['metadata']['name']}", body={"metadata": {"finalizers": None}},
@@ -417,6 +423,36 @@ async def apply_all(cluster: Cluster, n: int, namespaces: int, concurrency: int)
                                content_type="application/apply-patch+yaml")
 
     await asyncio.gather(*(one(i) for i in range(n)))
+
+
+async def delete_all(cluster: Cluster, n: int, namespaces: int, concurrency: int) -> None:
+    """Every object deleted, `concurrency` requests at a time (what `kubectl delete iq --all` sends; one
+    deletecollection of 1,000 finalized objects outlives the API server's 60 s request timeout)."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        namespace, name, _ = cr_manifest(i, namespaces)
+        async with gate:
+            await cluster.call("DELETE", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}",
+                               ok=(404,))
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+async def settle(cluster: Cluster, limit: float, quiet: float = 30.0) -> float:
+    """Wait until the create burst is over: its Events posted (the operator posts them after the status
+    writes, in the background) and no write to the operator's resources for `quiet` seconds; at most
+    `limit` seconds. Returns the seconds waited."""
+    started = time.monotonic()
+    last, quiet_since = (await cluster.writes())["operator"], time.monotonic()
+    while time.monotonic() - started < limit:
+        await asyncio.sleep(5)
+        now = (await cluster.writes())["operator"]
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet:
+            break
+    return time.monotonic() - started
 
 
 async def until(check: Any, timeout: float, step: float = 0.2) -> bool:
@@ -446,7 +482,7 @@ async def bench_cluster(args: argparse.Namespace, workdir: Path) -> dict[str, An
             operator.start_sampling()
             await asyncio.sleep(3)  # kopf lists and starts watching
             # ---- apply -> Ready
-            load0, started = machine_load(), time.monotonic()
+            load0, started, cpu0 = machine_load(), time.monotonic(), operator.cpu()
             await apply_all(cluster, n, args.namespaces, args.concurrency)
             applied = time.monotonic()
             await until(lambda: len(watch.objects) >= n and watch.ready() >= n, args.timeout)
@@ -454,10 +490,11 @@ async def bench_cluster(args: argparse.Namespace, workdir: Path) -> dict[str, An
             result["apply"] = {"seconds": round(applied - started, 1), "ready": watch.ready(),
                                "ready_after_apply_seconds": round(last_ready - applied, 1),
                                "ready_after_apply_start_seconds": round(last_ready - started, 1),
+                               "operator_cpu_seconds": round(operator.cpu() - cpu0, 1),
                                "load": load_delta(load0, machine_load(), time.monotonic() - started)}
             result["memory"] = {"rss_mib_after_ready": round(operator.rss() / 2**20, 1)}
             # ---- idle
-            await asyncio.sleep(args.settle_seconds)  # the create burst's Events and first passes
+            result["settle_seconds"] = round(await settle(cluster, args.settle_seconds), 1)
             lines0, cpu0, writes0, modified0 = len(operator.lines()), operator.cpu(), await cluster.writes(), \
                 watch.modified
             load0, t0 = machine_load(), time.monotonic()
@@ -477,9 +514,8 @@ async def bench_cluster(args: argparse.Namespace, workdir: Path) -> dict[str, An
                 "load": load_delta(load0, machine_load(), seconds)}
             result["memory"]["rss_mib_idle_end"] = round(operator.rss() / 2**20, 1)
             # ---- delete
-            load0, started = machine_load(), time.monotonic()
-            await asyncio.gather(*(cluster.call("DELETE", f"/apis/{GROUP}/{VERSION}/namespaces/{BENCH_NS.format(i)}/"
-                                                f"{PLURAL}") for i in range(args.namespaces)))
+            load0, started, cpu0 = machine_load(), time.monotonic(), operator.cpu()
+            await delete_all(cluster, n, args.namespaces, args.concurrency)
             called = time.monotonic()
             await until(lambda: not watch.objects, args.delete_timeout - (called - started))
             gone = time.monotonic()
@@ -487,6 +523,7 @@ async def bench_cluster(args: argparse.Namespace, workdir: Path) -> dict[str, An
             result["delete"] = {"call_seconds": round(called - started, 1),
                                 "gone_seconds": round(gone - started, 1) if not stuck else None,
                                 "stuck": len(stuck), "stuck_sample": stuck[:5],
+                                "operator_cpu_seconds": round(operator.cpu() - cpu0, 1),
                                 "load": load_delta(load0, machine_load(), gone - started)}
         finally:
             await watch.stop()
@@ -545,8 +582,9 @@ def main() -> int:
     parser.add_argument("--kubeconfig", help="measure on the API server of this kubeconfig (admin rights)")
     parser.add_argument("--namespaces", type=int, default=10, help="real server: namespaces the objects spread over")
     parser.add_argument("--concurrency", type=int, default=32, help="real server: apply requests at a time")
-    parser.add_argument("--settle-seconds", type=float, default=60.0,
-                        help="real server: wait after Ready before the idle window")
+    parser.add_argument("--settle-seconds", type=float, default=900.0,
+                        help="real server: after Ready, wait at most this long for 30 s without operator writes "
+                        "(the create burst's Events) before the idle window")
     parser.add_argument("--idle-seconds", type=float, default=600.0, help="real server: the idle window")
     parser.add_argument("--delete-timeout", type=float, default=300.0, help="real server: give up on deletion")
     parser.add_argument("--store", help="real server: the operator's store URL (default: a temporary lmdb)")

@@ -43,6 +43,8 @@ class Declared:
     spec: dict[str, Any]
     status: dict[str, Any]
     deleting: bool
+    finalizers: list[str] = field(default_factory=list)
+    resource_version: str = ""
     api_version: str = "ignismq.io/v1alpha1"
     kind: str = "IgnisQueue"
 
@@ -52,7 +54,8 @@ class Declared:
         return cls(namespace=meta.get("namespace") or "", name=meta["name"], uid=meta.get("uid") or "",
                    generation=int(meta.get("generation") or 0), created=meta.get("creationTimestamp"),
                    spec=plain(body.get("spec") or {}), status=plain(body.get("status") or {}),
-                   deleting=bool(meta.get("deletionTimestamp")),
+                   deleting=bool(meta.get("deletionTimestamp")), finalizers=list(meta.get("finalizers") or []),
+                   resource_version=str(meta.get("resourceVersion") or ""),
                    api_version=body.get("apiVersion") or cls.api_version, kind=body.get("kind") or cls.kind)
 
     @property

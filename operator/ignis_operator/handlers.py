@@ -2,25 +2,31 @@
 can run several operators side by side), each a thin shell around reconcile.py. Built to serve 10,000
 queues on a small API server: an idle operator makes no API call and logs nothing.
 
-* `observe` (every watch event of every object): keeps the catalog (catalog.py) and reconciles a
-  generation the operator has not handled yet (`metadata.generation` != `status.observedGeneration`):
-  sync the record, then patch status (observedGeneration, Ready, Synced and the first figures, so DEPTH
-  and SIDELINED show at Ready). Only once kopf has added the finalizer: a record is never written for an
-  object whose deletion could miss `finalize`. One INFO line and a Normal
-  Event `Created` / `Updated` per change; InvalidSpec -> one Warning Event and line per generation, no
-  retries; store down -> Synced=False StoreUnavailable, retried with a capped, jittered exponential
-  backoff by the background passes.
-* `finalize` (kopf adds the finalizer) -> deletionPolicy, one INFO line and a Normal Event `Deactivated` /
-  `Deleted` (skipped quietly when the namespace is being deleted); a store unreachable for longer than
-  `finalizer_timeout_seconds` releases the finalizer with a Warning Event and an error line.
-* `start` / `stop`: the background passes (resync.py) on the operator's event loop: drift repair every
-  `resync_interval_seconds` over one bulk read of the store, figures refreshed at a bounded rate and
-  written only when they moved past `figures_change_percent`, retries, and the API server probe.
+kopf watches and dispatches; one handler, `observe`, sees every watch event of every object and does
+what the object needs, as a Kubernetes controller does from `metadata` and `status`:
 
-There are no kopf timers or daemons, so a deletion never waits on one (and the settings say so anyway:
-`configure`). kopf's change detection is unused (generation/observedGeneration drive reconciles), so it
-stores no diff-base annotation: per created object the operator writes its status and kopf its finalizer,
-two API writes, plus the Event.
+* keeps the catalog (catalog.py) the background passes read;
+* a live object without the finalizer `ignismq.io/finalizer`: adds it (kopf applies it as a JSON patch
+  with a resourceVersion precondition), and nothing else: no record is written before a deletion is
+  sure to come back through the operator;
+* a generation not handled yet (`metadata.generation` != `status.observedGeneration`): syncs the record
+  and patches status (observedGeneration, Ready, Synced and the first figures, so DEPTH and SIDELINED show
+  at Ready). One INFO line and a Normal Event `Created` / `Updated` per change; InvalidSpec -> one
+  Warning Event and line per generation, no retries; store down -> Synced=False StoreUnavailable,
+  retried with a capped, jittered exponential backoff by the background passes;
+* an object being deleted that still has the finalizer: applies its deletionPolicy, one INFO line and a
+  Normal Event `Deactivated` / `Deleted` (skipped quietly when the namespace is being deleted), and
+  removes the finalizer in the same patch. A store that does not answer: retried in the background, and
+  after `finalizer_timeout_seconds` the finalizer is released with a Warning Event and an ERROR line.
+
+`start` / `stop` run the background passes (resync.py) on the operator's event loop: drift repair every
+`resync_interval_seconds` over one bulk read of the store, figures refreshed at a bounded rate and written
+only when they moved past `figures_change_percent`, retries, and the API server probe.
+
+kopf itself has nothing per object to do (no creation, update, deletion handlers, timers or daemons): no
+diff-base or progress annotations, no finalizer of its own, so nothing of kopf ever holds a deletion (and
+no timer can: there are none). Per created object the operator makes two API writes (finalizer, status)
+and posts one Event.
 
 Kubernetes API calls (what the chart's RBAC grants, tests/deploy/test_rbac.py checks it against the calls
 made): list/watch and patch of ignisqueues, patch of ignisqueues/status, create of events; with `scanning`
@@ -54,7 +60,6 @@ from ignis_operator.reconcile import (
     SYNCED,
     Owner,
     SyncResult,
-    condition,
     figures_changed,
     figures_status,
     finalize_queue,
@@ -70,7 +75,8 @@ from ignis_operator.reconcile import (
 GROUP = "ignismq.io"
 VERSION = "v1alpha1"
 PLURAL = "ignisqueues"
-FINALIZER = "ignismq.io/finalizer"
+FINALIZER = "ignismq.io/finalizer"  # the operator's own: added by `observe`, removed once deletionPolicy is applied
+KOPF_FINALIZER = "ignismq.io/kopf"  # kopf's setting: a finalizer kopf would manage, never needed (no handler of kopf's)
 API_CONNECTIONS = 32  # kopf's connections to the API server, watches included
 LIST_CHUNK = 500
 
@@ -119,19 +125,30 @@ class OperatorContext:
     store_health: Reachability = field(default_factory=lambda: Reachability("store", log))
     api_health: Reachability = field(default_factory=lambda: Reachability("Kubernetes API", log))
     api: Any = None  # KubeApi, from start-up on
+    background: Any = None  # resync.Background, from start-up on (its `passes` count the passes run)
     retries: dict[str, Retry] = field(default_factory=dict)  # by uid: objects waiting for the store
+    finalizing: set[str] = field(default_factory=set)  # uids whose deletionPolicy is being applied now
+    finalized: set[str] = field(default_factory=set)  # uids whose deletionPolicy is applied (finalizer going)
 
     def event(self, entry: Declared, type_: str, reason: str, message: str) -> None:
         if self.api is not None:
             self.api.event(entry.ref, type_, reason, message)
 
 
+RECONCILE = "reconcile"
+FINALIZE = "finalize"
+
+
 @dataclass
 class Retry:
+    """An object the store could not take, to try again at `due` (event-loop time)."""
+
     key: tuple[str, str]
     generation: int
     attempt: int
-    due: float  # event-loop time
+    due: float
+    kind: str = RECONCILE  # or FINALIZE: its deletionPolicy
+    since: float = 0.0  # FINALIZE: when the first attempt failed (the finalizer timeout counts from there)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,10 +192,11 @@ def reconcile_object(ctx: OperatorContext, *, name: str, namespace: str | None, 
 
 def reconcile_entry(ctx: OperatorContext, entry: Declared, *, figures: bool = True) -> Outcome | None:
     """Sync one catalogued object (blocking: run it in a thread), and measure its figures when it is
-    Synced and `figures`. None when its deletion has begun (the finalizer owns its record now)."""
+    Synced and `figures`. None when its deletion has begun or it is gone (its record is the finalizer's)."""
     with ctx.guards.hold(entry.key):
-        if ctx.guards.deleting(entry.uid):
-            return None
+        current = ctx.catalog.get(entry.key)
+        if ctx.guards.deleting(entry.uid) or current is None or current.uid != entry.uid or current.deleting:
+            return None  # being deleted, or gone (a pass holds an older snapshot)
         result = reconcile_object(ctx, name=entry.name, namespace=entry.namespace, uid=entry.uid, spec=entry.spec,
                                   meta=entry.meta, synced_client_id=entry.status.get("clientId"))
         if result.reason == SYNCED:
@@ -274,7 +292,8 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
             await asyncio.to_thread(_ensure_indexes, ctx.store)
         except StoreError as exc:  # start anyway: objects report StoreUnavailable and retry with backoff
             ctx.store_health.failed(f"cannot ensure the active indexes at start-up: {exc}")
-        running["background"] = asyncio.create_task(Background(ctx).run(), name="ignis operator passes")
+        ctx.background = Background(ctx)
+        running["background"] = asyncio.create_task(ctx.background.run(), name="ignis operator passes")
 
     @kopf.on.cleanup(registry=registry, id="stop")
     async def stop(**_: Any) -> None:
@@ -293,55 +312,94 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
             ctx.catalog.forget((meta.get("namespace") or "", meta.get("name") or ""), uid)
             ctx.guards.gone(uid)
             ctx.retries.pop(uid, None)
+            ctx.finalized.discard(uid)
             return
         entry = ctx.catalog.observe(body)
+        loop = asyncio.get_running_loop()
+        if entry.deleting:
+            waiting = entry.uid in ctx.finalizing or entry.uid in ctx.retries or entry.uid in ctx.finalized
+            if FINALIZER in entry.finalizers and not waiting and await finalize(ctx, entry, now=loop.time()):
+                patch.fns.append(remove_finalizer)
+            return
+        if FINALIZER not in entry.finalizers:
+            patch.fns.append(add_finalizer)  # and nothing else in this cycle: the record comes after it
+            return
         if not entry.needs_reconcile() or ctx.guards.deleting(entry.uid):
             return
-        if FINALIZER not in (body.get("metadata") or {}).get("finalizers", []):
-            return  # kopf adds it in this cycle: no record before a deletion is sure to reach `finalize`
         outcome = await asyncio.to_thread(reconcile_entry, ctx, entry)
         if outcome is None:
             return
-        changes = settle(ctx, entry, outcome, drift=False, logger=object_logger(entry),
-                         now=asyncio.get_running_loop().time())
+        changes = settle(ctx, entry, outcome, drift=False, logger=object_logger(entry), now=loop.time())
         if changes:
             patch.status.update(changes)
             ctx.catalog.wrote(entry, changes)
 
-    @kopf.on.delete(*resource, registry=registry, id="finalize")
-    def finalize(body: kopf.Body, retry: int, runtime: Any, **_: Any) -> None:
-        entry = ctx.catalog.observe(body)
-        logger = object_logger(entry)
-        ctx.guards.begin_deletion(entry.uid)  # from now on the background passes leave it alone
-        ctx.retries.pop(entry.uid, None)
-        ctx.states.forget(_key(entry.namespace, entry.name))
-        if condition(entry.status).get("reason") in (INVALID_SPEC, CONFLICT):
-            return  # this object never owned a record: nothing to undo
-        try:
-            qspec = spec_from_object(entry.name, entry.namespace, entry.spec)
-        except InvalidSpecError:
-            return
-        owner = Owner(entry.uid, _key(entry.namespace, entry.name), parse_k8s_time(entry.created))
-        try:
-            with ctx.guards.hold(entry.key):
-                done = finalize_queue(ctx.store, qspec, owner)
-        except StoreError as exc:
-            ctx.store_health.failed(exc)
-            waited = runtime.total_seconds()
-            if waited >= cfg.finalizer_timeout_seconds:
-                message = (f"store unreachable for {waited:.0f}s ({exc}); finalizer released WITHOUT applying "
-                           f"deletionPolicy {qspec.deletion_policy.value}: clean up queue {entry.name!r} by hand")
-                logger.error("%s", message)
-                ctx.event(entry, "Warning", "FinalizerTimeout", message)
-                return
-            raise kopf.TemporaryError(f"store unreachable: {exc}", delay=min(
-                cfg.backoff(retry), max(cfg.finalizer_timeout_seconds - waited, 0.1))) from None
-        ctx.store_health.answered()
-        logger.info("%s", done.message)
-        if done.action in (DEACTIVATED, DELETED):
-            ctx.event(entry, "Normal", done.action, done.message)
-
     return registry
+
+
+def add_finalizer(body: dict[str, Any]) -> None:
+    """A kopf patch function (applied as a JSON patch with a resourceVersion precondition)."""
+    finalizers = body.setdefault("metadata", {}).setdefault("finalizers", [])
+    if FINALIZER not in finalizers:
+        finalizers.append(FINALIZER)
+
+
+def remove_finalizer(body: dict[str, Any]) -> None:
+    meta = body.get("metadata") or {}
+    if FINALIZER in (meta.get("finalizers") or []):
+        meta["finalizers"] = [f for f in meta["finalizers"] if f != FINALIZER]
+
+
+async def finalize(ctx: OperatorContext, entry: Declared, *, now: float) -> bool:
+    """Apply an object's deletionPolicy (in a thread); True when its finalizer may go: the policy is
+    applied, there was nothing to apply, or the store stayed unreachable past `finalizer_timeout_seconds`.
+    False: a retry is scheduled (ctx.retries, kind FINALIZE)."""
+    ctx.finalizing.add(entry.uid)
+    try:
+        done = await asyncio.to_thread(_finalize, ctx, entry, now)
+    finally:
+        ctx.finalizing.discard(entry.uid)
+    if done:
+        ctx.finalized.add(entry.uid)  # until the object is gone: the policy is never applied twice
+    return done
+
+
+def _finalize(ctx: OperatorContext, entry: Declared, now: float) -> bool:
+    cfg = ctx.config
+    logger = object_logger(entry)
+    ctx.guards.begin_deletion(entry.uid)  # from now on the background passes leave its record alone
+    ctx.states.forget(_key(entry.namespace, entry.name))
+    previous = ctx.retries.pop(entry.uid, None)
+    if entry.ready.get("reason") in (INVALID_SPEC, CONFLICT):
+        return True  # this object never owned a record: nothing to undo
+    try:
+        qspec = spec_from_object(entry.name, entry.namespace, entry.spec)
+    except InvalidSpecError:
+        return True
+    owner = Owner(entry.uid, _key(entry.namespace, entry.name), parse_k8s_time(entry.created))
+    try:
+        with ctx.guards.hold(entry.key):
+            done = finalize_queue(ctx.store, qspec, owner)
+    except StoreError as exc:
+        ctx.store_health.failed(exc)
+        attempt = previous.attempt + 1 if previous is not None and previous.kind == FINALIZE else 0
+        since = previous.since if previous is not None and previous.kind == FINALIZE else now
+        waited = now - since
+        if waited >= cfg.finalizer_timeout_seconds:
+            message = (f"store unreachable for {waited:.0f}s ({exc}); finalizer released WITHOUT applying "
+                       f"deletionPolicy {qspec.deletion_policy.value}: clean up queue {entry.name!r} by hand")
+            logger.error("%s", message)
+            ctx.event(entry, "Warning", "FinalizerTimeout", message)
+            return True
+        delay = min(cfg.backoff(attempt), max(cfg.finalizer_timeout_seconds - waited, 0.1))
+        ctx.retries[entry.uid] = Retry(entry.key, entry.generation, attempt, now + delay, FINALIZE, since)
+        logger.debug("deletionPolicy not applied yet (store unreachable): %s", exc)
+        return False
+    ctx.store_health.answered()
+    logger.info("%s", done.message)
+    if done.action in (DEACTIVATED, DELETED):
+        ctx.event(entry, "Normal", done.action, done.message)
+    return True
 
 
 def bounded_session(info: kopf.ConnectionInfo, limit: int = API_CONNECTIONS) -> Any:
@@ -368,7 +426,11 @@ def _ensure_indexes(store: Storage) -> None:
 
 class NoDiffBase(kopf.DiffBaseStorage):
     """kopf's change detection (the last handled spec, kept in an annotation) is not used: reconciles follow
-    `metadata.generation`, as Kubernetes controllers do. Storing nothing saves an API write per object."""
+    `metadata.generation`, as Kubernetes controllers do. Nothing is stored (an API write less per object)
+    and no essence is built (kopf would deep-copy every body of every event for it)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
 
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
         return None
@@ -378,20 +440,22 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 
 def configure(settings: kopf.OperatorSettings, *, scanning: bool | None = None) -> None:
-    """Our own finalizer name; handler progress (only the finalizer's retries use it) kept in annotations
-    (the structural schema of the status would prune kopf's own status fields); no diff-base; kopf posts no
-    Events (the operator posts its own, kubeapi.py, so none is ever an API error retried at ERROR nine
-    times); and no wait on timers or daemons when an object is deleted (there are none; were one added, kopf
-    would re-check a stopping one every `cancellation_polling` seconds, 60 by default).
+    """kopf as the operator uses it: a watch that dispatches every event to `observe`. No diff-base; kopf's
+    own finalizer is a name it never adds (the operator manages `ignismq.io/finalizer` itself: kopf would
+    remove a finalizer of its name that none of its handlers needs); kopf posts no Events (the operator posts
+    its own, kubeapi.py, so none is ever an API error retried at ERROR nine times); lists (at start and
+    after a lost watch) come in pages; and no wait on timers or daemons when an object is deleted (there
+    are none; were one added, kopf would re-check a stopping one every `cancellation_polling` seconds, 60 by
+    default, holding the deletion that long).
 
     `scanning=False` (kopf's `settings.scanning.disabled`; None leaves it as it is): no list/watch of CRDs
     and Namespaces, so a namespace-scoped install needs no cluster-scoped permission and kopf logs no "not
     enough permissions" warning; CRD changes are then noticed on restart (kopf/_core/reactor/observation.py)."""
-    settings.persistence.finalizer = FINALIZER
+    settings.persistence.finalizer = KOPF_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.enabled = False
-    settings.watching.chunk_size = LIST_CHUNK  # list (on start and after a lost watch) in pages, not one body
+    settings.watching.chunk_size = LIST_CHUNK
     settings.background.cancellation_polling = 1.0
     settings.background.instant_exit_timeout = 0.5
     if scanning is not None:

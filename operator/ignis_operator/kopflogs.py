@@ -12,8 +12,10 @@ updated, drift repaired, deleted, a problem); kopf's bookkeeping is DEBUG:
   the rest DEBUG. So are the tracebacks of event processing cut short by the same outage.
 * Requests refused because their namespace is being deleted become DEBUG.
 
-A filter on every `kopf*` logger (a logger's filters see the records logged on it, not its children's),
-installed once per process by `install` (build_registry calls it) and removed by `KopfLogPolicy.remove`.
+The `kopf` logger stops propagating and gets one handler, the policy, which passes what it lets through
+to the root logger's handlers: so every kopf logger is covered, those kopf creates while it runs
+included. Installed once per process by `install` (build_registry calls it), removed by
+`KopfLogPolicy.remove`.
 """
 
 from __future__ import annotations
@@ -35,13 +37,20 @@ _HANDLER_OUTCOME = re.compile(r"^Handler '[^']+' failed (temporarily|permanently
 _KEPT_INFO_LOGGERS = {"kopf._core.reactor.running"}  # "Signal SIGTERM is received. Operator is stopping."
 
 
-class KopfLogPolicy(logging.Filter):
+class KopfLogPolicy(logging.Handler):
+    """The one handler of the `kopf` logger, which no longer propagates: every record of kopf's loggers
+    (those kopf creates as it runs included, e.g. `kopf.activities.startup`) passes `allow`, and what it
+    lets through goes on to the root logger's handlers as before."""
+
     def __init__(self, api: Reachability) -> None:
         super().__init__()
         self.api = api
-        self._installed: list[logging.Logger] = []
 
-    def filter(self, record: logging.LogRecord) -> bool:
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.allow(record):
+            logging.getLogger().handle(record)
+
+    def allow(self, record: logging.LogRecord) -> bool:
         if record.levelno == logging.INFO:
             return record.name in _KEPT_INFO_LOGGERS or self._demote(record)
         if record.levelno < logging.WARNING:
@@ -66,13 +75,13 @@ class KopfLogPolicy(logging.Filter):
     @staticmethod
     def _demote(record: logging.LogRecord) -> bool:
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
 
     def remove(self) -> None:
         global _POLICY
-        for logger in self._installed:
-            logger.removeFilter(self)
-        self._installed = []
+        kopf_logger = logging.getLogger("kopf")
+        kopf_logger.removeHandler(self)
+        kopf_logger.propagate = True
         if _POLICY is self:
             _POLICY = None
 
@@ -92,19 +101,14 @@ _POLICY: KopfLogPolicy | None = None
 
 
 def install(api: Reachability) -> KopfLogPolicy:
-    """Put the policy on every kopf logger (kopf creates them at import, one per module, plus
-    `kopf.objects` for its per-object records). Once per process: installing again points the one policy
+    """Route kopf's records through the policy. Once per process: installing again points the one policy
     at `api` (the last operator built in a process owns the outage lines; tests build several)."""
-    import kopf  # noqa: F401  (imported for its loggers)
-
     global _POLICY
     policy = _POLICY or KopfLogPolicy(api)
     policy.api = api
-    names = ["kopf"] + [name for name in logging.root.manager.loggerDict if name.startswith("kopf.")]
-    for name in names:
-        logger = logging.getLogger(name)
-        if policy not in logger.filters:
-            logger.addFilter(policy)
-            policy._installed.append(logger)
+    kopf_logger = logging.getLogger("kopf")
+    if policy not in kopf_logger.handlers:
+        kopf_logger.addHandler(policy)
+    kopf_logger.propagate = False
     _POLICY = policy
     return policy

@@ -111,6 +111,28 @@ class KubeApi:
         self.health.answered()
         return True
 
+    async def remove_finalizer(self, group: str, version: str, plural: str, namespace: str, name: str,
+                               finalizer: str, finalizers: list[str], resource_version: str) -> bool | None:
+        """Take `finalizer` off an object whose finalizers and resourceVersion the watch last showed: a JSON
+        patch with the resourceVersion as precondition (no read: the operator may only list, watch and
+        patch). True: removed (or the object is gone); None: the object changed since (try again with what
+        the watch shows next); False: the call failed (logged)."""
+        ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+               {"op": "replace", "path": "/metadata/finalizers", "value": [f for f in finalizers if f != finalizer]}]
+        try:
+            await self._objects.patch_namespaced_custom_object(
+                group, version, namespace, plural, name, ops, _content_type="application/json-patch+json",
+                _request_timeout=self.timeout)
+        except Exception as exc:
+            status = getattr(exc, "status", None)
+            if status in (404, 409, 422):
+                self.health.answered()
+                return True if status == 404 else None
+            self._failed(exc, f"finalizer of {namespace}/{name} not removed")
+            return False
+        self.health.answered()
+        return True
+
     async def ping(self) -> bool:
         """Whether the API server answers (API discovery, which every authenticated client may read)."""
         try:

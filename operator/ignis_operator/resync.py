@@ -31,10 +31,13 @@ from ignis.errors import InvalidSpecError, StoreError
 from ignis.storage.base import QueueRecord, client_view
 from ignis_operator.catalog import Declared
 from ignis_operator.handlers import (
+    FINALIZE,
+    FINALIZER,
     GROUP,
     PLURAL,
     VERSION,
     OperatorContext,
+    finalize,
     object_logger,
     reconcile_entry,
     settle,
@@ -67,7 +70,7 @@ class Background:
         self.cfg = ctx.config
         self.loop = asyncio.get_running_loop()
         self._next_write = 0.0
-        self.passes = {"drift": 0, "figures": 0}
+        self.passes = {"drift": 0, "figures": 0}  # completed passes
 
     async def run(self) -> None:
         await asyncio.gather(self._forever("retries", self._retry_loop),
@@ -104,10 +107,34 @@ class Background:
                 if retry.due > now:
                     continue
                 entry = self.ctx.catalog.get(retry.key)
-                if entry is None or entry.uid != uid or entry.deleting:
+                if entry is None or entry.uid != uid or (entry.deleting and retry.kind != FINALIZE):
                     self.ctx.retries.pop(uid, None)
                     continue
-                await self._reconcile(entry, drift=False)
+                if retry.kind == FINALIZE:
+                    await self._finalize(entry)
+                else:
+                    await self._reconcile(entry, drift=False)
+
+    async def _finalize(self, entry: Declared) -> None:
+        """Apply a deleted object's policy (a retry, or one the watch handler missed) and release it."""
+        if entry.uid in self.ctx.finalizing:
+            return
+        if entry.uid in self.ctx.finalized or await finalize(self.ctx, entry, now=self.loop.time()):
+            await self._release(entry)
+
+    async def _release(self, entry: Declared, attempts: int = 5) -> None:
+        """Remove the finalizer of an object whose deletionPolicy is applied, with the resourceVersion the
+        watch shows (waiting for the watch to show a newer one after a conflict); a drift pass tries again
+        if this does not succeed."""
+        for _ in range(attempts):
+            current = self.ctx.catalog.get(entry.key)
+            if current is None or current.uid != entry.uid or FINALIZER not in current.finalizers:
+                return
+            done = await self.ctx.api.remove_finalizer(GROUP, VERSION, PLURAL, current.namespace, current.name,
+                                                       FINALIZER, current.finalizers, current.resource_version)
+            if done is not None:
+                return
+            await asyncio.sleep(TICK_SECONDS)
 
     # ---- drift ---------------------------------------------------------------------------------------
     async def _drift_loop(self) -> None:
@@ -116,6 +143,7 @@ class Background:
         while True:
             await asyncio.sleep(delay)
             ok = await self.drift_pass()
+            self.passes["drift"] += 1
             failures = 0 if ok else failures + 1
             delay = self.cfg.resync_interval_seconds + random.uniform(0, self.cfg.resync_jitter_seconds)
             if failures:
@@ -124,10 +152,14 @@ class Background:
 
     async def drift_pass(self) -> bool:
         """One pass over every served object; False when the store did not answer (the pass stopped)."""
-        self.passes["drift"] += 1
         groups: dict[str, list[Declared]] = defaultdict(list)
         for entry in self.ctx.catalog.snapshot():
-            if not entry.deleting and not self.ctx.guards.deleting(entry.uid) and entry.uid not in self.ctx.retries:
+            if entry.uid in self.ctx.retries:
+                continue
+            if entry.deleting:
+                if FINALIZER in entry.finalizers:  # a deletion the watch handler did not finish (a bug?)
+                    await self._finalize(entry)
+            elif not self.ctx.guards.deleting(entry.uid):
                 groups[entry.client_id].append(entry)
         for client_id, entries in groups.items():
             try:
@@ -191,6 +223,7 @@ class Background:
         while True:
             started = self.loop.time()
             ok = await self.figures_pass()
+            self.passes["figures"] += 1
             failures = 0 if ok else failures + 1
             wait = self.cfg.figures_interval_seconds - (self.loop.time() - started)
             if failures:
@@ -201,7 +234,6 @@ class Background:
     async def figures_pass(self) -> bool:
         """Measure every Ready object's figures at the configured rate; write those that changed enough.
         False when the store did not answer (the pass stopped)."""
-        self.passes["figures"] += 1
         entries = [e for e in self.ctx.catalog.snapshot()
                    if not e.deleting and e.ready.get("status") == "True" and not self.ctx.guards.deleting(e.uid)]
         per_second = max(1, int(self.cfg.figures_queues_per_second))
