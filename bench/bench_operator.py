@@ -1,26 +1,53 @@
 #!/usr/bin/env python3
-"""How fast the operator brings IgnisQueue objects to Ready, cold start, side by side with the bare
-reconcile function (the ceiling: no API server, no kopf).
+"""The operator at scale: time to Ready, deletion, memory, and what an idle operator costs.
 
-    .venv/bin/python bench/bench_operator.py                 # 1000 objects
+    .venv/bin/python bench/bench_operator.py                      # kmock emulator: 1000 objects, cold start
     .venv/bin/python bench/bench_operator.py --objects 200 --json
+    .venv/bin/python bench/bench_operator.py --kubeconfig /path/admin.kubeconfig            # a real API server
+    .venv/bin/python bench/bench_operator.py --kubeconfig K --objects 10000 --idle-seconds 600
 
-Rows, measured in one run on fresh lmdb stores (durability=fast):
-* operator: N IgnisQueue objects already exist in kmock's Kubernetes API emulator (over HTTP, as a
-  cluster would serve them) when kopf starts; the clock runs from operator start until every object
-  has status Ready=True and its queue record is in the store (checked at the end).
+Without --kubeconfig (kmock's API emulator, in-process, fresh lmdb stores with durability=fast):
+* operator: N IgnisQueue objects already exist in the emulator (over HTTP, as a cluster would serve them)
+  when kopf starts; the clock runs from operator start until every object has status Ready=True and its
+  queue record is in the store (checked at the end).
 * handler: the same N objects through `reconcile_object` directly, one after another.
 The best-known queue-operator figure is ~17 objects/s; it is printed next to ours for scale (measured
 elsewhere, not in this run). Needs the test extra (kmock): pip install -e '.[test]'.
+
+With --kubeconfig PATH (a real kube-apiserver; the bench needs rights to create the CRD, namespaces and
+IgnisQueues: an admin kubeconfig), the operator runs as `ignis operator` in a subprocess, cluster-wide,
+on a temporary lmdb store (or --store URL), with the kubeconfig as its KUBECONFIG:
+1. the CRD is applied (crds/), namespaces ignis-bench-00.. are created (and emptied of earlier runs);
+2. apply: N IgnisQueues are server-side applied, --concurrency at a time, spread over --namespaces;
+3. ready: a watch started before the apply sees every object Ready=True; the figure is the time from
+   the end of the apply to the last Ready (target <= 60 s at 10,000);
+4. memory: the operator's resident set size, sampled every second (peak; target <= 400 MiB at 10,000);
+5. idle: once the create burst is over (30 s without an operator write, at most --settle-seconds: the
+   operator posts the Created Events after the status writes, in the background), --idle-seconds with
+   nothing to do: the operator's CPU (target <= 5% of a core), API writes
+   (target <= 10 a minute; counted from the API server's apiserver_request_total for ignisqueues and
+   events, every write of the window is the operator's), changed objects seen on the watch, and log lines
+   (target <= 60 an hour, scaled from the window);
+6. delete: every IgnisQueue deleted (--concurrency requests at a time); the figure is the time from the
+   first call until the watch has seen every object go (target <= 120 s), and the objects left (stuck)
+   after --delete-timeout.
+The machine's load (1-minute load average, and the CPU of kube-apiserver and etcd) is printed with each
+phase: on a shared machine it explains a slow figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +55,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from ignis_operator.emulation import declare_resources, start_operator
+import psutil
+import yaml
+from ignis_operator.emulation import declare_resources, kube_configuration, start_operator
 from ignis_operator.handlers import (
     GROUP,
     PLURAL,
@@ -81,12 +110,13 @@ def count_records(store: Storage) -> int:
 
 async def bench_operator(n: int, workdir: Path, timeout: float) -> dict[str, Any]:
     store = open_store(f"lmdb://{workdir}/operator?durability=fast")
-    # long timers: this measures the create path, not the figures / resync timers
+    # long pass periods: this measures the create path, not the figures / resync passes
     config = OperatorConfig(figures_interval_seconds=3600, resync_interval_seconds=3600)
-    registry = build_registry(OperatorContext(store, config), cluster_login=False)
     async with LoglessEmulator() as emulator, Server(emulator):
         declare_resources(emulator)
         server = str(emulator.url).rstrip("/")
+        registry = build_registry(OperatorContext(store, config, kube=kube_configuration(server)),
+                                  cluster_login=False)
         async with aiohttp.ClientSession(base_url=server) as session:
             for i in range(n):
                 async with session.post(f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}",
@@ -127,14 +157,449 @@ def bench_handler(n: int, workdir: Path) -> dict[str, Any]:
             "seconds": elapsed, "objects_per_second": ready / elapsed if elapsed else 0.0}
 
 
+# ---- a real API server ----------------------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+BENCH_NS = "ignis-bench-{:02d}"
+WRITE_VERBS = {"POST", "PATCH", "PUT", "DELETE", "APPLY"}
+OPERATOR_RESOURCES = {"ignisqueues", "events"}
+
+
+class Cluster:
+    """The API server of a kubeconfig, over aiohttp with the kubeconfig's TLS material and credentials."""
+
+    def __init__(self, configuration: Any, limit: int = 64) -> None:
+        self.configuration = configuration
+        self.limit = limit
+
+    async def __aenter__(self) -> Cluster:
+        c = self.configuration
+        context = ssl.create_default_context(cafile=c.ssl_ca_cert) if c.ssl_ca_cert else ssl.create_default_context()
+        if not c.verify_ssl:
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        if c.cert_file:
+            context.load_cert_chain(c.cert_file, c.key_file)
+        headers = {}
+        token = c.api_key.get("authorization") or c.api_key.get("BearerToken")
+        if token:
+            headers["Authorization"] = token if token.startswith("Bearer ") else f"Bearer {token}"
+        self.session = aiohttp.ClientSession(base_url=c.host, headers=headers,
+                                             connector=aiohttp.TCPConnector(ssl=context, limit=self.limit))
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.session.close()
+
+    async def call(self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None,
+                   content_type: str = "application/json", ok: tuple[int, ...] = ()) -> Any:
+        data = None if body is None else (body if isinstance(body, str) else json.dumps(body))
+        async with self.session.request(method, path, data=data, params=params,
+                                        headers={"Content-Type": content_type}) as resp:
+            text = await resp.text()
+            if resp.status >= 300 and resp.status not in ok:
+                raise RuntimeError(f"{method} {path}: HTTP {resp.status}: {text[:300]}")
+            return json.loads(text) if text and resp.content_type == "application/json" else text
+
+    async def writes(self) -> dict[str, float]:
+        """apiserver_request_total of write verbs: for the operator's resources, and for all resources."""
+        text = await self.call("GET", "/metrics")
+        out = {"operator": 0.0, "all": 0.0}
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line[:line.rindex("}")]))
+            if labels.get("verb") not in WRITE_VERBS:
+                continue
+            value = float(line.rsplit(" ", 1)[1])
+            out["all"] += value
+            if labels.get("resource") in OPERATOR_RESOURCES:
+                out["operator"] += value
+        return out
+
+
+class Watch:
+    """Every IgnisQueue in the cluster, from one list-then-watch: Ready and gone objects, and how many
+    times objects changed (MODIFIED events) since `mark()`."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.objects: dict[str, dict[str, Any]] = {}  # "ns/name" -> {"ready": bool, "finalizers": [...]}
+        self.ready_at: dict[str, float] = {}
+        self.modified = 0
+        self.events = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def _see(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        if not str(meta.get("namespace", "")).startswith("ignis-bench-"):
+            return
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        if kind == "DELETED":
+            self.objects.pop(key, None)
+            return
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (obj.get("status") or {}).get("conditions") or [])
+        self.objects[key] = {"ready": ready, "finalizers": meta.get("finalizers") or []}
+        if ready and key not in self.ready_at:
+            self.ready_at[key] = time.monotonic()
+        if kind == "MODIFIED":
+            self.modified += 1
+
+    async def _run(self) -> None:
+        path = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
+        version = None
+        while True:
+            if version is None:
+                listed = await self.cluster.call("GET", path)
+                self.objects.clear()
+                for obj in listed.get("items") or []:
+                    self._see("ADDED", obj)
+                version = listed["metadata"]["resourceVersion"]
+            params = {"watch": "true", "resourceVersion": version, "allowWatchBookmarks": "true",
+                      "timeoutSeconds": "300"}
+            try:
+                async with self.cluster.session.get(path, params=params, timeout=aiohttp.ClientTimeout(None)) as r:
+                    async for line in r.content:
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        kind, obj = event["type"], event["object"]
+                        if kind == "ERROR":
+                            version = None  # 410 Gone: list again
+                            break
+                        version = (obj.get("metadata") or {}).get("resourceVersion", version)
+                        if kind != "BOOKMARK":
+                            self.events += 1
+                            self._see(kind, obj)
+            except (aiohttp.ClientError, TimeoutError):
+                await asyncio.sleep(0.5)
+
+    def ready(self) -> int:
+        return sum(o["ready"] for o in self.objects.values())
+
+
+class Operator:
+    """`ignis operator` in a subprocess: its CPU, resident memory (peak sampled every second) and log."""
+
+    def __init__(self, kubeconfig: str, store_url: str, log_path: Path, env: dict[str, str]) -> None:
+        self.log_path = log_path
+        self.port = _free_port()
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ignis.cli.app", "--store", store_url, "operator", "--port", str(self.port)],
+            env={**os.environ, **env, "KUBECONFIG": kubeconfig}, stdout=self._log, stderr=subprocess.STDOUT)
+        self.ps = psutil.Process(self.proc.pid)
+        self.peak_rss = 0
+        self._sampler: asyncio.Task[None] | None = None
+
+    def start_sampling(self) -> None:
+        async def sample() -> None:
+            while True:
+                self.rss()
+                await asyncio.sleep(1.0)
+
+        self._sampler = asyncio.create_task(sample())
+
+    def rss(self) -> int:
+        rss = self.ps.memory_info().rss
+        self.peak_rss = max(self.peak_rss, rss)
+        return int(rss)
+
+    def cpu(self) -> float:
+        t = self.ps.cpu_times()
+        return float(t.user + t.system)
+
+    def lines(self) -> list[str]:
+        return self.log_path.read_text(errors="replace").splitlines()
+
+    async def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("the operator exited:\n" + "\n".join(self.lines()[-30:]))
+                try:
+                    async with session.get(f"http://127.0.0.1:{self.port}/healthz") as r:
+                        if r.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the operator did not come up")
+                await asyncio.sleep(0.2)
+
+    async def stop(self) -> int:
+        if self._sampler is not None:
+            self._sampler.cancel()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(self.proc.wait, 60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return int(self.proc.returncode)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def machine_load() -> dict[str, Any]:
+    """1-minute load average and the CPU seconds so far of the control plane's processes."""
+    cpu = {}
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] in ("kube-apiserver", "etcd"):
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                cpu[proc.info["name"]] = t.user + t.system
+    return {"load1": os.getloadavg()[0], "cpu": cpu}
+
+
+def load_delta(before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict[str, Any]:
+    return {"load1": round(after["load1"], 2),
+            **{f"{k}_core_percent": round((after["cpu"].get(k, 0) - v) / seconds * 100, 1)
+               for k, v in before["cpu"].items()}}
+
+
+def cr_manifest(i: int, namespaces: int) -> tuple[str, str, dict[str, Any]]:
+    namespace, name = BENCH_NS.format(i % namespaces), f"q{i:05d}"
+    return namespace, name, {"apiVersion": f"{GROUP}/{VERSION}", "kind": "IgnisQueue",
+                             "metadata": {"name": name, "namespace": namespace},
+                             "spec": {"handlerType": "bench.v1", "shards": 8, "concurrency": 2}}
+
+
+async def prepare(cluster: Cluster, namespaces: int) -> None:
+    """The CRD (created or replaced from crds/), the namespaces, and no IgnisQueue left from a run before."""
+    crd = yaml.safe_load((REPO / "crds" / "ignisqueues.ignismq.io.yaml").read_text())
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    await cluster.call("PATCH", f"{path}/{crd['metadata']['name']}", body=crd,
+                       params={"fieldManager": "ignis-bench", "force": "true"},
+                       content_type="application/apply-patch+yaml")
+    deadline = time.monotonic() + 60
+    while True:
+        got = await cluster.call("GET", f"{path}/{crd['metadata']['name']}")
+        conditions = got.get("status", {}).get("conditions", [])
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError("the CRD never became Established")
+        await asyncio.sleep(0.2)
+    for n in range(namespaces):
+        await cluster.call("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
+                                                               "metadata": {"name": BENCH_NS.format(n)}}, ok=(409,))
+    existing = (await cluster.call("GET", "/api/v1/namespaces")).get("items") or []
+    for namespace in sorted(ns["metadata"]["name"] for ns in existing):
+        if not namespace.startswith(BENCH_NS.format(0)[:-2]):
+            continue  # earlier runs may have used more namespaces: every one of them is emptied
+        base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
+        left = (await cluster.call("GET", base)).get("items") or []
+        for obj in left:  # an earlier run's objects: no operator is running, so take the finalizer off
+            await cluster.call("PATCH", f"{base}/{obj['metadata']['name']}", body={"metadata": {"finalizers": None}},
+                               content_type="application/merge-patch+json", ok=(404,))
+        if left:
+            await cluster.call("DELETE", base)
+
+
+async def apply_all(cluster: Cluster, n: int, namespaces: int, concurrency: int) -> None:
+    """Server-side apply of N objects (what `kubectl apply --server-side` sends), `concurrency` at a time."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        namespace, name, body = cr_manifest(i, namespaces)
+        async with gate:
+            await cluster.call("PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}",
+                               body=body, params={"fieldManager": "ignis-bench", "force": "true"},
+                               content_type="application/apply-patch+yaml")
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+async def delete_all(cluster: Cluster, n: int, namespaces: int, concurrency: int) -> None:
+    """Every object deleted, `concurrency` requests at a time (what `kubectl delete iq --all` sends; one
+    deletecollection of 1,000 finalized objects outlives the API server's 60 s request timeout)."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        namespace, name, _ = cr_manifest(i, namespaces)
+        async with gate:
+            await cluster.call("DELETE", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}",
+                               ok=(404,))
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+async def settle(cluster: Cluster, limit: float, quiet: float = 30.0) -> float:
+    """Wait until the create burst is over: its Events posted (the operator posts them after the status
+    writes, in the background) and no write to the operator's resources for `quiet` seconds; at most
+    `limit` seconds. Returns the seconds waited."""
+    started = time.monotonic()
+    last, quiet_since = (await cluster.writes())["operator"], time.monotonic()
+    while time.monotonic() - started < limit:
+        await asyncio.sleep(5)
+        now = (await cluster.writes())["operator"]
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet:
+            break
+    return time.monotonic() - started
+
+
+async def until(check: Any, timeout: float, step: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(step)
+    return True
+
+
+async def bench_cluster(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=args.kubeconfig, client_configuration=configuration,
+                                  persist_config=False)
+    n, result = args.objects, {"objects": args.objects, "namespaces": args.namespaces}
+    store_url = args.store or f"lmdb://{workdir}/store?durability=fast"
+    async with Cluster(configuration, limit=max(8, args.concurrency)) as cluster:
+        await prepare(cluster, args.namespaces)
+        watch = Watch(cluster)
+        watch.start()
+        operator = Operator(args.kubeconfig, store_url, Path(args.operator_log or workdir / "operator.log"), env={})
+        try:
+            await operator.wait_ready()
+            operator.start_sampling()
+            await asyncio.sleep(3)  # kopf lists and starts watching
+            # ---- apply -> Ready
+            load0, started, cpu0 = machine_load(), time.monotonic(), operator.cpu()
+            await apply_all(cluster, n, args.namespaces, args.concurrency)
+            applied = time.monotonic()
+            await until(lambda: len(watch.objects) >= n and watch.ready() >= n, args.timeout)
+            last_ready = max(watch.ready_at.values()) if watch.ready_at else float("nan")
+            result["apply"] = {"seconds": round(applied - started, 1), "ready": watch.ready(),
+                               "ready_after_apply_seconds": round(last_ready - applied, 1),
+                               "ready_after_apply_start_seconds": round(last_ready - started, 1),
+                               "operator_cpu_seconds": round(operator.cpu() - cpu0, 1),
+                               "load": load_delta(load0, machine_load(), time.monotonic() - started)}
+            result["memory"] = {"rss_mib_after_ready": round(operator.rss() / 2**20, 1)}
+            # ---- idle
+            result["settle_seconds"] = round(await settle(cluster, args.settle_seconds), 1)
+            lines0, cpu0, writes0, modified0 = len(operator.lines()), operator.cpu(), await cluster.writes(), \
+                watch.modified
+            load0, t0 = machine_load(), time.monotonic()
+            await asyncio.sleep(args.idle_seconds)
+            seconds = time.monotonic() - t0
+            writes1 = await cluster.writes()
+            idle_lines = operator.lines()[lines0:]
+            result["idle"] = {
+                "seconds": round(seconds, 1),
+                "cpu_core_percent": round((operator.cpu() - cpu0) / seconds * 100, 2),
+                "api_writes_per_minute": round((writes1["operator"] - writes0["operator"]) / seconds * 60, 2),
+                "all_api_writes_per_minute": round((writes1["all"] - writes0["all"]) / seconds * 60, 2),
+                "objects_changed": watch.modified - modified0,
+                "log_lines": len(idle_lines),
+                "log_lines_per_hour": round(len(idle_lines) / seconds * 3600, 1),
+                "log_sample": idle_lines[:5],
+                "load": load_delta(load0, machine_load(), seconds)}
+            result["memory"]["rss_mib_idle_end"] = round(operator.rss() / 2**20, 1)
+            # ---- delete
+            load0, started, cpu0 = machine_load(), time.monotonic(), operator.cpu()
+            await delete_all(cluster, n, args.namespaces, args.concurrency)
+            called = time.monotonic()
+            await until(lambda: not watch.objects, args.delete_timeout - (called - started))
+            gone = time.monotonic()
+            stuck = sorted(watch.objects)
+            result["delete"] = {"call_seconds": round(called - started, 1),
+                                "gone_seconds": round(gone - started, 1) if not stuck else None,
+                                "stuck": len(stuck), "stuck_sample": stuck[:5],
+                                "operator_cpu_seconds": round(operator.cpu() - cpu0, 1),
+                                "load": load_delta(load0, machine_load(), gone - started)}
+        finally:
+            await watch.stop()
+            code = await operator.stop()
+            result["memory"] = {**result.get("memory", {}), "rss_mib_peak": round(operator.peak_rss / 2**20, 1)}
+            lines = operator.lines()
+            result["operator"] = {"exit_code": code, "log_lines": len(lines),
+                                  "error_lines": [line for line in lines if " ERROR " in line][:10]}
+    return result
+
+
+TARGETS = [  # (what, (section, key), limit)
+    ("Ready after the apply returns (s)", ("apply", "ready_after_apply_seconds"), 60.0),
+    ("every object gone after the delete began (s)", ("delete", "gone_seconds"), 120.0),
+    ("operator peak resident memory (MiB)", ("memory", "rss_mib_peak"), 400.0),
+    ("idle operator CPU (% of a core)", ("idle", "cpu_core_percent"), 5.0),
+    ("idle API writes a minute", ("idle", "api_writes_per_minute"), 10.0),
+    ("idle log lines an hour", ("idle", "log_lines_per_hour"), 60.0),
+]
+
+
+def report_cluster(result: dict[str, Any], as_json: bool) -> bool:
+    checks = []
+    for what, (section, key), limit in TARGETS:
+        value = (result.get(section) or {}).get(key)
+        checks.append({"what": what, "value": value, "target": limit,
+                       "met": value is not None and value == value and value <= limit})
+    result["targets"] = checks
+    ok = all(c["met"] for c in checks) and result["delete"]["stuck"] == 0 and result["apply"]["ready"] == \
+        result["objects"] and result["operator"]["exit_code"] == 0
+    result["verified"] = ok
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return ok
+    console = Console()
+    table = Table(title=f"operator on a real API server: {result['objects']} IgnisQueues in "
+                        f"{result['namespaces']} namespaces")
+    for column in ("figure", "value", "target", "met"):
+        table.add_column(column, justify="left" if column == "figure" else "right")
+    for c in checks:
+        table.add_row(c["what"], "-" if c["value"] is None else f"{c['value']}", f"<= {c['target']:g}",
+                      "yes" if c["met"] else "NO")
+    console.print(table)
+    for section in ("apply", "idle", "delete", "memory", "operator"):
+        console.print(f"{section}: {json.dumps(result.get(section), default=str)}")
+    console.print(f"verified: {ok}")
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--objects", type=int, default=1000)
-    parser.add_argument("--timeout", type=float, default=600.0, help="give up on the operator row after this")
+    parser.add_argument("--objects", type=int, default=None, help="IgnisQueues (1000 on the emulator, 10000 on "
+                        "a real API server)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="give up waiting for Ready after this")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--kubeconfig", help="measure on the API server of this kubeconfig (admin rights)")
+    parser.add_argument("--namespaces", type=int, default=10, help="real server: namespaces the objects spread over")
+    parser.add_argument("--concurrency", type=int, default=32, help="real server: apply requests at a time")
+    parser.add_argument("--settle-seconds", type=float, default=900.0,
+                        help="real server: after Ready, wait at most this long for 30 s without operator writes "
+                        "(the create burst's Events) before the idle window")
+    parser.add_argument("--idle-seconds", type=float, default=600.0, help="real server: the idle window")
+    parser.add_argument("--delete-timeout", type=float, default=300.0, help="real server: give up on deletion")
+    parser.add_argument("--store", help="real server: the operator's store URL (default: a temporary lmdb)")
+    parser.add_argument("--operator-log", help="real server: keep the operator's log in this file")
     args = parser.parse_args()
     logging.basicConfig(level=getattr(logging, os.environ.get("BENCH_LOG", "ERROR")),
                         format="%(relativeCreated)d %(name)s %(message)s")
+    if args.kubeconfig:
+        if not Path(args.kubeconfig).is_file():
+            parser.error(f"--kubeconfig {args.kubeconfig}: no such file")
+        args.objects = args.objects or 10_000
+        with tempfile.TemporaryDirectory(prefix="ignis-bench-operator-") as tmp:
+            result = asyncio.run(bench_cluster(args, Path(tmp)))
+        return 0 if report_cluster(result, args.json) else 1
+    args.objects = args.objects or 1000
     with tempfile.TemporaryDirectory(prefix="ignis-bench-operator-") as tmp:
         rows = [asyncio.run(bench_operator(args.objects, Path(tmp), args.timeout)),
                 bench_handler(args.objects, Path(tmp))]

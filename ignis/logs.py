@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +22,54 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message
 _KOPF_INTERNAL = {"settings", "k8s_skip", "k8s_ref"}
 
 FORMATS = ("text", "json")
+
+
+def one_line(text: object) -> str:
+    """`text` as one log line: newlines and runs of blanks collapsed."""
+    return " ".join(str(text).split())
+
+
+class Reachability:
+    """What a process logs about one dependency (the store, the Kubernetes API): one WARNING line when it
+    stops answering, one INFO line when it answers again, and nothing for every failure in between (those
+    go to DEBUG), however many loops or objects run into the same outage. Thread-safe."""
+
+    def __init__(self, what: str, logger: logging.Logger, *, clock: Any = time.monotonic) -> None:
+        self.what = what
+        self._log = logger
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def failed(self, detail: object) -> bool:
+        """A call failed because `what` did not answer. Returns True for the call that logged the WARNING."""
+        with self._lock:
+            first = self._down_since is None
+            if first:
+                self._down_since = self._clock()
+        if first:
+            self._log.warning("%s unreachable: %s", self.what, one_line(detail),
+                              extra={"event": "unreachable", "dependency": self.what})
+        else:
+            self._log.debug("%s still unreachable: %s", self.what, one_line(detail))
+        return first
+
+    def answered(self) -> bool:
+        """A call got an answer. Returns True for the call that logged the INFO line (the first after an outage)."""
+        if self._down_since is None:  # the common case, without the lock
+            return False
+        with self._lock:
+            since, self._down_since = self._down_since, None
+        if since is None:
+            return False
+        seconds = self._clock() - since
+        self._log.info("%s reachable again after %.0fs", self.what, seconds,
+                       extra={"event": "reachable", "dependency": self.what, "down_seconds": round(seconds, 1)})
+        return True
 
 
 def _object_of(record: logging.LogRecord) -> str | None:

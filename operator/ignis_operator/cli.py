@@ -4,6 +4,7 @@ found through the `ignis.cli` entry point group (pyproject.toml)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Mapping
@@ -14,7 +15,7 @@ import typer
 
 from ignis import logs
 from ignis.cli.render import OutputFormat, emit_json, emit_line
-from ignis.errors import StoreError
+from ignis.errors import InvalidInputError, StoreError
 from ignis.probes import ProbeServer
 from ignis.signals import set_on_signals
 from ignis.storage import Storage, open_store
@@ -119,10 +120,15 @@ def _run_manifests(store: Storage, directory: Path, client_id: str, *, port: int
 def _run_kopf(store: Storage, namespaces: list[str], *, port: int) -> None:
     import kopf
 
+    from ignis.kube import KubeConfigError, load_configuration
     from ignis_operator.handlers import OperatorConfig, OperatorContext, build_registry, configure
 
     config = OperatorConfig()
-    registry = build_registry(OperatorContext(store, config))
+    try:  # the operator's own client (status writes, Events): loaded like kopf's login and the sweeper's
+        kube = asyncio.run(load_configuration())
+    except KubeConfigError as exc:
+        raise InvalidInputError(f"operator: {exc}") from None
+    registry = build_registry(OperatorContext(store, config, kube=kube))
     settings = kopf.OperatorSettings()
     configure(settings, scanning=config.scanning)
     with ProbeServer(port=port, ready=lambda: _store_ready(store)) as probes:

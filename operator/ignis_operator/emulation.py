@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from ignis_operator.handlers import GROUP, PLURAL, VERSION, configure
+from ignis_operator.handlers import GROUP, PLURAL, VERSION, bounded_session, configure
 
 
 def declare_resources(emulator: Any) -> None:
@@ -24,6 +24,13 @@ def declare_resources(emulator: Any) -> None:
     emulator.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = ResourceInfo(
         kind="CustomResourceDefinition", namespaced=False, verbs={"list", "watch"})
     emulator.resources["v1/events"] = ResourceInfo(kind="Event", namespaced=True, verbs={"create", "list"})
+
+
+def kube_configuration(server: str) -> Any:
+    """The operator's own API client (status writes of the background passes, Events) for `server`."""
+    from kubernetes_asyncio import client
+
+    return client.Configuration(host=server)
 
 
 def emulator_settings() -> kopf.OperatorSettings:
@@ -41,9 +48,9 @@ def start_operator(registry: kopf.OperatorRegistry, server: str, namespaces: lis
     its loop that it did not start with, which in a shared loop would include the caller's). Returns
     (thread, stop, ready)."""
 
-    @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=server, insecure=True)
+    @kopf.on.login(registry=registry, id="login")
+    async def login(**_: Any) -> Any:
+        return bounded_session(kopf.ConnectionInfo(server=server, insecure=True))
 
     stop, ready = threading.Event(), threading.Event()
     operator = kopf.operator(registry=registry, settings=emulator_settings(), standalone=True,

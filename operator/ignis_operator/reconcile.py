@@ -202,18 +202,60 @@ def set_condition(conditions: list[dict[str, Any]] | None, type_: str, status: b
     return sorted(result, key=lambda c: c["type"])
 
 
+def condition(status: Mapping[str, Any] | None, type_: str = "Ready") -> dict[str, Any]:
+    """The condition `type_` of a status ({} when it has none)."""
+    return next((dict(c) for c in (status or {}).get("conditions") or [] if c.get("type") == type_), {})
+
+
 def status_for(result: SyncResult, old_status: Mapping[str, Any] | None, generation: int | None) -> dict[str, Any]:
-    """The status patch for a sync outcome: Synced says whether the store holds the declaration,
-    Ready whether the queue is usable as declared."""
+    """The status for a sync outcome: Synced says whether the store holds the declaration, Ready whether
+    the queue is usable as declared. A sync that found the record as declared keeps conditions that already
+    say so (same status, reason and generation) as they are, message included: nothing a user reads changed,
+    so nothing needs writing."""
     conditions = list((old_status or {}).get("conditions") or [])
-    conditions = set_condition(conditions, "Synced", result.ready, result.reason, result.message, generation=generation)
-    conditions = set_condition(conditions, "Ready", result.ready, result.reason, result.message, generation=generation)
+    unchanged = result.ready and not result.created and not result.diff and all(
+        (c.get("status"), c.get("reason"), c.get("observedGeneration")) == ("True", result.reason, generation)
+        for c in (condition(old_status, "Ready"), condition(old_status, "Synced")))
+    if not unchanged:
+        conditions = set_condition(conditions, "Synced", result.ready, result.reason, result.message,
+                                   generation=generation)
+        conditions = set_condition(conditions, "Ready", result.ready, result.reason, result.message,
+                                   generation=generation)
     status: dict[str, Any] = {"conditions": conditions}
     if generation is not None:
         status["observedGeneration"] = generation
     if result.client_id:
         status["clientId"] = result.client_id
     return status
+
+
+def status_changes(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of `desired` whose value differs from `current`: a status patch that writes only what
+    changed (empty: no API call at all)."""
+    current = current or {}
+    return {k: v for k, v in desired.items() if current.get(k) != v}
+
+
+# ---- figures -----------------------------------------------------------------------------------------
+FIGURES = ("depth", "inFlight", "sidelined", "dead")
+FIGURES_CHANGE_PERCENT = 10.0
+
+
+def figures_changed(written: Mapping[str, Any] | None, measured: Mapping[str, int],
+                    percent: float = FIGURES_CHANGE_PERCENT) -> bool:
+    """Whether measured figures are worth a status write: a figure was never written, became 0 or stopped
+    being 0, or moved by at least `percent` % of its written value (and by at least 1). So an idle queue is
+    never rewritten, and a busy one at most once per figures pass; Prometheus has the live figures."""
+    for key in FIGURES:
+        old, new = (written or {}).get(key), measured[key]
+        if old is None or (old == 0) != (new == 0) or abs(new - old) >= max(1.0, abs(old) * percent / 100):
+            return True
+    return False
+
+
+def figures_status(measured: Mapping[str, int]) -> dict[str, Any]:
+    """The status fields of measured figures, with the time they were measured."""
+    return {**{k: measured[k] for k in FIGURES}, "figuresTime": now_rfc3339()}
 
 
 def invalid(name: str, exc: InvalidSpecError, client_id: str | None = None, source: str | None = None) -> SyncResult:

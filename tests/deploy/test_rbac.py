@@ -20,7 +20,7 @@ import kopf
 import pytest
 import pytest_asyncio
 from chart_support import NAMESPACE, PROFILES, render
-from ignis_operator.emulation import declare_resources
+from ignis_operator.emulation import declare_resources, kube_configuration
 from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext, build_registry, configure
 from ignis_workers.election import KubeLease, LeaderElector
 from kmock import KubernetesEmulator, ResourceInfo
@@ -112,7 +112,10 @@ def check(docs: list[dict[str, Any]], service_account: str, calls: set[Call]) ->
                         f"{service_account} is granted {verb} {group}/{resource} in {scope or 'the cluster'}, unused"
 
 
-def recorded(emulator: KubernetesEmulator, agent_prefix: str) -> set[Call]:
+OPERATOR_AGENTS = ("kopf/", "ignis-operator/")  # kopf's watch and handler patches; the operator's own client
+
+
+def recorded(emulator: KubernetesEmulator, agent_prefix: str | tuple[str, ...]) -> set[Call]:
     calls = set()
     for request in list(emulator):
         if not request.headers.get("User-Agent", "").startswith(agent_prefix):
@@ -137,8 +140,8 @@ async def run_operator(emulator: KubernetesEmulator, tmp_path: Path, namespaces:
     store = open_store(f"lmdb://{tmp_path}/store?durability=fast")
     config = OperatorConfig(figures_interval_seconds=0.3, resync_interval_seconds=0.5, resync_jitter_seconds=0.1,
                             scanning=scanning)
-    registry = build_registry(OperatorContext(store, config), cluster_login=False)
     server = str(emulator.url).rstrip("/")
+    registry = build_registry(OperatorContext(store, config, kube=kube_configuration(server)), cluster_login=False)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -195,7 +198,7 @@ async def run_operator(emulator: KubernetesEmulator, tmp_path: Path, namespaces:
 async def test_cluster_wide_operator_rbac_is_exactly_what_kopf_uses(emulator: KubernetesEmulator,
                                                                     chart: Any, tmp_path: Path) -> None:
     await run_operator(emulator, tmp_path, [], scanning=True)
-    calls = recorded(emulator, "kopf")
+    calls = recorded(emulator, OPERATOR_AGENTS)
     print("operator calls:", sorted(map(str, calls)))
     assert Call("watch", GROUP, PLURAL, None, None) in calls  # cluster-wide watch
     assert Call("create", "", "events", "shop", None) in calls  # Normal and Warning Events
@@ -208,7 +211,7 @@ async def test_cluster_wide_operator_rbac_is_exactly_what_kopf_uses(emulator: Ku
 async def test_namespace_scoped_operator_makes_no_cluster_scoped_call(emulator: KubernetesEmulator,
                                                                        chart: Any, tmp_path: Path) -> None:
     await run_operator(emulator, tmp_path, ["shop", "billing"], scanning=False)
-    calls = recorded(emulator, "kopf")
+    calls = recorded(emulator, OPERATOR_AGENTS)
     assert [str(c) for c in calls if c.namespace is None] == []
     docs = render(chart, {"operator": {"watchNamespaces": ["shop", "billing"]}})
     bound = grants(docs, "ig-ignismq-operator")

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from ignis_operator.emulation import declare_resources, start_operator
+from ignis_operator.emulation import declare_resources, kube_configuration, start_operator
 from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext, build_registry
 from kmock import KubernetesEmulator
 from support.kmock_naming import NamingEmulator
@@ -129,6 +129,7 @@ def _plain(value: Any) -> Any:
 
 def fast_config(**overrides: Any) -> OperatorConfig:
     values = {"figures_interval_seconds": 0.3, "resync_interval_seconds": 0.5, "resync_jitter_seconds": 0.1,
+              "figures_queues_per_second": 1000, "status_writes_per_second": 1000,
               "finalizer_timeout_seconds": 30.0, "backoff_seconds": 0.1, "backoff_max_seconds": 0.5}
     return OperatorConfig(**{**values, **overrides})
 
@@ -145,9 +146,9 @@ async def harness(kmock: KubernetesEmulator, tmp_path: Path, operator_config: Op
     outage = Outage()
     inner = open_store(f"lmdb://{tmp_path}/store?durability=fast")
     store: Any = FlakyStore(inner, outage)
-    ctx = OperatorContext(store, operator_config)
-    registry = build_registry(ctx, cluster_login=False)
     server = str(kmock.url).rstrip("/")
+    ctx = OperatorContext(store, operator_config, kube=kube_configuration(server))
+    registry = build_registry(ctx, cluster_login=False)
     thread, stop, ready = start_operator(registry, server, list(NAMESPACES))
     async with aiohttp.ClientSession(base_url=server) as session:
         await asyncio.to_thread(ready.wait, 30)

@@ -216,3 +216,60 @@ async def test_kube_lease_election_hand_over(kmock):
         current = await lease_b.read()
         assert (current.holder, current.transitions) == ("pod-b", 1)
         await b.halt()
+
+
+# ---- what an outage of the lease backend looks like in the logs ----------------------------------------
+class ApiDown:
+    """A Kubernetes lease backend whose API server answers 503 (with headers and a body, as a real one
+    does) while `down`."""
+
+    what = "Kubernetes API"
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.down = False
+        self.calls = 0
+
+    def _check(self) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        self.calls += 1
+        if self.down:
+            exc = ApiException(status=503, reason="Service Unavailable")
+            exc.headers = {"Audit-Id": "0f1e", "Cache-Control": "no-cache, private", "Content-Type": "application/json"}
+            exc.body = ('{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
+                        '"message":"etcdserver: leader changed","reason":"ServiceUnavailable","code":503}')
+            raise exc
+
+    async def read(self) -> LeaseView | None:
+        self._check()
+        return await self.inner.read()
+
+    async def write(self, lease: LeaseView, expected: LeaseView | None) -> LeaseView | None:
+        self._check()
+        return await self.inner.write(lease, expected)
+
+
+@pytest.mark.asyncio
+async def test_an_api_outage_is_one_warning_line_and_one_info_line(store, caplog: pytest.LogCaptureFixture):
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="ignis_workers.election")
+    backend = ApiDown(StoreLease(store))
+    a = Campaign(backend, "a")
+    await until(a.elector.is_leading)
+    backend.down = True
+    calls = backend.calls
+    await asyncio.wait_for(a.work_cancelled.wait(), 3.0)  # renewals failed past the deadline
+    await until(lambda: backend.calls >= calls + 15)  # and the campaign keeps knocking
+    backend.down = False
+    await until(a.elector.is_leading)
+    await a.halt()
+    records = [r for r in caplog.records if r.name == "ignis_workers.election"]
+    warnings = [r.getMessage() for r in records if r.levelno >= logging.WARNING and "unreachable" in r.getMessage()]
+    assert warnings == ["Kubernetes API unreachable: lease renewal failed: HTTP 503 Service Unavailable: "
+                        "etcdserver: leader changed"]
+    assert [r.getMessage() for r in records if "reachable again" in r.getMessage()] != []
+    assert len([r for r in records if "reachable again" in r.getMessage() and r.levelno == logging.INFO]) == 1
+    assert all("\n" not in r.getMessage() and "Audit-Id" not in r.getMessage() for r in records)
+    assert not [r for r in records if r.levelno >= logging.ERROR]

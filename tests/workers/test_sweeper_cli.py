@@ -86,9 +86,12 @@ def test_sweeper_rejects_bad_settings_with_one_line(url: str):
     assert result.stderr.startswith("error: invalid sweeper settings: IGNIS_SWEEPER_THREADS=")
 
 
-def test_sweeper_kubernetes_lease_outside_a_cluster_is_a_clear_error(url: str, monkeypatch: pytest.MonkeyPatch):
+def test_sweeper_kubernetes_lease_without_any_kube_config_is_a_clear_error(url: str, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    """Neither in a cluster nor a kubeconfig: one line naming both places it looked."""
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    result = ignis(url, "sweeper", "--lease", "kubernetes", "--port", "-1")
+    missing = tmp_path / "no-such-kubeconfig"
+    result = ignis(url, "sweeper", "--lease", "kubernetes", "--port", "-1", env={"KUBECONFIG": str(missing)})
     assert result.returncode == 2
-    assert result.stderr.strip().endswith("Service host/port is not set.")
-    assert result.stderr.startswith("error: lease=kubernetes needs an in-cluster service account")
+    assert result.stderr.startswith("error: lease=kubernetes: no Kubernetes configuration: not in a cluster")
+    assert f"no kubeconfig at {missing}" in result.stderr and result.stderr.count("\n") == 1

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ignis.envelope import now_ms
+from ignis.kube import describe_error
+from ignis.logs import Reachability
 from ignis.storage.base import LeaseRecord, Storage
 from ignis_workers.metrics import LEADER, LEADER_TRANSITIONS
 
@@ -78,8 +80,17 @@ class LeaseBackend(Protocol):
         ...
 
 
+async def close_backend(backend: LeaseBackend) -> None:
+    """Release what a backend holds (a Kubernetes client's connections); a no-op for the others."""
+    close = getattr(backend, "close", None)
+    if close is not None:
+        await close()
+
+
 class StoreLease:
     """The lease record in the store (embedded mode)."""
+
+    what = "store"
 
     def __init__(self, store: Storage, name: str = LEASE_NAME) -> None:
         self.store = store
@@ -114,7 +125,10 @@ def _ms(value: Any) -> int:
 
 
 class KubeLease:
-    """A coordination.k8s.io/v1 Lease through kubernetes_asyncio (`api_client` is an ApiClient)."""
+    """A coordination.k8s.io/v1 Lease through kubernetes_asyncio (`api_client` is an ApiClient; `close`
+    closes it)."""
+
+    what = "Kubernetes API"
 
     def __init__(self, api_client: Any, namespace: str, name: str = LEASE_NAME) -> None:
         from kubernetes_asyncio import client
@@ -168,6 +182,9 @@ class KubeLease:
             raise
         return self._view(stored)
 
+    async def close(self) -> None:
+        await self.api.api_client.close()
+
 
 class LeaderElector:
     """The elector state machine. `run` is a coroutine; the other methods are thread-safe reads."""
@@ -194,6 +211,8 @@ class LeaderElector:
         self._observed: LeaseView | None = None
         self._observed_at = float("-inf")
         self._mine: LeaseView | None = None  # the lease as we last wrote it
+        # one WARNING when the lease backend stops answering, one INFO when it is back
+        self.reachability = Reachability(getattr(backend, "what", "lease backend"), log)
 
     # ---- state -------------------------------------------------------------------------------------
     def is_leading(self) -> bool:
@@ -262,8 +281,10 @@ class LeaderElector:
                 try:
                     won = await asyncio.wait_for(self.try_acquire_or_renew(), self.renew_deadline)
                 except Exception as exc:
-                    log.warning("lease acquire failed: %s: %s", type(exc).__name__, exc)
+                    self.reachability.failed(f"lease acquire failed: {describe_error(exc)}")
                     won = False
+                else:
+                    self.reachability.answered()
                 if won:
                     await self._lead(stop, work)
                     if stop.is_set():
@@ -315,10 +336,13 @@ class LeaderElector:
                 log.warning("lease renewal deadline passed")
                 return False
             try:
-                return await asyncio.wait_for(self.try_acquire_or_renew(), left)
+                renewed = await asyncio.wait_for(self.try_acquire_or_renew(), left)
             except Exception as exc:
-                log.warning("lease renewal failed: %s: %s", type(exc).__name__, exc)
+                self.reachability.failed(f"lease renewal failed: {describe_error(exc)}")
                 await asyncio.sleep(min(self.retry_period / 2, max(left, 0)))
+            else:
+                self.reachability.answered()
+                return renewed
 
     def step_down(self) -> None:
         """Stop leading now (e.g. after StaleEpoch): is_leading() turns False at once, the guarded work
