@@ -25,8 +25,9 @@ from typing import Any, TypeVar
 
 from ignis.client import Ignis
 from ignis.errors import HoleBudgetExceeded, IgnisError, StoreError
+from ignis.logs import one_line
 from ignis.metrics import BATCH_SIZE, HANDLER_DURATION
-from ignis.outage import Backoff, one_line
+from ignis.outage import Backoff
 from ignis.queue import EXCEPTION, REJECTED, SATURATED, TIMEOUT, UNREADABLE, Message, Queue
 from ignis.signals import set_on_signals
 from ignis.spec import QueueSpec

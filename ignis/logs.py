@@ -40,10 +40,15 @@ class Reachability:
         self._clock = clock
         self._lock = threading.Lock()
         self._down_since: float | None = None
+        self._failures = 0  # failed calls since it stopped answering
 
     @property
     def down(self) -> bool:
         return self._down_since is not None
+
+    @property
+    def failures(self) -> int:
+        return self._failures
 
     def failed(self, detail: object) -> bool:
         """A call failed because `what` did not answer. Returns True for the call that logged the WARNING."""
@@ -51,6 +56,8 @@ class Reachability:
             first = self._down_since is None
             if first:
                 self._down_since = self._clock()
+                self._failures = 0
+            self._failures += 1
         if first:
             self._log.warning("%s unreachable: %s", self.what, one_line(detail),
                               extra={"event": "unreachable", "dependency": self.what})
@@ -63,12 +70,13 @@ class Reachability:
         if self._down_since is None:  # the common case, without the lock
             return False
         with self._lock:
-            since, self._down_since = self._down_since, None
+            since, self._down_since, failures = self._down_since, None, self._failures
         if since is None:
             return False
         seconds = self._clock() - since
-        self._log.info("%s reachable again after %.0fs", self.what, seconds,
-                       extra={"event": "reachable", "dependency": self.what, "down_seconds": round(seconds, 1)})
+        self._log.info("%s reachable again after %.0fs (%d failed call(s) meanwhile)", self.what, seconds, failures,
+                       extra={"event": "reachable", "dependency": self.what, "down_seconds": round(seconds, 1),
+                              "failures": failures})
         return True
 
 

@@ -22,7 +22,7 @@ from ignis import names
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.errors import HoleBudgetExceeded, StoreError
 from ignis.metrics import FIRE_CLAIMS, HOLE_BUDGET_EXHAUSTED, HOLES_SKIPPED, LATE_WRITES
-from ignis.outage import STORE_HEALTH
+from ignis.outage import store_failed
 from ignis.storage.base import (
     RESERVATION_FRESH_MS,
     Claimed,
@@ -516,8 +516,7 @@ class Magazine:
         try:
             self.store.note_claimed_holes(self.name, per_shard)
         except StoreError as exc:
-            STORE_HEALTH.failed(f"count {len(holes)} hole(s) passed in {self.name} (its figures are off by as many)",
-                                exc)
+            store_failed(f"count {len(holes)} hole(s) passed in {self.name} (its figures are off by as many)", exc)
 
     def _fire_one(self) -> Claimed | None:
         """fire(1) without its lists (measurably faster)."""

@@ -26,6 +26,7 @@ from ignis.envelope import (
     now_ms,
 )
 from ignis.errors import AlreadySettled, IgnisError, InvalidInputError, PayloadTooLarge
+from ignis.logs import one_line
 from ignis.magazine import Magazine
 from ignis.metrics import (
     ACKED,
@@ -37,7 +38,6 @@ from ignis.metrics import (
     SIDELINE_REFUSED,
     SIDELINED,
 )
-from ignis.outage import one_line
 from ignis.spec import QueueSpec
 from ignis.storage.base import Claimed, MessageRef, SlotRef, Storage
 

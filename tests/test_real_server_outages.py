@@ -138,8 +138,8 @@ def test_a_consumer_waits_out_an_outage_mid_await_quietly(node: Node, url: str) 
         during = [line for at, line in log_lines if stopping_at <= at <= up_at]
         text = [line for _, line in log_lines]
         assert not any("Traceback" in line for line in text), "\n".join(text)
-        down = [line for line in text if "store unavailable" in line]
-        back = [line for line in text if "store available again" in line]
+        down = [line for line in text if "store unreachable" in line]
+        back = [line for line in text if "store reachable again" in line]
         assert len(down) == 1 and " WARNING " in down[0], text
         assert len(back) == 1 and " INFO " in back[0], text
         print(f"consumer log lines during the outage: {len(during)}; in all: {text}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from aerospike import exception as ex
 
 from ignis.errors import IgnisError, InvalidInputError, StoreError, StoreFull, StoreUnavailable
-from ignis.outage import one_line
+from ignis.logs import one_line
 
 # Transient: the cluster is moving partitions, a node is busy, a socket timed out. Repeating a read or
 # an idempotent write is safe; a non-idempotent write is repeated only when `in_doubt` is False (the

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from ignis.envelope import now_ms
 from ignis.kube import describe_error
 from ignis.logs import Reachability
+from ignis.outage import STORE_HEALTH
 from ignis.storage.base import LeaseRecord, Storage
 from ignis_workers.metrics import LEADER, LEADER_TRANSITIONS
 
@@ -91,6 +92,7 @@ class StoreLease:
     """The lease record in the store (embedded mode)."""
 
     what = "store"
+    health = STORE_HEALTH
 
     def __init__(self, store: Storage, name: str = LEASE_NAME) -> None:
         self.store = store
@@ -212,7 +214,9 @@ class LeaderElector:
         self._observed_at = float("-inf")
         self._mine: LeaseView | None = None  # the lease as we last wrote it
         # one WARNING when the lease backend stops answering, one INFO when it is back
-        self.reachability = Reachability(getattr(backend, "what", "lease backend"), log)
+        # (a store lease reports to the process-wide STORE_HEALTH: one WARNING per store outage per process)
+        self.reachability = getattr(backend, "health", None) or Reachability(getattr(backend, "what", "lease backend"),
+                                                                             log)
 
     # ---- state -------------------------------------------------------------------------------------
     def is_leading(self) -> bool:

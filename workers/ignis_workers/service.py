@@ -27,7 +27,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ignis.envelope import now_ms
 from ignis.errors import IgnisError, InvalidInputError, StaleEpoch, StoreError
-from ignis.outage import Backoff, one_line
+from ignis.logs import one_line
+from ignis.outage import Backoff
 from ignis.probes import ProbeServer
 from ignis.queue import Queue
 from ignis.spec import QueueSpec

@@ -26,9 +26,10 @@ from typing import Any, Literal
 
 from ignis.envelope import CODEC_UNREADABLE, Envelope, now_ms
 from ignis.errors import HoleBudgetExceeded, InvalidInputError, QueueNotFound, StaleEpoch, StoreUnavailable
+from ignis.logs import one_line
 from ignis.magazine import Magazine
 from ignis.metrics import DEAD_LETTERED
-from ignis.outage import STORE_HEALTH, one_line
+from ignis.outage import store_failed
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
 from ignis.storage.base import Claimed, SlotRef, Storage, client_view
@@ -100,7 +101,7 @@ class Shovel:
             raise
         except Exception as exc:
             if isinstance(exc, StoreUnavailable):  # said once per outage for the whole process
-                STORE_HEALTH.failed(f"shovel of {client_id}/{queue_name} ({source})", exc)
+                store_failed(f"shovel of {client_id}/{queue_name} ({source})", exc)
             else:
                 log.error("shovel of %s/%s (%s) failed: %s: %s", client_id, queue_name, source,
                           type(exc).__name__, one_line(exc))

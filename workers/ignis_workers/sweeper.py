@@ -42,8 +42,9 @@ from typing import Any
 from ignis import names
 from ignis.envelope import CODEC_UNREADABLE, now_ms
 from ignis.errors import QueueNotFound, StaleEpoch, StoreUnavailable
+from ignis.logs import one_line
 from ignis.magazine import Magazine
-from ignis.outage import STORE_HEALTH, one_line
+from ignis.outage import store_failed
 from ignis.queue import Queue
 from ignis.spec import QueueSpec
 from ignis.storage.base import MagazineKind, SlotRef, Storage, client_view
@@ -379,7 +380,7 @@ class Sweeper:
 def _log_failure(what: str, exc: BaseException) -> None:
     """One line for a failure; an outage is said once for the whole process (ignis.outage), not per queue."""
     if isinstance(exc, StoreUnavailable):
-        STORE_HEALTH.failed(what, exc)
+        store_failed(what, exc)
     else:
         log.error("%s failed: %s: %s", what, type(exc).__name__, one_line(exc))
 
