@@ -34,12 +34,17 @@ class Reachability:
     stops answering, one INFO line when it answers again, and nothing for every failure in between (those
     go to DEBUG), however many loops or objects run into the same outage. Thread-safe."""
 
-    def __init__(self, what: str, logger: logging.Logger, *, clock: Any = time.monotonic) -> None:
+    def __init__(self, what: str, logger: logging.Logger, *, clock: Any = time.monotonic,
+                 settle_seconds: float = 0.0) -> None:
         self.what = what
         self._log = logger
         self._clock = clock
+        # It is back once it has answered for this long with no failure in between: a dependency that answers
+        # and fails by turns (a cluster migrating partitions) is one outage, not a WARNING and an INFO each time.
+        self._settle = settle_seconds
         self._lock = threading.Lock()
         self._down_since: float | None = None
+        self._answering_since: float | None = None
         self._failures = 0  # failed calls since it stopped answering
 
     @property
@@ -58,6 +63,7 @@ class Reachability:
                 self._down_since = self._clock()
                 self._failures = 0
             self._failures += 1
+            self._answering_since = None
         if first:
             self._log.warning("%s unreachable: %s", self.what, one_line(detail),
                               extra={"event": "unreachable", "dependency": self.what})
@@ -70,9 +76,15 @@ class Reachability:
         if self._down_since is None:  # the common case, without the lock
             return False
         with self._lock:
+            if self._down_since is None:
+                return False
+            now = self._clock()
+            if self._settle > 0:
+                if self._answering_since is None:
+                    self._answering_since = now
+                if now - self._answering_since < self._settle:
+                    return False
             since, self._down_since, failures = self._down_since, None, self._failures
-        if since is None:
-            return False
         seconds = self._clock() - since
         self._log.info("%s reachable again after %.0fs (%d failed call(s) meanwhile)", self.what, seconds, failures,
                        extra={"event": "reachable", "dependency": self.what, "down_seconds": round(seconds, 1),

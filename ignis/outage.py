@@ -31,7 +31,8 @@ from ignis.logs import Reachability
 FLOOR_SECONDS = 0.05  # never retry sooner than this
 CAP_SECONDS = 5.0  # nor wait longer than this (plus the floor) between two tries
 
-STORE_HEALTH = Reachability("store", logging.getLogger("ignis.store"))
+# Back once it has answered for a second: a cluster moving partitions answers and fails by turns.
+STORE_HEALTH = Reachability("store", logging.getLogger("ignis.store"), settle_seconds=1.0)
 
 
 def store_failed(operation: str, exc: BaseException) -> bool:

@@ -147,6 +147,9 @@ def _report(run: FaultRun, codes: dict[str, int | None], alive_before_stop: dict
     logs = {c.name: c.logs for c in run.children}
     during = {what: {name: len([1 for at, _ in lines if started <= at <= settled]) for name, lines in logs.items()}
               for what, started, settled in run.outages}
+    # What a person would read about the outage: warnings and errors (the sweeper's routine pass lines aside).
+    alarms = {what: {name: len([1 for at, line in lines if started <= at <= settled and _alarming(line)])
+                     for name, lines in logs.items()} for what, started, settled in run.outages}
     text = [line for lines in logs.values() for _, line in lines]
     leading = [json.loads(line) for at, line in logs.get("sweeper", [])
                if line.startswith("{") and at < run.stopping_at]
@@ -162,11 +165,16 @@ def _report(run: FaultRun, codes: dict[str, int | None], alive_before_stop: dict
         "max_delay_after_settle_s": round(max(delays, default=0) / 1000, 2),
         "outages": [{"what": w, "seconds_to_settle": round(s - b, 1)} for w, b, s in run.outages],
         "cpu_seconds_while_down": run.cpu, "log_lines_until_settled": during,
+        "warning_and_error_lines_until_settled": alarms,
         "tracebacks": sum("Traceback" in line for line in text),
         "rollbacks_logged": sum("store rollback" in line for line in text),
         "exit_codes": codes, "alive_before_stop": alive_before_stop, "sweeper_leadership": leadership[-3:],
         "log_sample_first_outage": sample,
     }
+
+
+def _alarming(line: str) -> bool:
+    return " WARNING " in line or " ERROR " in line or '"level": "warning"' in line or '"level": "error"' in line
 
 
 def _fault_run(url: str, nodes: list[tuple[str, int]], faults: list[tuple[str, int, bool, float]],

@@ -92,3 +92,26 @@ def test_operator_refuses_an_unknown_log_format(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=60,
                             env={**os.environ, "IGNIS_STORE": f"lmdb://{tmp_path}/store"})
     assert result.returncode == 2 and "must be text or json" in result.stderr
+
+
+def test_a_dependency_that_answers_and_fails_by_turns_is_one_outage(caplog) -> None:
+    import logging
+
+    from ignis.logs import Reachability
+
+    now = [100.0]
+    health = Reachability("store", logging.getLogger("flappy"), clock=lambda: now[0], settle_seconds=1.0)
+    with caplog.at_level(logging.INFO, logger="flappy"):
+        for _ in range(5):  # a cluster migrating partitions: a failure, an answer, a failure...
+            health.failed("list queues failed")
+            now[0] += 0.2
+            health.answered()
+            now[0] += 0.2
+        assert health.down
+        health.answered()
+        now[0] += 1.1
+        health.answered()  # answering for over a second, no failure since: back
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
+    assert lines[1][1] == "store reachable again after 3s (5 failed call(s) meanwhile)"
+    assert not health.down
