@@ -209,6 +209,11 @@ def _fault_run(url: str, nodes: list[tuple[str, int]], faults: list[tuple[str, i
     alive = {c.name: c.proc.poll() is None for c in run.children if not c.name.startswith("producer")}
     codes = run.stop()
     report = _report(run, codes, alive)
+    with Ignis(url) as ignis:  # the run's records go, so the next run's node restarts migrate little
+        namespace = url.split("?")[0].rsplit("/", 1)[1]
+        for set_name in (f"c{run_id}_data_set", f"c{run_id}_meta_set", f"f{run_id}_c{run_id}_ignis_queues",
+                         f"f{run_id}_ignis_system"):
+            ignis.store.client.truncate(namespace, set_name, 0)  # type: ignore[attr-defined]
     report["note"] = tmp_note
     print(json.dumps(report, default=str))
     if os.environ.get("IGNIS_FAULT_REPORT"):
