@@ -107,11 +107,11 @@ class Magazine:
         self._landed: deque[Claimed] = deque()
         self._in_doubt: list[ClaimTicket] = []  # claims whose answer was lost: resolved before the next claim
         self._grace = store.write_grace_ms / 1000
-        self._holes = HOLES_SKIPPED.labels(queue, kind)
-        self._late = LATE_WRITES.labels(queue, kind)
+        self.queue = queue
+        # Rare events (holes, late writes, an exhausted budget) look their counter up when they happen: a
+        # handle that only reads figures (the operator builds one per queue and pass) makes no counter child.
         self._won = FIRE_CLAIMS.labels(queue, "won")
         self._drained = FIRE_CLAIMS.labels(queue, "drained")
-        self._exhausted = HOLE_BUDGET_EXHAUSTED.labels(queue)
         self._count_attempt = kind == "main"  # a claim from the sideline is a shovel move, not a delivery
         self._prefetched: deque[tuple[float, Claimed]] = deque()  # (when claimed, claimed) for later fires
         self._firing = 0  # fires of this handle in progress, for the prefetch
@@ -395,10 +395,10 @@ class Magazine:
         holes: list[SlotRef] = []
         for item in exc.claimed:
             self._set_aside(item, holes)
-        self._holes.inc(len(holes))  # (not counted in the store: it is failing)
+        HOLES_SKIPPED.labels(self.queue, self.kind).inc(len(holes))  # (not counted in the store: it is failing)
 
     def _give_up(self, skipped: int) -> None:
-        self._exhausted.inc()
+        HOLE_BUDGET_EXHAUSTED.labels(self.queue).inc()
         raise HoleBudgetExceeded(self.name, skipped)
 
     # Prefetch for concurrent consumers: every claim costs a round trip to the meta record and one to
@@ -509,7 +509,7 @@ class Magazine:
         figures a few messages off, said in the log."""
         if not holes:
             return
-        self._holes.inc(len(holes))
+        HOLES_SKIPPED.labels(self.queue, self.kind).inc(len(holes))
         per_shard: dict[int, int] = {}
         for ref in holes:
             per_shard[ref.shard] = per_shard.get(ref.shard, 0) + 1
@@ -669,7 +669,7 @@ class Magazine:
             if holes:
                 self._passed(holes)
             if late:
-                self._late.inc(late)
+                LATE_WRITES.labels(self.queue, self.kind).inc(late)
 
     def adopt(self, previous: Magazine) -> None:
         """Take over what an earlier handle of this magazine claimed and has not handed out (awaited,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 
 from prometheus_client import REGISTRY, Histogram
@@ -31,7 +33,13 @@ class FastCounter(Collector):
         self._retired: dict[tuple[str, ...], float] = {}
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._children: dict[tuple[str, ...], _Child] = {}  # one per label set, so its ticks are found
+        # One live child per label set, so its ticks are found. Held weakly: a process that opens many
+        # queues (the operator reads figures of 10,000) would otherwise keep a child per queue and label
+        # for ever. A child that goes leaves its count in _departed (from __del__, which may run anywhere,
+        # even inside this class's own locked sections: so it only appends, no lock); the next scrape or
+        # labels() call folds them into _retired.
+        self._children: weakref.WeakValueDictionary[tuple[str, ...], _Child] = weakref.WeakValueDictionary()
+        self._departed: deque[tuple[tuple[str, ...], itertools.count[int]]] = deque()
         REGISTRY.register(self)
 
     def labels(self, *values: str) -> _Child:
@@ -39,10 +47,19 @@ class FastCounter(Collector):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
         key = tuple(str(v) for v in values)
         with self._lock:
+            self._fold_departed()  # here too: a process nobody scrapes must not keep what departed
             child = self._children.get(key)
             if child is None:
                 child = self._children[key] = _Child(self, key)
         return child
+
+    def _fold_departed(self) -> None:
+        """Add the ticks of children gone since the last call to _retired (caller holds _lock)."""
+        while self._departed:
+            key, count = self._departed.popleft()
+            ticks = _ticks(count)
+            if ticks:
+                self._retired[key] = self._retired.get(key, 0) + ticks
 
     def _cell(self) -> dict[tuple[str, ...], float]:
         cell: dict[tuple[str, ...], float] = {}
@@ -61,6 +78,7 @@ class FastCounter(Collector):
                     for key, value in cell.items():
                         self._retired[key] = self._retired.get(key, 0) + value
             self._cells = live
+            self._fold_departed()
             totals = dict(self._retired)
             children = list(self._children.values())
         for child in children:
@@ -79,20 +97,30 @@ class FastCounter(Collector):
         yield CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
 
+def _ticks(count: itertools.count[int]) -> int:
+    """How many times next() ran on a count from 0. A count shows its next value only in its repr
+    ("count(N)"), and reading it there does not advance it."""
+    return int(repr(count)[6:-1])
+
+
 class _Child:
-    __slots__ = ("_count", "_key", "_local", "_parent", "tick")
+    __slots__ = ("__weakref__", "_count", "_key", "_local", "_parent", "tick")
 
     def __init__(self, parent: FastCounter, key: tuple[str, ...]) -> None:
         self._parent = parent
         self._local = parent._local
         self._key = key
         self._count = itertools.count()
-        self.tick: Callable[[], int] = functools.partial(next, self._count)  # += 1, atomic, no lock
+        # += 1, atomic, no lock. Keep the child, not only its tick: a child nobody holds departs (__del__).
+        self.tick: Callable[[], int] = functools.partial(next, self._count)
 
     def ticks(self) -> int:
-        """How many times tick() ran. A count shows its next value only in its repr ("count(N)"), and
-        reading it there does not advance it."""
-        return int(repr(self._count)[6:-1])
+        """How many times tick() ran."""
+        return _ticks(self._count)
+
+    def __del__(self) -> None:
+        # Runs when the last holder lets go (no cycle holds a child). deque.append is atomic and takes no lock.
+        self._parent._departed.append((self._key, self._count))
 
     def inc(self, amount: float = 1) -> None:
         if amount < 0:

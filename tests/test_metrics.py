@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 from prometheus_client import REGISTRY, generate_latest
@@ -67,5 +68,41 @@ def test_fast_counter_rejects_bad_use() -> None:
             counter.labels("a", "b")
         with pytest.raises(ValueError, match="only go up"):
             counter.labels("a").inc(-1)
+    finally:
+        REGISTRY.unregister(counter)
+
+
+def test_fast_counter_forgets_children_nobody_holds_but_keeps_their_counts() -> None:
+    """A process that opens thousands of queues (the operator reads figures of each) must not keep a child
+    per queue for ever; a child's ticks outlive it, and a child whose tick is still held stays."""
+    counter = FastCounter("ignis_test_fast_counter_children", "test", ["queue"])
+    try:
+        for i in range(1000):
+            child = counter.labels(f"q{i}")
+            for _ in range(i % 3):
+                child.tick()
+        del child
+        gc.collect()
+        assert len(counter._children) == 0  # no cycle keeps a child: it departs when its holder lets go
+        other = counter.labels("other")  # with nobody scraping, what the departed left is folded as labels are made
+        assert len(counter._departed) == 0 and len(counter._retired) == 666
+        del other
+        kept = counter.labels("held")
+        held = kept.tick
+        gc.collect()
+        held()
+        held()
+        assert REGISTRY.get_sample_value("ignis_test_fast_counter_children_total", {"queue": "held"}) == 2
+        assert REGISTRY.get_sample_value("ignis_test_fast_counter_children_total", {"queue": "q2"}) == 2
+        assert REGISTRY.get_sample_value("ignis_test_fast_counter_children_total", {"queue": "q0"}) is None
+        again = counter.labels("q2")  # a new child of a departed label set adds to what it left
+        again.tick()
+        held()
+        del again
+        gc.collect()
+        assert REGISTRY.get_sample_value("ignis_test_fast_counter_children_total", {"queue": "q2"}) == 3
+        assert REGISTRY.get_sample_value("ignis_test_fast_counter_children_total", {"queue": "held"}) == 3
+        total = sum(s.value for m in counter.collect() for s in m.samples)
+        assert total == sum(i % 3 for i in range(1000)) + 1 + 3
     finally:
         REGISTRY.unregister(counter)

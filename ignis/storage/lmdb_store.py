@@ -390,6 +390,7 @@ class LmdbStore:
         self._env = _env or _Environment.acquire(path, durability, map_size, max_dbs)
         self._closed = False
         self._calls: dict[str, Any] = {}
+        self._call_counters: list[Any] = []
         self._key_cache: dict[tuple[str, int], tuple[bytes, bytes]] = {}
         try:
             self._queues = self._env.db(self._queue_set)
@@ -605,7 +606,9 @@ class LmdbStore:
                                    "open it again in this process (LMDB handles do not survive fork)")
         tick = self._calls.get(operation)
         if tick is None:
-            tick = self._calls[operation] = STORAGE_CALLS.labels(operation).tick
+            counter = STORAGE_CALLS.labels(operation)
+            self._call_counters.append(counter)  # held: a counter's tick alone does not keep the counter
+            tick = self._calls[operation] = counter.tick
         tick()
         return self._env.env.begin(None, None, write)  # positional: py-lmdb parses keywords slowly
 

@@ -79,6 +79,13 @@ FINALIZER = "ignismq.io/finalizer"  # the operator's own: added by `observe`, re
 KOPF_FINALIZER = "ignismq.io/kopf"  # kopf's setting: a finalizer kopf would manage, never needed (no handler of kopf's)
 API_CONNECTIONS = 32  # kopf's connections to the API server, watches included
 LIST_CHUNK = 500
+# kopf runs one worker per object with events (kopf/_core/reactor/queueing.py); unbounded, 10,000 objects applied
+# at once meant 10,000 workers each holding its event, a handler coroutine and a queued API request: ~30 KiB
+# apiece, 400+ MiB at the peak. At most WORKER_LIMIT work at once; the others' events wait in kopf's per-object
+# queues. A worker keeps its slot for kopf's idle_timeout (5 s) after its last event, which caps a burst at
+# WORKER_LIMIT / 5 objects a second: 400/s, above what the API server takes in (a shorter idle_timeout made
+# kopf start a new worker for most later events of an object, 25% more operator CPU per object).
+WORKER_LIMIT = 2000
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +136,7 @@ class OperatorContext:
     retries: dict[str, Retry] = field(default_factory=dict)  # by uid: objects waiting for the store
     finalizing: set[str] = field(default_factory=set)  # uids whose deletionPolicy is being applied now
     finalized: set[str] = field(default_factory=set)  # uids whose deletionPolicy is applied (finalizer going)
+    released: set[str] = field(default_factory=set)  # uids whose finalizer a background pass removed (until gone)
 
     def event(self, entry: Declared, type_: str, reason: str, message: str) -> None:
         if self.api is not None:
@@ -313,6 +321,7 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
             ctx.guards.gone(uid)
             ctx.retries.pop(uid, None)
             ctx.finalized.discard(uid)
+            ctx.released.discard(uid)
             return
         entry = ctx.catalog.observe(body)
         loop = asyncio.get_running_loop()
@@ -456,6 +465,7 @@ def configure(settings: kopf.OperatorSettings, *, scanning: bool | None = None) 
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.enabled = False
     settings.watching.chunk_size = LIST_CHUNK
+    settings.queueing.worker_limit = WORKER_LIMIT
     settings.background.cancellation_polling = 1.0
     settings.background.instant_exit_timeout = 0.5
     if scanning is not None:

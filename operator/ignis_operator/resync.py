@@ -117,7 +117,10 @@ class Background:
 
     async def _finalize(self, entry: Declared) -> None:
         """Apply a deleted object's policy (a retry, or one the watch handler missed) and release it."""
-        if entry.uid in self.ctx.finalizing:
+        current = self.ctx.catalog.get(entry.key)  # a pass's snapshot may be older than the watch
+        if (current is None or current.uid != entry.uid or not current.deleting
+                or FINALIZER not in current.finalizers or entry.uid in self.ctx.finalizing
+                or entry.uid in self.ctx.released):  # removed already; the watch has not shown it yet
             return
         if entry.uid in self.ctx.finalized or await finalize(self.ctx, entry, now=self.loop.time()):
             await self._release(entry)
@@ -125,16 +128,25 @@ class Background:
     async def _release(self, entry: Declared, attempts: int = 5) -> None:
         """Remove the finalizer of an object whose deletionPolicy is applied, with the resourceVersion the
         watch shows (waiting for the watch to show a newer one after a conflict); a drift pass tries again
-        if this does not succeed."""
-        for _ in range(attempts):
-            current = self.ctx.catalog.get(entry.key)
-            if current is None or current.uid != entry.uid or FINALIZER not in current.finalizers:
-                return
-            done = await self.ctx.api.remove_finalizer(GROUP, VERSION, PLURAL, current.namespace, current.name,
-                                                       FINALIZER, current.finalizers, current.resource_version)
-            if done is not None:
-                return
-            await asyncio.sleep(TICK_SECONDS)
+        if this does not succeed. One release per object at a time (the retries and the drift pass both
+        call this), none again once one succeeded (`ctx.released`, until the watch shows the object gone)."""
+        if entry.uid in self.ctx.released:
+            return
+        self.ctx.released.add(entry.uid)
+        done: bool | None = None
+        try:
+            for _ in range(attempts):
+                current = self.ctx.catalog.get(entry.key)
+                if current is None or current.uid != entry.uid or FINALIZER not in current.finalizers:
+                    return
+                done = await self.ctx.api.remove_finalizer(GROUP, VERSION, PLURAL, current.namespace, current.name,
+                                                           FINALIZER, current.finalizers, current.resource_version)
+                if done is not None:
+                    return
+                await asyncio.sleep(TICK_SECONDS)
+        finally:
+            if not done:
+                self.ctx.released.discard(entry.uid)
 
     # ---- drift ---------------------------------------------------------------------------------------
     async def _drift_loop(self) -> None:

@@ -203,6 +203,9 @@ def test_sweeper_deployment(chart: Any) -> None:
 def test_store_wiring_keeps_secrets_out_of_config_maps_and_notes(chart: Any) -> None:
     docs = render(chart, PROFILES["tls-auth"], notes=True)
     (notes,) = [d["text"] for d in docs if d["kind"] == "NOTES"]
+    # the uninstall order (IgnisQueues first, while the operator can still release their finalizers)
+    assert notes.index("kubectl delete iq --all -A") < notes.index("helm uninstall")
+    assert "ignismq.io/finalizer" in notes and "stuck finalizers" in notes
     config = one(docs, "ConfigMap", "-config")["data"]
     assert config["IGNIS_STORE"] == PROFILES["tls-auth"]["store"]["url"]
     assert config["IGNIS_AEROSPIKE_TLS_NAME"] == "aerospike.db"

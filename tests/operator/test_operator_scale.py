@@ -142,6 +142,34 @@ async def test_no_timers_so_a_deletion_never_waits_on_one(tmp_path: Any) -> None
     assert settings.background.cancellation_polling <= 1 and settings.background.instant_exit_timeout is not None
 
 
+@pytest.fixture
+def two_workers(monkeypatch: pytest.MonkeyPatch) -> int:
+    """kopf's per-object workers bounded to 2 (configure() reads WORKER_LIMIT when the operator starts)."""
+    import ignis_operator.handlers as handlers
+
+    monkeypatch.setattr(handlers, "WORKER_LIMIT", 2)
+    return 2
+
+
+async def test_a_burst_larger_than_the_worker_limit_all_gets_ready(two_workers: int, harness: Harness) -> None:
+    """The worker limit bounds the operator's memory in a create burst (10,000 at once); the objects beyond it
+    wait their turn in kopf's queues and none is starved, also when deleted while waiting."""
+    import kopf
+
+    settings = kopf.OperatorSettings()
+    configure(settings)
+    assert settings.queueing.worker_limit == two_workers
+    names = [f"burst{i:02d}" for i in range(6)]
+    await asyncio.gather(*(harness.create(name, shards=1) for name in names))
+    await harness.until(lambda: all(ready(harness, n) for n in names), timeout=60, what="all Ready")
+    records = harness.store.with_client("ns1")
+    assert all(records.get_queue(name).active for name in names)  # type: ignore[union-attr]
+    await asyncio.gather(*(harness.delete(name) for name in names[:3]))
+    await harness.until(lambda: all(harness.obj(n) is None for n in names[:3]), timeout=60, what="deleted")
+    assert not any(records.get_queue(name).active for name in names[:3])  # type: ignore[union-attr]
+    assert all(ready(harness, n) for n in names[3:])
+
+
 class SlowStore:
     """A store (and its per-client views) whose bulk read of queue records, the drift pass's, blocks until
     released."""
