@@ -59,6 +59,14 @@ def test_tls_settings_become_client_config(server: EmulatedServer) -> None:
     assert "tls" not in load_settings({}).client_config() and "user" not in load_settings({}).client_config()
 
 
+def test_queries_keep_the_clients_partition_retries(server: EmulatedServer) -> None:
+    """Single-record calls are retried by the store (only the safe ones); a query must keep the client's own
+    per-partition retries, or it fails for as long as a cluster migrates (seen on a real 3-node cluster)."""
+    policies = load_settings({"tend_interval_ms": 1000}).client_config()["policies"]
+    assert policies["read"]["max_retries"] == 0 and policies["write"]["max_retries"] == 0
+    assert policies["query"]["max_retries"] >= 3 and 50 <= policies["query"]["sleep_between_retries"] <= 1000
+
+
 def test_precedence_url_over_env_over_file(server: EmulatedServer, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "aerospike.yaml"
