@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.aerospike_emulator import EmulatedServer
 from support.aerospike_support import AEROSPIKE_ENV, AEROSPIKE_SKIP
 
 from ignis import Ignis, QueueSpec
-from ignis.storage import Storage, open_store
+from ignis.storage import Storage, aerospike_store, open_store
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,14 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     empty_shared_sets(backend.url)
     yield backend
     clean_up_run(backend.url, run)
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> EmulatedServer:
+    """The Aerospike emulator, patched in as the client every AerospikeStore opens (a module may override)."""
+    server = EmulatedServer()
+    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    return server
 
 
 @pytest.fixture

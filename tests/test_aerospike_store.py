@@ -26,13 +26,6 @@ SECRET = "s3cr3t-Pa55"
 
 
 @pytest.fixture
-def server(monkeypatch: pytest.MonkeyPatch) -> EmulatedServer:
-    server = EmulatedServer()
-    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
-    return server
-
-
-@pytest.fixture
 def make(server: EmulatedServer) -> Iterator[Callable[..., AerospikeStore]]:
     opened: list[AerospikeStore] = []
 

@@ -23,13 +23,6 @@ URL = "aerospike://emulator:3000/test?farm=f1&client=c1&retries=0"
 
 
 @pytest.fixture
-def server(monkeypatch: pytest.MonkeyPatch) -> EmulatedServer:
-    server = EmulatedServer()
-    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
-    return server
-
-
-@pytest.fixture
 def ignis(server: EmulatedServer) -> Iterator[Ignis]:
     client = Ignis(URL)
     client.apply(QueueSpec.build(name="orders", handlerType="orders", shards=2))
