@@ -120,6 +120,30 @@ def test_errors_of_the_store_are_one_line(server: EmulatedServer, ignis: Ignis) 
     assert "\n" not in str(mapped) and "sub-errors: node A: timeout node B: refused" in str(mapped)
 
 
+def test_error_fields_come_from_the_error_not_from_its_class() -> None:
+    """The client sets code, msg and in_doubt as attributes of the error's class before raising (another
+    thread's error of the same class may overwrite them); each raised error carries its own as args."""
+    from aerospike import exception as ex
+
+    from ignis.storage.aerospike_errors import error_field, is_transient
+
+    ours = ex.TimeoutError(9, "timeout: our call", "f", 1, False)
+    saved = {k: ex.TimeoutError.__dict__.get(k) for k in ("msg", "in_doubt", "code")}
+    try:
+        ex.TimeoutError.msg, ex.TimeoutError.in_doubt = "another call's message", True  # as the client leaves it
+        assert error_field(ours, "msg") == "timeout: our call" and error_field(ours, "in_doubt") is False
+        assert is_transient(ours, idempotent=False)  # not in doubt: a non-idempotent write may be repeated
+        mapped = str(aerospike_store.map_error(ours, "put", "here"))
+        assert "our call" in mapped and "another call" not in mapped and "may or may not" not in mapped
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                if key in ex.TimeoutError.__dict__:
+                    delattr(ex.TimeoutError, key)
+            else:
+                setattr(ex.TimeoutError, key, value)
+
+
 def test_a_claim_whose_answer_was_lost_is_found_and_delivered_by_its_claimer(server: EmulatedServer,
                                                                              ignis: Ignis) -> None:
     from aerospike import exception as ex

@@ -19,10 +19,22 @@ TRANSIENT = (ex.TimeoutError, ex.ConnectionError, ex.ClusterChangeError, ex.Clus
              ex.QueryQueueFull, ex.BatchQueueFullError, ex.NoResponse, ex.MaxErrorRateExceeded)
 
 
+def error_field(exc: BaseException, name: str, default: object = None) -> object:
+    """A field of a client error: code, msg, file, line or in_doubt. The client raises each error with these
+    as its args and also sets them as attributes of the error's *class*, where they stay until the next
+    error of that class: an attribute read on an error that carries no instance attribute of its own (one
+    built from args, as the emulator and record_error build them) gets another error's value. Args first."""
+    index = ("code", "msg", "file", "line", "in_doubt").index(name)
+    args = getattr(exc, "args", ())
+    if len(args) > index:
+        return args[index]
+    return vars(exc).get(name, default) if hasattr(exc, "__dict__") else default
+
+
 def is_transient(exc: BaseException, idempotent: bool) -> bool:
     if not isinstance(exc, TRANSIENT):
         return False
-    return idempotent or not getattr(exc, "in_doubt", False)
+    return idempotent or not error_field(exc, "in_doubt", False)
 
 
 # Every error class of the client by its result code, to name a batch's per-record codes as the client
@@ -34,8 +46,7 @@ _BY_CODE: dict[int, type[ex.AerospikeError]] = {
 
 def _detail(exc: ex.AerospikeError) -> str:
     # One line: the client's message may carry a multi-line `sub-errors:` list.
-    msg = getattr(exc, "msg", None) or (exc.args[1] if len(exc.args) > 1 else "")
-    return one_line(f"[{getattr(exc, 'code', '?')}] {msg}")
+    return one_line(f"[{error_field(exc, 'code', '?')}] {error_field(exc, 'msg', '') or ''}")
 
 
 def record_error(code: int | None, operation: str, where: str, what: str = "") -> IgnisError:
@@ -55,7 +66,7 @@ def record_error(code: int | None, operation: str, where: str, what: str = "") -
 def map_error(exc: ex.AerospikeError, operation: str, where: str) -> IgnisError:
     """One `ignis.errors` exception for an Aerospike error raised by `operation` on `where`."""
     detail = _detail(exc)
-    doubt = " (the write may or may not have been applied)" if getattr(exc, "in_doubt", False) else ""
+    doubt = " (the write may or may not have been applied)" if error_field(exc, "in_doubt", False) else ""
     if isinstance(exc, ex.NamespaceNotFound):
         return StoreError(f"aerospike {operation} on {where}: the namespace does not exist on the cluster; "
                           f"add it to aerospike.conf or point the store URL at an existing one {detail}")

@@ -98,7 +98,7 @@ from ignis.envelope import (
 from ignis.errors import IgnisError, InvalidInputError, QueueNotFound, StaleEpoch, StoreError, StoreUnavailable
 from ignis.metrics import STORAGE_CALLS, STORAGE_ERRORS, STORAGE_RETRIES
 from ignis.storage.aerospike_config import AerospikeSettings, load_settings
-from ignis.storage.aerospike_errors import is_transient, map_error, record_error
+from ignis.storage.aerospike_errors import error_field, is_transient, map_error, record_error
 from ignis.storage.base import (
     ACTIVE,
     CREATED_AT,
@@ -1026,7 +1026,7 @@ class AerospikeStore:
                 return []
         except ex.AerospikeError as exc:
             error = self._fail(exc, "claim", self._meta_set)
-            if is_transient(exc, True) and (getattr(exc, "in_doubt", False) or isinstance(exc, _ANSWER_LOST)):
+            if is_transient(exc, True) and (error_field(exc, "in_doubt", False) or isinstance(exc, _ANSWER_LOST)):
                 ticket = ClaimTicket(magazine, shard, max_slots == 1 and up_to is None, token, count_attempt)
                 raise ClaimInDoubt(str(error), ticket) from None
             raise error from None

@@ -175,6 +175,9 @@ def test_paused_leader_cannot_write_a_stale_pointer(sweepers: Sweepers, queue: A
         wait_for(lambda: sweepers.holder() == "b", timeout=LEASE_S * 4, what="b to take over")
         abandon(queue, 10)
         wait_for(lambda: queue.sideline.pending() >= 20, what="b's sweep")
+        # The pass stores its epoch with the sweep pointers after the moves: read it once b's pass has ended
+        # (reading as soon as the sideline count is reached raced that write on a real server).
+        wait_for(lambda: any(p["who"] == "b" and p["moved"] for p in sweepers.passes()), what="b's pass to end")
         epoch_b = sweepers.store.get_queue("orders").bins[SWEEP_EPOCH]
         assert epoch_b > epoch_a
         abandon(queue, 10)  # work that a, on waking, would love to sweep with its old epoch
