@@ -84,7 +84,7 @@ LIST_CHUNK = 500
 # apiece, 400+ MiB at the peak. At most WORKER_LIMIT work at once; the others' events wait in kopf's per-object
 # queues. A worker keeps its slot for kopf's idle_timeout (5 s) after its last event, which caps a burst at
 # WORKER_LIMIT / 5 objects a second: 400/s, above what the API server takes in (a shorter idle_timeout made
-# kopf start a new worker for most later events of an object, 25% more operator CPU per object).
+# kopf start a new worker for most later events of an object, which costs CPU).
 WORKER_LIMIT = 2000
 
 log = logging.getLogger(__name__)
