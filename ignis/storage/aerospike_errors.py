@@ -56,11 +56,7 @@ def record_error(code: int | None, operation: str, where: str, what: str = "") -
     code = -1 if code is None else int(code)
     cls = _BY_CODE.get(code, ex.ClientError if code < 0 else ex.ServerError)
     text = f"{what}: result code {code}" if what else f"result code {code}"
-    exc = cls(code, text, "batch", 0, False)
-    # As the client sets them on the errors it raises: on the instance (else a class attribute the client
-    # left from an earlier error of the same class would be read).
-    exc.code, exc.msg, exc.file, exc.line, exc.in_doubt = code, text, "batch", 0, False
-    return map_error(exc, operation, where)
+    return map_error(cls(code, text, "batch", 0, False), operation, where)  # its fields: args (error_field)
 
 
 def map_error(exc: ex.AerospikeError, operation: str, where: str) -> IgnisError:

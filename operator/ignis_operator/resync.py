@@ -159,8 +159,7 @@ class Background:
             failures = 0 if ok else failures + 1
             delay = self.cfg.resync_interval_seconds + random.uniform(0, self.cfg.resync_jitter_seconds)
             if failures:
-                delay = max(delay, _jitter(min(self.cfg.backoff_max_seconds,
-                                               self.cfg.backoff_seconds * 2 ** min(failures, 20))))
+                delay = max(delay, self.cfg.backoff(failures))
 
     async def drift_pass(self) -> bool:
         """One pass over every served object; False when the store did not answer (the pass stopped)."""
@@ -239,8 +238,7 @@ class Background:
             failures = 0 if ok else failures + 1
             wait = self.cfg.figures_interval_seconds - (self.loop.time() - started)
             if failures:
-                wait = max(wait, _jitter(min(self.cfg.backoff_max_seconds,
-                                             self.cfg.backoff_seconds * 2 ** min(failures, 20))))
+                wait = max(wait, self.cfg.backoff(failures))
             await asyncio.sleep(max(wait, TICK_SECONDS))
 
     async def figures_pass(self) -> bool:
