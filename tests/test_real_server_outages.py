@@ -132,6 +132,10 @@ def test_a_consumer_waits_out_an_outage_mid_await_quietly(node: Node, url: str) 
                 except StoreUnavailable:
                     time.sleep(0.2)
             _wait(lambda: second in acked, 60, "the consumer to take a message published after the outage")
+            # "back" is said once the store has answered for a second (STORE_HEALTH's settle): stopping the
+            # consumer sooner would stop it before it could say so.
+            _wait(lambda: any("store reachable again" in line for _, line in list(log_lines)), 15,
+                  "the consumer to say the store is back")
         finally:
             child.terminate()
             child.wait(30)
