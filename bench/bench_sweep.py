@@ -13,6 +13,9 @@ records, then per record a put of its copy and a remove of the original. Target:
 loop. Every sweep move stays fenced and copy-before-delete (DESIGN §4). Rounds are repeated (`--rounds`) and
 the median of each pool size's per-round ratios is reported.
 
+The bench process takes the collector settings of the processes that sweep (`tune_collector`: the sweeper
+service and `ignis sweep` call it at start); `--default-collector` keeps Python's, to see what they save.
+
 Set-up: `queues` queues of `shards` shards each; every shard gets `per-shard` messages, all claimed
 long ago and never settled (a stuck backlog: every record must be re-homed).
 
@@ -40,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ignis_workers.sweeper import Sweeper
+from ignis_workers.sweeper import Sweeper, tune_collector
 from rich.console import Console
 from rich.table import Table
 
@@ -187,7 +190,11 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=16_000, help="Aerospike: abandoned claims per sweep")
     parser.add_argument("--rounds", type=int, default=3, help="Aerospike: rounds per pool size")
     parser.add_argument("--lmdb", action="store_true", help="lmdb even when IGNIS_TEST_AEROSPIKE is set")
+    parser.add_argument("--default-collector", action="store_true",
+                        help="keep Python's collector settings (the sweeper service and `ignis sweep` tune them)")
     args = parser.parse_args()
+    if not args.default_collector:
+        tune_collector()  # as the processes that sweep do (ignis_workers.sweeper.tune_collector)
     if args.server and not args.lmdb:
         aerospike_main(args)
         return

@@ -3,6 +3,7 @@ errors, through the installed console script in a subprocess."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -12,8 +13,10 @@ from typing import Any
 
 import pytest
 from ignis_workers.election import LEASE_NAME
+from ignis_workers.sweeper import GC_YOUNG_THRESHOLD, tune_collector
 
 from ignis import Ignis, QueueSpec
+from ignis.cli.app import run
 from ignis.envelope import now_ms
 from ignis.storage.base import LeaseRecord
 
@@ -53,6 +56,32 @@ def test_sweep_moves_abandoned_claims_and_prints_json(url: str, client: Ignis):
     assert doc["main"]["moved"] == 2 and doc["queue"] == "orders"
     table = ignis(url, "sweep", "orders")
     assert table.returncode == 0 and "main" in table.stdout
+
+
+@pytest.fixture
+def collector():
+    """Python's default collector thresholds for the test; the process's own afterwards."""
+    saved = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    yield
+    gc.set_threshold(*saved)
+
+
+def test_tune_collector_raises_only_the_young_threshold(collector):
+    tune_collector()
+    assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, 10, 10)
+    gc.set_threshold(50_000, 5, 5)  # the host process set a higher one: kept
+    tune_collector()
+    assert gc.get_threshold() == (50_000, 5, 5)
+    gc.set_threshold(0, 10, 10)  # the host process turned collection off: left so
+    tune_collector()
+    assert gc.get_threshold() == (0, 10, 10)
+
+
+def test_ignis_sweep_sweeps_with_the_sweeping_collector(url: str, client: Ignis, collector, capsys):
+    assert run(["--store", url, "sweep", "orders", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["queue"] == "orders"
+    assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
 
 
 def test_sweep_unknown_queue_exits_3(url: str, client: Ignis):

@@ -36,7 +36,7 @@ from ignis_workers.election import LEASE_NAME
 from ignis_workers.service import SweeperService, load_sweeper_settings
 from ignis_workers.shovel import Shovel
 from ignis_workers.stack import EmbeddedStack
-from ignis_workers.sweeper import Sweeper, SweepReport
+from ignis_workers.sweeper import Sweeper, SweepReport, tune_collector
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,7 @@ def sweep(
     if lease is not None and lease.holder and not lease.expired(now_ms()) and not force:
         raise _cli_error(f"sweeper {lease.holder!r} leads and sweeps this store; use --force to sweep now anyway")
     epoch = store.next_epoch()
+    tune_collector()
     sweeper = Sweeper(store, epoch_source=lambda: epoch, threads=1)
     try:
         report = sweeper.sweep_queue(store.client_id, queue)
@@ -170,6 +171,7 @@ def sweeper(
     settings = load_sweeper_settings(sweep_interval_seconds=sweep_interval, threads=threads, probe_port=port,
                                      lease=lease, identity=identity)
     logs.configure(log_format, log_level)
+    tune_collector()
     store = ctx.obj.ignis().store
     stop = threading.Event()
     set_on_signals(stop, announce=True)
