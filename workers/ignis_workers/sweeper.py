@@ -67,9 +67,9 @@ def tune_collector() -> None:
     of 700 the cyclic collector runs every few dozen records and carries the whole round through its
     generations again and again: a third of the sweep's CPU on Aerospike (bench/README.md). Reference
     counting frees all of it anyway; only reference cycles wait for the collector, and with this threshold
-    they wait 10,000 allocations instead of 700 ("gc.set_threshold(threshold0...): the number of
-    allocations minus the number of deallocations exceeds threshold0, collection starts", Python docs,
-    gc module). Never lowers a threshold set higher by the host process."""
+    they wait 10,000 allocations instead of 700 ("When the number of allocations minus the number of
+    deallocations exceeds threshold0, collection starts", Python docs, gc.set_threshold). Never lowers a
+    threshold set higher by the host process, nor turns a disabled collector (threshold 0) on."""
     young, middle, old = gc.get_threshold()
     if 0 < young < GC_YOUNG_THRESHOLD:
         gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
