@@ -13,8 +13,8 @@ records, then per record a put of its copy and a remove of the original. Target:
 loop. Every sweep move stays fenced and copy-before-delete (DESIGN §4). Rounds are repeated (`--rounds`) and
 the median of each pool size's per-round ratios is reported.
 
-The bench process takes the collector settings of the processes that sweep (`tune_collector`: the sweeper
-service and `ignis sweep` call it at start); `--default-collector` keeps Python's, to see what they save.
+The bench process takes the collector settings of the processes that sweep (`tune_collector`: `ignis sweeper`,
+`ignis sweep` and `ignis up` call it at start); `--default-collector` keeps Python's, to see what they save.
 
 Set-up: `queues` queues of `shards` shards each; every shard gets `per-shard` messages, all claimed
 long ago and never settled (a stuck backlog: every record must be re-homed).

@@ -227,6 +227,7 @@ def up(
                       and "IGNIS_SWEEPER_THREADS" not in os.environ) else None,
         shovel_tick_seconds=0.5 if demo else None,
         clock_offset_seconds=journey.SWEEP_AHEAD_SECONDS if demo else None)
+    tune_collector()
     ignis = ctx.obj.ignis()
     stop = threading.Event()
     set_on_signals(stop)

@@ -61,8 +61,8 @@ GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections in a sweepi
 
 
 def tune_collector() -> None:
-    """Collector settings for a process that sweeps: call it once, at the process's start (the sweeper
-    service, `ignis sweep`). A round holds a few container objects per record it moves (envelopes, bins,
+    """Collector settings for a process that sweeps: call it once, at the process's start (`ignis sweeper`,
+    `ignis sweep`, `ignis up`). A round holds a few container objects per record it moves (envelopes, bins,
     the client's batch records) until the round ends, so with Python's default young-generation threshold
     of 700 the cyclic collector runs every few dozen records and carries the whole round through its
     generations again and again: a third of the sweep's CPU on Aerospike (bench/README.md). Reference
