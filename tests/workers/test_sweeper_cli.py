@@ -1,5 +1,6 @@
 """`ignis sweep`, `ignis sideline shovel`, `ignis sideline redrive` and `ignis sweeper`'s settings
-errors, through the installed console script in a subprocess."""
+errors, through the installed console script in a subprocess; the sweeping processes' collector settings
+in this process (`ignis.cli.app.run`), where they can be read."""
 
 from __future__ import annotations
 
