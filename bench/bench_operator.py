@@ -16,7 +16,8 @@ elsewhere, not in this run). Needs the test extra (kmock): pip install -e '.[tes
 
 With --kubeconfig PATH (a real kube-apiserver; the bench needs rights to create the CRD, namespaces and
 IgnisQueues: an admin kubeconfig), the operator runs as `ignis operator` in a subprocess, cluster-wide,
-on a temporary lmdb store (or --store URL), with the kubeconfig as its KUBECONFIG:
+on a temporary lmdb store (or --store URL), with the kubeconfig as its KUBECONFIG (or
+--operator-kubeconfig: e.g. one of the chart's ServiceAccount, to run it with the chart's rights only):
 1. the CRD is applied (crds/), namespaces ignis-bench-00.. are created (and emptied of earlier runs);
 2. apply: N IgnisQueues are server-side applied, --concurrency at a time, spread over --namespaces;
 3. ready: a watch started before the apply sees every object Ready=True; the figure is the time from
@@ -470,13 +471,15 @@ async def bench_cluster(args: argparse.Namespace, workdir: Path) -> dict[str, An
     configuration = client.Configuration()
     await config.load_kube_config(config_file=args.kubeconfig, client_configuration=configuration,
                                   persist_config=False)
-    n, result = args.objects, {"objects": args.objects, "namespaces": args.namespaces}
+    n, result = args.objects, {"objects": args.objects, "namespaces": args.namespaces,
+                               "operator_kubeconfig": args.operator_kubeconfig or args.kubeconfig}
     store_url = args.store or f"lmdb://{workdir}/store?durability=fast"
     async with Cluster(configuration, limit=max(8, args.concurrency)) as cluster:
         await prepare(cluster, args.namespaces)
         watch = Watch(cluster)
         watch.start()
-        operator = Operator(args.kubeconfig, store_url, Path(args.operator_log or workdir / "operator.log"), env={})
+        operator = Operator(args.operator_kubeconfig or args.kubeconfig, store_url,
+                            Path(args.operator_log or workdir / "operator.log"), env={})
         try:
             await operator.wait_ready()
             operator.start_sampling()
@@ -589,12 +592,16 @@ def main() -> int:
     parser.add_argument("--delete-timeout", type=float, default=300.0, help="real server: give up on deletion")
     parser.add_argument("--store", help="real server: the operator's store URL (default: a temporary lmdb)")
     parser.add_argument("--operator-log", help="real server: keep the operator's log in this file")
+    parser.add_argument("--operator-kubeconfig",
+                        help="real server: the operator's own kubeconfig, e.g. the chart's ServiceAccount's, so it "
+                             "runs with those rights only (default: --kubeconfig)")
     args = parser.parse_args()
     logging.basicConfig(level=getattr(logging, os.environ.get("BENCH_LOG", "ERROR")),
                         format="%(relativeCreated)d %(name)s %(message)s")
     if args.kubeconfig:
-        if not Path(args.kubeconfig).is_file():
-            parser.error(f"--kubeconfig {args.kubeconfig}: no such file")
+        for option, path in (("--kubeconfig", args.kubeconfig), ("--operator-kubeconfig", args.operator_kubeconfig)):
+            if path and not Path(path).is_file():
+                parser.error(f"{option} {path}: no such file")
         args.objects = args.objects or 10_000
         with tempfile.TemporaryDirectory(prefix="ignis-bench-operator-") as tmp:
             result = asyncio.run(bench_cluster(args, Path(tmp)))
