@@ -226,14 +226,16 @@ class Envelope:
             history=bins.get(HISTORY),
         )
 
-    def for_transfer(self, reason: str | None, at_ms: int) -> Envelope:
-        """A copy to load into another magazine: unfired, with the reason and the failure recorded."""
+    def for_transfer(self, reason: str | None, at_ms: int, attempts: int | None = None) -> Envelope:
+        """A copy to load into another magazine: unfired, with the reason and the failure recorded
+        (`attempts`: the deliveries to record instead of the envelope's own count)."""
+        attempts = self.attempts if attempts is None else attempts
         history = list(self.history or [])
         if reason is not None:
-            history.append([at_ms, reason, self.attempts])
+            history.append([at_ms, reason, attempts])
             history = history[-HISTORY_LIMIT:]
         return Envelope(self.payload, self.msg_id, self.loaded_at, codec=self.codec, headers=self.headers,
-                        key=self.key, attempts=self.attempts, reason=reason, history=history or None)
+                        key=self.key, attempts=attempts, reason=reason, history=history or None)
 
     def decoded(self) -> Any:
         return decode_payload(self.payload, self.codec)

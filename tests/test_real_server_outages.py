@@ -4,7 +4,8 @@ landed. Every read path raises StoreUnavailable meanwhile; the consumer neither 
 everything is delivered once the server is back.
 
 Runs with IGNIS_TEST_AEROSPIKE=host:port[/ns] when this machine can stop and restart that node (its
-process is here, or IGNIS_TEST_AEROSPIKE_CTL says how: see support/server_control.py)."""
+process is here, or IGNIS_TEST_AEROSPIKE_CTL says how: see support/server_control.py), only when asked
+(`pytest -m faults`), and only when its namespace keeps its data across a restart (else it skips, saying so)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 from support.aerospike_support import AEROSPIKE_ENV
-from support.server_control import Node, parse_hosts
+from support.server_control import Node, parse_hosts, restart_loses_data
 
 from ignis import Ignis, QueueSpec
 from ignis.errors import StoreUnavailable
@@ -39,6 +40,9 @@ def node() -> Iterator[Node]:
     found = Node.find(host, port)
     if found is None:
         pytest.skip(f"cannot stop and restart the server at {host}:{port} from here: set IGNIS_TEST_AEROSPIKE_CTL")
+    lossy = restart_loses_data(host, port, parse_hosts(target)[1])
+    if lossy:
+        pytest.skip(lossy)
     yield found
 
 

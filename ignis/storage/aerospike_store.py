@@ -549,21 +549,23 @@ class AerospikeStore:
         return record
 
     def _check_sweep_pointers(self, record: QueueRecord) -> None:
-        """Sweep pointers lower than this process has written or seen are a rollback: reported, and the record
-        handed on with the high marks (the sweeper's next forward-only advance stores them again)."""
+        """Sweep pointers lower than this process has written or seen are a rollback: reported once (per
+        pointer, until it moves past the mark), and taken as stored. The sweep then examines again the slots
+        between the stored pointer and the mark, where the rollback may have put back records (acks and claim
+        stamps lost): re-sweeping a range is idempotent, and skipping it would strand them (DESIGN §4)."""
         marks = self._shared.marks
         for kind, bin_name in (("main", SWEEP_POINTERS), ("sideline", SIDELINE_SWEEP)):
             stored = record.bins.get(bin_name)
             if not isinstance(stored, dict):
                 continue
-            for label, value in list(stored.items()):
+            for label, value in stored.items():
+                if not isinstance(value, int):
+                    continue
                 mark = (self._queue_set, record.name, bin_name, label)
-                high = marks.mark(mark)
-                if isinstance(value, int) and value < high:
-                    report(f"{kind} sweep pointer of {record.name} shard {label}", None, value, high,
-                           queue=record.name, kind=kind)
-                    stored[label] = high
-                elif isinstance(value, int):
+                if value < marks.mark(mark):
+                    marks.report(mark, f"{kind} sweep pointer of {record.name} shard {label}", None, value,
+                                 queue=record.name, kind=kind)
+                else:
                     marks.saw(mark, value)
 
     def list_queues(self, active: bool | None = True) -> list[QueueRecord]:
@@ -908,8 +910,8 @@ class AerospikeStore:
         marks = self._shared.marks
         load_high = marks.mark((key[1], key[2], LOAD_POINTER))
         fire_high = marks.mark((key[1], key[2], FIRE_POINTER))
-        high = load_high if what.startswith("load") else fire_high
-        report(f"{what} of {magazine} shard {shard}", magazine, stored, high)
+        counter = LOAD_POINTER if what.startswith("load") else FIRE_POINTER
+        marks.report((key[1], key[2], counter), f"{what} of {magazine} shard {shard}", magazine, stored)
         load, fire = exp.IntBin(LOAD_POINTER), exp.IntBin(FIRE_POINTER)
         fire_now = exp.Cond(exp.BinExists(FIRE_POINTER), fire, 0)
         raised_fire = arithmetic.Max(fire_now, arithmetic.Min(fire_high, load))  # (load: already raised above)

@@ -6,8 +6,10 @@ Each process remembers, per record it counts with, the highest values it has see
 store takes a mark *before* it sends a call and compares the answer with it: a counter that only grows
 answers at least the mark to any call sent after the mark was seen, so a lower answer is a rollback, never
 a race between this process's own threads. A rollback is counted (`ignis_store_rollbacks_total{queue,
-magazine}`) and logged once at ERROR with both values; the caller then moves the counter past the mark,
-so no slot number is ever handed out twice.
+magazine}`) and logged at ERROR with both values, once per record and counter until the value moves past
+the mark, however many calls see it (`HighMarks.report`). The caller then moves an allocation counter (load
+and fire pointers) past the mark, so no slot number is ever handed out twice; a sweep pointer is taken as
+stored, so the slots between it and the mark are swept again (re-sweeping a range is idempotent).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class HighMarks:
 
     def __init__(self) -> None:
         self._marks: dict[Hashable, tuple[int, int]] = {}
+        self._reported: dict[Hashable, int] = {}  # key -> the mark its last reported rollback was below
         self._lock = threading.Lock()
 
     def mark(self, key: Hashable) -> int:
@@ -50,6 +53,21 @@ class HighMarks:
         with self._lock:
             for key in [k for k in self._marks if predicate(k)]:
                 del self._marks[key]
+            for key in [k for k in self._reported if predicate(k)]:
+                del self._reported[key]
+
+    def report(self, key: Hashable, what: str, magazine: str | None, stored: int, *, queue: str | None = None,
+               kind: str | None = None) -> bool:
+        """Count and log a rollback of `key` (the store answered `stored`, below the mark): once per process
+        until the mark moves (a value past it is seen), however many calls or passes see the same rollback.
+        True if this call reported it."""
+        high = self.mark(key)
+        with self._lock:
+            if self._reported.get(key) == high:
+                return False
+            self._reported[key] = high
+        report(what, magazine, stored, high, queue=queue, kind=kind)
+        return True
 
 
 def report(what: str, magazine: str | None, stored: int, high: int, *, queue: str | None = None,

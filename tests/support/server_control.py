@@ -156,6 +156,28 @@ def info(host: str, port: int, command: str, timeout: float = 3.0) -> str:
     return text.split("\t", 1)[1].strip() if "\t" in text else text.strip()
 
 
+def namespace_config(host: str, port: int, namespace: str) -> dict[str, str]:
+    """The node's `namespace/<ns>` info answer, as a dict (its configuration and statistics)."""
+    answer = info(host, port, f"namespace/{namespace}")
+    if answer.startswith("ERROR") or "=" not in answer:
+        raise ValueError(f"{host}:{port} has no namespace {namespace!r}: {answer[:120]}")
+    return dict(item.split("=", 1) for item in answer.split(";") if "=" in item)
+
+
+def restart_loses_data(host: str, port: int, namespace: str) -> str | None:
+    """Why a restart of this node would empty `namespace`, or None when its data survives one: a namespace on
+    a device or file (storage-engine device, or pmem), or in memory backed by files or devices (Aerospike 7+:
+    "storage-engine memory" persisted with `file` or `device` lines), reads its records back at start; one
+    purely in memory starts empty."""
+    config = namespace_config(host, port, namespace)
+    engine = config.get("storage-engine", "")
+    backed = any(k.startswith(("storage-engine.file[", "storage-engine.device[")) for k in config)
+    if engine in ("device", "pmem") or (engine == "memory" and backed):
+        return None
+    return (f"namespace {namespace!r} at {host}:{port} keeps its data in memory only (storage-engine "
+            f"{engine or 'unknown'}, no file or device): a restart would empty it, so no restart test runs there")
+
+
 def _stats(host: str, port: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in info(host, port, "statistics").split(";") if "=" in item)
 

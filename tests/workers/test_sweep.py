@@ -108,11 +108,17 @@ def test_a_claimed_slot_whose_write_has_not_landed_is_not_passed(store, declare,
         gate.release.set()
         publisher.join(10)
     assert present(store, q.name) == [2]  # landed, claimed by a consumer that is gone
-    s.sweep_queue(store.client_id, q.name)  # unstamped: stamped now, moved one sweepDuration later
-    clock.advance(SWEEP_S + 1)
+    report = s.sweep_queue(store.client_id, q.name)  # unstamped: stamped now, the pointer stops there
+    assert report.main.stamped == 1 and report.moved == 0 and pointer(store, q.name) == 2
+    # No claim stamps it meanwhile (its claimer is gone): back to main's tail once no claim's stamp can be on
+    # its way (the write grace, or UNCLAIMED_AFTER_MS), not one sweepDuration and a shovel later.
+    from ignis_workers.sweeper import UNCLAIMED_AFTER_MS
+
+    clock.advance(max(store.write_grace_ms, UNCLAIMED_AFTER_MS) / 1000 + 1)
     report = s.sweep_queue(store.client_id, q.name)
     assert report.main.moved == 1
-    assert [env.payload for _, env in q.sideline.browse()] == [b"late"]
+    assert q.sideline.pending() == 0
+    assert [env.payload for _, env in store.peek(q.name, 0, 3, 3)] == [b"late"]
     assert pointer(store, q.name) == 3
 
 
@@ -170,6 +176,53 @@ def test_unstamped_record_is_stamped_not_swept_then_swept_one_sweep_duration_lat
     assert report.main.moved == 1
     assert present(store, q.name) == []
     assert pointer(store, q.name) == 4
+
+
+def _unclaim(store, ref: SlotRef) -> None:
+    """Forge what a store rollback leaves below the fire pointer: the record with neither its claim's stamp
+    nor its attempt (lmdb internals; on Aerospike tests/test_aerospike_rollback.py forges it for real)."""
+    from ignis.storage.lmdb_store import _DATA_HEADER
+
+    key = store._data_key(ref)
+    with store._env.env.begin(write=True) as txn:
+        raw = txn.get(key, db=store._data)
+        expire_at = _DATA_HEADER.unpack_from(raw)[0]
+        txn.put(key, _DATA_HEADER.pack(expire_at, 0, 0) + raw[_DATA_HEADER.size:], db=store._data)
+
+
+@pytest.mark.parametrize("claimed_meanwhile", [False, True])
+def test_a_record_whose_claim_the_store_lost_goes_back_to_main_as_a_redelivery(store, declare, clock, backend,
+                                                                               claimed_meanwhile):
+    """Issue 26: a record stamped by a sweep that no claim stamps since was claimed before a rollback took the
+    claim away. It goes back to main's tail a few seconds later (not one sweepDuration), counted as delivered
+    once; one a claim stamps after the sweep is a live claim, left alone until it is abandoned."""
+    if backend.name != "lmdb":
+        pytest.skip("forges a record state through lmdb internals")
+    from ignis_workers.sweeper import UNCLAIMED_AFTER_MS
+
+    q = declare()
+    q.publish_many([b"a", b"b", b"c"])
+    store.claim(q.name, 0, 3, clock.now - 10 * SWEEP_S * 1000)
+    _unclaim(store, SlotRef(q.name, 0, 2))
+    s = sweeper(store, clock)
+    report = s.sweep_queue(store.client_id, q.name)
+    assert (report.main.moved, report.main.stamped) == (2, 1)  # slots 1 and 3 abandoned; slot 2 stamped
+    assert pointer(store, q.name) == 2
+    if claimed_meanwhile:  # a claim's stamp lands after the sweep's: attempts + 1
+        store.restamp([SlotRef(q.name, 0, 2)], clock.now + 100)
+    clock.advance(UNCLAIMED_AFTER_MS / 1000 - 1)
+    assert s.sweep_queue(store.client_id, q.name).moved == 0  # a claim's stamp may still come
+    clock.advance(2)
+    report = s.sweep_queue(store.client_id, q.name)
+    if claimed_meanwhile:
+        assert report.moved == 0 and present(store, q.name) == [2] and pointer(store, q.name) == 2
+        return
+    assert report.main.moved == 1
+    assert present(store, q.name) == [4]  # re-homed to main's tail, unfired
+    assert pointer(store, q.name) == 4
+    assert q.sideline.pending() == 2
+    (message,) = q.fire_many(5)
+    assert (message.data, message.attempts) == (b"b", 2)  # a redelivery
 
 
 def test_many_unstamped_records_in_a_shard_are_swept_one_sweep_duration_later_together(store, declare, clock,

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ignis import names
-from ignis.envelope import CODEC_UNREADABLE, now_ms
+from ignis.envelope import CODEC_UNREADABLE, Envelope, now_ms
 from ignis.errors import QueueNotFound, StaleEpoch, StoreUnavailable
 from ignis.logs import one_line
 from ignis.magazine import Magazine
@@ -57,6 +57,8 @@ SWEEP_BATCH_SIZE = 1000
 PARALLEL_FACTOR = 64
 SWEPT_REASON = "swept"
 SHARD_GROUP_MIN_SLOTS = 2_000  # slots to examine per shard group, at least, before a magazine is split
+# A record a sweep stamped that no claim has stamped since, this long after: its claim is gone (see _round).
+UNCLAIMED_AFTER_MS = 2_000
 GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections in a sweeping process (Python's default: 700)
 
 
@@ -284,7 +286,9 @@ class Sweeper:
         store = queue.store
         advance: dict[int, int] = {}
         starts: dict[int, int] = {}
-        abandoned = []
+        abandoned: list[tuple[SlotRef, Envelope]] = []  # claims past the cutoff: to the sideline
+        unclaimed: list[tuple[SlotRef, Envelope]] = []  # records whose claim the store lost: back to main
+        unclaimed_after = max(grace, UNCLAIMED_AFTER_MS)
         for shard, (pos, fire) in list(todo.items()):
             starts[shard] = pos
             last = min(fire, pos + self.batch_size - 1)
@@ -316,6 +320,15 @@ class Sweeper:
                             if stamped_at is None:
                                 stamped_at = ref.slot
                         continue  # (deleted between peek and stamp: acked, pass)
+                    if kind == "main" and not env.attempts:
+                        # Stamped by a sweep and never claimed since (a claim counts an attempt): the store
+                        # lost this slot's claim (a rollback put the record back, behind a fire pointer that
+                        # moved past it). Once no claim's stamp can still be on its way, back to main's tail.
+                        if env.fire_ts <= now - unclaimed_after:
+                            unclaimed.append((ref, env))
+                            continue
+                        next_pos = ref.slot if stamped_at is None else stamped_at
+                        break
                     if env.fire_ts >= cutoff:  # time boundary
                         next_pos = ref.slot if stamped_at is None else stamped_at
                         break
@@ -337,34 +350,18 @@ class Sweeper:
                 del todo[shard]  # stopped at a boundary, or reached the fire pointer
             else:
                 todo[shard][0] = next_pos
+        # Copy first, delete only after the copy landed: a crash in between duplicates, never loses. Every
+        # record swept from main was claimed (it is below the fire pointer), so it counts as delivered once
+        # at least: one with no delivery counted lost its claim's stamp (a store rollback put it back), and
+        # its next delivery is a redelivery, as at-least-once says.
+        delivered = 1 if kind == "main" else 0
         moved = 0
-        if abandoned:
-            try:
-                # Copy first, delete only after the copy landed: a crash in between duplicates, never loses.
-                # A record settled meanwhile is not moved, and its slot is passed. One its holder took over
-                # meanwhile (stamped again: a late write that landed, a prefetched message handed out late)
-                # is not moved either, and is a time boundary: the pointer must not pass a claim that may
-                # still be abandoned, or no later pass would ever look at it again.
-                flags = queue.sideline.move_in(
-                    epoch, [(ref, env.fire_ts, env.for_transfer(SWEPT_REASON, now)) for ref, env in abandoned],
-                    fired_before=cutoff)
-                moved = sum(flags)
-                refused = [ref for (ref, _), ok in zip(abandoned, flags, strict=True) if not ok]
-                if refused:
-                    for ref, env in zip(refused, store.read(refused), strict=True):
-                        if env is not None and ref.shard in advance and ref.slot < advance[ref.shard]:
-                            advance[ref.shard] = ref.slot
-                            todo.pop(ref.shard, None)  # stopped at a boundary
-                    for shard in [shard for shard, to in advance.items() if to <= starts[shard]]:
-                        del advance[shard]  # nothing passed after all
-            except StaleEpoch:
-                raise
-            except Exception as exc:
-                failed = sorted({ref.shard for ref, _ in abandoned})
-                for shard in failed:
-                    self._failed(queue.name, kind, out, shard, exc)
-                    todo.pop(shard, None)
-                    advance.pop(shard, None)  # its pointer must not pass the records still in place
+        for target, items, fired_before, reason in ((queue.sideline, abandoned, cutoff, SWEPT_REASON),
+                                                    (queue.main, unclaimed, None, None)):
+            if items:
+                moved += self._move(store, kind, target, [
+                    (ref, env.fire_ts, env.for_transfer(reason, now, max(env.attempts, delivered)))
+                    for ref, env in items], fired_before, epoch, advance, starts, todo, out)
         if advance:
             store.advance_sweep(queue.name, kind, epoch, advance, moved)
             examined = sum(advance[shard] - starts[shard] for shard in advance)
@@ -373,6 +370,33 @@ class Sweeper:
             SWEEP_EXAMINED.labels(queue.name, kind).inc(examined)
             if moved:
                 SWEPT.labels(queue.name, kind).inc(moved)
+
+    def _move(self, store: Storage, kind: MagazineKind, target: Magazine,
+              moves: list[tuple[SlotRef, int | None, Envelope]], fired_before: int | None, epoch: int,
+              advance: dict[int, int], starts: dict[int, int], todo: dict[int, list[int]], out: MagazineSweep) -> int:
+        """One fenced move of a round's records into `target`; how many it moved. A record settled meanwhile is
+        not moved, and its slot is passed. One its holder took over meanwhile (stamped again: a late write that
+        landed, a prefetched message handed out late, a claim) is not moved either, and is a time boundary:
+        the pointer must not pass a claim that may still be abandoned, or no later pass would look at it."""
+        try:
+            flags = target.move_in(epoch, moves, fired_before=fired_before)
+            refused = [ref for (ref, _, _), ok in zip(moves, flags, strict=True) if not ok]
+            if refused:
+                for ref, env in zip(refused, store.read(refused), strict=True):
+                    if env is not None and ref.shard in advance and ref.slot < advance[ref.shard]:
+                        advance[ref.shard] = ref.slot
+                        todo.pop(ref.shard, None)  # stopped at a boundary
+                for shard in [shard for shard, to in advance.items() if to <= starts[shard]]:
+                    del advance[shard]  # nothing passed after all
+            return sum(flags)
+        except StaleEpoch:
+            raise
+        except Exception as exc:
+            for shard in sorted({ref.shard for ref, _, _ in moves}):
+                self._failed(target.queue, kind, out, shard, exc)
+                todo.pop(shard, None)
+                advance.pop(shard, None)  # its pointer must not pass the records still in place
+            return 0
 
     @staticmethod
     def _first_unsettled(store: Storage, magazine: str, shard: int, first: int, last: int) -> int | None:
