@@ -165,6 +165,7 @@ class Consumer:
             for thread, event in rt.workers:
                 event.set()
                 threads.append(thread)
+            rt.queue.main.wake()  # workers waiting for work see their stop at once
         deadline = time.monotonic() + timeout
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -250,8 +251,10 @@ class Consumer:
                 return
             for name in list(self._running):
                 if name not in wanted:
-                    for _, event in self._running.pop(name).workers:
+                    retired = self._running.pop(name)
+                    for _, event in retired.workers:
                         event.set()
+                    retired.queue.main.wake()
             for name, (spec, handler) in wanted.items():
                 rt = self._running.get(name)
                 if rt is None:
@@ -265,8 +268,10 @@ class Consumer:
 
     def _scale(self, rt: _QueueRuntime, target: int) -> None:
         rt.workers = [(t, e) for t, e in rt.workers if t.is_alive() and not e.is_set()]
-        while len(rt.workers) > target:
-            rt.workers.pop()[1].set()
+        if len(rt.workers) > target:
+            while len(rt.workers) > target:
+                rt.workers.pop()[1].set()
+            rt.queue.main.wake()
         while len(rt.workers) < target:
             event = threading.Event()
             thread = threading.Thread(target=self._work, args=(rt, event), daemon=True,
@@ -278,6 +283,8 @@ class Consumer:
     def _work(self, rt: _QueueRuntime, stop: threading.Event) -> None:
         backoff = Backoff()
         while not stop.is_set():
+            main = rt.queue.main
+            seen = main.changes  # before looking for work: a change after it ends the wait below at once
             try:
                 worked = self.run_once(rt.queue, rt.handler, stop)
             except StoreError as exc:
@@ -292,9 +299,11 @@ class Consumer:
                 continue
             backoff.ok()
             if not worked:
-                # A slot claimed before its record landed is re-read soon: wait for that, not a full poll.
-                due = rt.queue.main.next_check_in()
-                stop.wait(self._poll if due is None else min(self._poll, due))
+                # Sleep until the queue gets work (a publish in this process, or one elsewhere that the
+                # watcher or the doorbell reports: ignis.watch), or a slot claimed before its record landed
+                # is due for a re-read, or the poll interval passed (a safety net: a wake-up is a hint).
+                due = main.next_check_in()
+                main.wait_for_work(seen, self._poll if due is None else min(self._poll, due))
         self._hand_out_kept(rt)
 
     def _hand_out_kept(self, rt: _QueueRuntime) -> None:
@@ -339,6 +348,7 @@ class Consumer:
         batch: list[Message] = []
         worked = False
         while True:
+            seen = queue.main.changes
             messages = self._fire(queue, max_size - len(batch))
             if messages:
                 batch.extend(messages)
@@ -353,7 +363,7 @@ class Consumer:
             now = time.monotonic()
             if not batch or now >= linger_deadline or stop.is_set():
                 break
-            stop.wait(min(LINGER_POLL_SECONDS, linger_deadline - now))
+            queue.main.wait_for_work(seen, min(LINGER_POLL_SECONDS, linger_deadline - now))
         if batch:
             self.consume(queue, handler, batch)
             worked = True

@@ -6,7 +6,6 @@ almost no reads.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import random
 import threading
@@ -19,6 +18,7 @@ from threading import get_ident as _thread_id
 from typing import Any
 
 from ignis import names
+from ignis.activity import ShardActivity, activity_for, with_work
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.errors import HoleBudgetExceeded, StoreError
 from ignis.metrics import FIRE_CLAIMS, HOLE_BUDGET_EXHAUSTED, HOLES_SKIPPED, LATE_WRITES
@@ -35,6 +35,7 @@ from ignis.storage.base import (
     SlotRef,
     Storage,
 )
+from ignis.watch import watcher_for
 
 log = logging.getLogger(__name__)
 _random = random.random
@@ -96,10 +97,9 @@ class Magazine:
         self.ttl_seconds = ttl_seconds
         self.hole_budget = hole_budget
         self.refresh_seconds = refresh_seconds
-        self._active: tuple[int, ...] = ()
-        self._load_tokens = itertools.count(1)  # a fresh value per local load, atomic under the GIL
-        self._last_load = 0
-        self._refreshed_at = float("-inf")
+        # Which shards have work, shared with every handle of this magazine in the process (ignis.activity).
+        self._activity: ShardActivity = activity_for(store.url, store.client_id, name)
+        self._doorbell: Any = None  # the store's doorbell (Storage.doorbell), looked up on the first load
         self._lock = threading.Lock()
         # Claimed slots awaiting their record (see Claimed.awaiting) and records that turned up, stamped,
         # not yet handed out. Re-read on later fires of this handle: a worker never blocks on them.
@@ -297,47 +297,61 @@ class Magazine:
         return done
 
     # ---- active shards ----------------------------------------------------------------------------
-    # `_active` is an immutable tuple, replaced only under the lock, so fires and loads read it without
-    # locking. After each commit a load stores a fresh token in `_last_load` and then, unlocked, checks
-    # that its shard is listed (taking the lock only to add it): publishing takes no lock. A consumer
-    # that found a shard drained drops it only if no load stored a token since its claim began, and
-    # checks again after dropping it: a load that stored its token meanwhile may have seen the shard
-    # still listed and skipped adding it, so the drop is undone. A refresh from the store does the
-    # same. Either way a message published by this process never stays hidden from its consumers.
+    # The shards with work live in the process's ShardActivity of this magazine (ignis.activity, where the
+    # race-free marking and dropping is explained): a load through any handle lists its shard and wakes the
+    # consumers waiting on the magazine, whichever handle they hold, and rings the store's doorbell for those
+    # of other processes (lmdb); the watcher (ignis.watch) lists what other processes publish.
     def _mark_active(self, shards: Iterable[int]) -> None:
-        self._last_load = next(self._load_tokens)  # before reading _active: see above
-        active = self._active
-        if any(shard not in active for shard in shards):
-            with self._lock:
-                self._active += tuple(shard for shard in set(shards) if shard not in self._active)
+        shards = tuple(shards)
+        if not shards:
+            return
+        self._activity.mark(shards)
+        self._ring(shards)
 
     def _mark_active_one(self, shard: int) -> None:
-        self._last_load = next(self._load_tokens)  # before reading _active: see above
-        if shard not in self._active:
-            with self._lock:
-                if shard not in self._active:
-                    self._active += (shard,)
+        self._activity.mark_one(shard)
+        self._ring((shard,))
+
+    def _ring(self, shards: Iterable[int]) -> None:
+        doorbell = self._doorbell
+        if doorbell is None:
+            doorbell = self._doorbell = self.store.doorbell() or False
+        if doorbell:
+            doorbell.ring(self.name, shards)
 
     def _suppress(self, shard: int, loads_seen: int) -> None:
-        with self._lock:
-            before = self._active
-            if self._last_load == loads_seen and shard in before:
-                self._active = tuple(s for s in before if s != shard)
-                if self._last_load != loads_seen:  # a load raced the drop: undo it
-                    self._active = before
+        self._activity.suppress(shard, loads_seen)
 
     def _pick_shard(self) -> int | None:
-        if time.monotonic() - self._refreshed_at >= self.refresh_seconds:
+        activity = self._activity
+        if activity.refresh_due(self.refresh_seconds):
             with self._lock:
-                if time.monotonic() - self._refreshed_at >= self.refresh_seconds:
-                    loads_seen, before = self._last_load, self._active
-                    pointers = self.store.pointers(self.name, self.shards)
-                    self._active = tuple(shard for shard, p in pointers.items() if p.load > p.fire)
-                    if self._last_load != loads_seen:  # a load committed after the read: keep what it saw
-                        self._active += tuple(shard for shard in before if shard not in self._active)
-                    self._refreshed_at = time.monotonic()
-        active = self._active
+                if activity.refresh_due(self.refresh_seconds):
+                    seen = activity.before_read()
+                    activity.replace(with_work(self.store.pointers(self.name, self.shards)), seen)
+        active = activity.active
         return active[int(_random() * len(active))] if active else None
+
+    @property
+    def changes(self) -> int:
+        """A token that changes whenever shards get work; read it before looking for work, and pass it to
+        `wait_for_work`."""
+        return self._activity.changes
+
+    def wait_for_work(self, seen: int, timeout: float) -> bool:
+        """Sleep until shards get work after `seen` (`changes` read before the last fire found nothing), a
+        `wake()`, or `timeout` seconds; meanwhile the process's watcher keeps this magazine's activity up to
+        date with what other processes publish. True if woken."""
+        self.watch()
+        return self._activity.wait(seen, timeout)
+
+    def watch(self) -> None:
+        """Have the process's watcher follow this magazine (for the next ignis.watch.KEEP_WATCHING_SECONDS)."""
+        watcher_for(self.store).watch(self.name, self.shards, self._activity)
+
+    def wake(self) -> None:
+        """Wake every consumer waiting on this magazine (one stops)."""
+        self._activity.wake()
 
     # ---- fire ------------------------------------------------------------------------------------
     def _claim_next(self, max_slots: int) -> list[Claimed] | None:
@@ -347,7 +361,7 @@ class Magazine:
             resolved = self._resolve_in_doubt()
             if resolved:
                 return resolved
-        loads_seen = self._last_load
+        loads_seen = self._activity.last_load
         shard = self._pick_shard()
         if shard is None:
             return None
@@ -690,9 +704,8 @@ class Magazine:
         self._reserved.extend(reserved)
 
     def invalidate(self) -> None:
-        """Forget the cached active shards: the next fire re-reads the pointers."""
-        with self._lock:
-            self._refreshed_at = float("-inf")
+        """Forget when the active shards were read: the next fire re-reads the pointers."""
+        self._activity.invalidate()
 
     # ---- inspection --------------------------------------------------------------------------------
     def pointers(self) -> dict[int, ShardPointers]:

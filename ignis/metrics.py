@@ -162,3 +162,8 @@ HANDLER_DURATION = Histogram("ignis_handler_duration_seconds", "Handler call dur
                              ["queue", "outcome"])
 BATCH_SIZE = Histogram("ignis_handler_batch_size", "Messages per handler call on batching queues", ["queue"],
                        buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000, 20000, 200000))
+# First delivery time minus publish time, on the consumer's clock against the producer's (epoch ms; keep
+# hosts in NTP sync). Only attempts == 1: a redelivery's wait says how long a failure took to come back.
+DELIVERY_LATENCY = Histogram("ignis_delivery_latency_seconds", "Time from publish to first delivery", ["queue"],
+                             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                                      10, 30, 60, 300, 900, 1800, 3600))

@@ -8,6 +8,7 @@ re-homes it later), so a failure duplicates but never loses.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from ignis.metrics import (
     ACKED,
     DEAD_LETTERED,
     DELIVERED,
+    DELIVERY_LATENCY,
     IGNORED,
     PUBLISHED,
     REDELIVERED,
@@ -172,6 +174,7 @@ class Queue:
         self._delivered = DELIVERED.labels(spec.name)
         self._redelivered = REDELIVERED.labels(spec.name)
         self._acked = ACKED.labels(spec.name)
+        self._latency = DELIVERY_LATENCY.labels(spec.name)
 
     def adopt(self, previous: Queue) -> None:
         """Take over the claimed-not-handed-out slots of an earlier handle of this queue (see
@@ -301,8 +304,25 @@ class Queue:
         return refs
 
     # ---- pull consume ----------------------------------------------------------------------------
-    def fire(self) -> Message | None:
-        """Claim the next message, or None when the queue has nothing to deliver."""
+    # A fire that finds nothing has the process's watcher follow the queue (ignis.watch), so the next one sees
+    # what other processes publish within milliseconds; with a `timeout`, it waits that long for a message,
+    # woken at once by a publish here or elsewhere.
+    def fire(self, timeout: float | None = None) -> Message | None:
+        """Claim the next message, or None when the queue has nothing to deliver (within `timeout` seconds,
+        when given)."""
+        deadline = None if not timeout else time.monotonic() + timeout
+        while True:
+            seen = self.main.changes
+            message = self._fire_one()
+            if message is not None:
+                return message
+            remaining = 0.0 if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                self.main.watch()
+                return None
+            self.main.wait_for_work(seen, remaining)
+
+    def _fire_one(self) -> Message | None:
         claimed = self.main.fire_one()
         while claimed is not None and claimed.envelope.codec == CODEC_UNREADABLE:  # type: ignore[union-attr]
             self._divert([claimed])
@@ -310,12 +330,29 @@ class Queue:
         if claimed is None:
             return None
         self._delivered.tick()
-        if claimed.envelope.attempts > 1:  # type: ignore[union-attr]
+        envelope = claimed.envelope
+        if envelope.attempts > 1:  # type: ignore[union-attr]
             self._redelivered.tick()
-        return Message(self, claimed.ref, claimed.envelope)  # type: ignore[arg-type]
+        else:
+            self._latency.observe(max(time.time() - envelope.loaded_at / 1000, 0.0))  # type: ignore[union-attr]
+        return Message(self, claimed.ref, envelope)  # type: ignore[arg-type]
 
-    def fire_many(self, max_messages: int) -> list[Message]:
-        """Claim up to `max_messages` messages in as few storage calls as the shards allow."""
+    def fire_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
+        """Claim up to `max_messages` messages in as few storage calls as the shards allow ([] when there are
+        none; within `timeout` seconds, when given, for at least one)."""
+        deadline = None if not timeout else time.monotonic() + timeout
+        while True:
+            seen = self.main.changes
+            messages = self._fire_many(max_messages)
+            if messages:
+                return messages
+            remaining = 0.0 if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                self.main.watch()
+                return []
+            self.main.wait_for_work(seen, remaining)
+
+    def _fire_many(self, max_messages: int) -> list[Message]:
         for _ in range(DIVERT_ROUNDS):
             claimed = self.main.fire(max_messages)
             messages = self._delivering(claimed)
@@ -334,7 +371,14 @@ class Queue:
             claimed = [c for c in claimed if c.envelope.codec != CODEC_UNREADABLE]  # type: ignore[union-attr]
         if claimed:
             self._delivered.inc(len(claimed))
-            again = sum(1 for c in claimed if c.envelope.attempts > 1)  # type: ignore[union-attr]
+            now = time.time()
+            again = 0
+            for c in claimed:
+                envelope = c.envelope
+                if envelope.attempts > 1:  # type: ignore[union-attr]
+                    again += 1
+                else:
+                    self._latency.observe(max(now - envelope.loaded_at / 1000, 0.0))  # type: ignore[union-attr]
             if again:
                 self._redelivered.inc(again)
         return [Message(self, c.ref, c.envelope) for c in claimed]  # type: ignore[arg-type]

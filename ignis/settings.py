@@ -21,8 +21,10 @@ class IgnisSettings(BaseSettings):
     max_payload_bytes: int = Field(1 << 20, ge=1, description="largest payload publish accepts")
     hole_budget: int = Field(512, ge=1, description="holes one fire call may skip before giving up")
     active_shard_refresh_seconds: float = Field(
-        1.0, gt=0, description="how often an idle consumer re-reads shard pointers to find new work")
-    poll_interval_seconds: float = Field(0.2, gt=0, description="consumer sleep when a queue is empty")
+        1.0, gt=0, description="how often a fire re-reads shard pointers that nothing else kept fresh")
+    poll_interval_seconds: float = Field(
+        5.0, gt=0, description="longest an idle consumer sleeps before it looks for work on its own (a publish "
+        "wakes it at once: in this process directly, from another through the doorbell or the watcher)")
     queue_refresh_seconds: float = Field(5.0, gt=0, description="how often consumers re-read queue config")
 
 

@@ -341,6 +341,15 @@ class AerospikeStore:
                 view = self._shared.views.setdefault(client_id, view)
         return view
 
+    def doorbell(self) -> None:
+        """None: consumers in other processes poll the shard pointers (ignis.watch), there being no channel
+        between clients but the records themselves."""
+        return None
+
+    @property
+    def closed(self) -> bool:
+        return self._shared.closed
+
     def close(self) -> None:
         shared = self._shared
         if not self._owner:

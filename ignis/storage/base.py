@@ -13,7 +13,7 @@ Nothing above this interface knows which backend it runs on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -227,6 +227,20 @@ class LeaseRecord:
 RESERVATION_FRESH_MS = 250
 
 
+class Doorbell(Protocol):
+    """A store's way to wake the consumer processes of a magazine on a publish (see ignis.watch). Rings are
+    hints: a lost one delays a message until the watcher next reads the pointers, never strands it."""
+
+    def ring(self, magazine: str, shards: Iterable[int]) -> None:
+        """After a commit: these shards of `magazine` got messages (best effort, never blocks)."""
+        ...
+
+    def subscribe(self, magazines: Collection[str]) -> None:
+        """This process listens for rings of these magazines (replacing its earlier set); a ring marks the
+        shards active in the process's ShardActivity (ignis.activity) and so wakes its waiting consumers."""
+        ...
+
+
 @runtime_checkable
 class Storage(Protocol):
     """A backend. All methods are thread-safe; errors are `ignis.errors` types."""
@@ -422,6 +436,16 @@ class Storage(Protocol):
 
     def purge_magazine(self, magazine: str) -> int:
         """Remove every data and meta record of a magazine. Returns data records removed."""
+        ...
+
+    def doorbell(self) -> Doorbell | None:
+        """How publishers wake consumers in other processes, or None where consumers poll the pointers
+        instead (ignis.watch)."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """True once close() was called on this handle."""
         ...
 
     def close(self) -> None: ...

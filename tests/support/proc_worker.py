@@ -18,6 +18,15 @@ def main() -> None:
                 ref = queue.publish(f"{sys.argv[5]}-{i}")
                 out.write(f"published {ref.id}\n")
                 out.flush()
+        elif action == "publish-every":  # one message every argv[5] seconds, on a schedule
+            import time
+
+            start = time.monotonic()
+            for i in range(count):
+                time.sleep(max(0.0, start + i * float(sys.argv[5]) - time.monotonic()))
+                ref = queue.publish(f"paced-{i}")
+                out.write(f"published {ref.id}\n")
+                out.flush()
         elif action == "claim":  # fire without acking: which slots did this process get?
             out.write("ready\n")
             out.flush()

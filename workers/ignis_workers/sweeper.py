@@ -320,7 +320,7 @@ class Sweeper:
                             if stamped_at is None:
                                 stamped_at = ref.slot
                         continue  # (deleted between peek and stamp: acked, pass)
-                    if kind == "main" and not env.attempts:
+                    if kind == "main" and not env.attempts and env.codec != CODEC_UNREADABLE:
                         # Stamped by a sweep and never claimed since (a claim counts an attempt): the store
                         # lost this slot's claim (a rollback put the record back, behind a fire pointer that
                         # moved past it). Once no claim's stamp can still be on its way, back to main's tail.

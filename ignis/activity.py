@@ -1,0 +1,160 @@
+"""Which shards of a magazine have work, shared by every handle of that magazine in this process, and the
+wake-up of consumers waiting for work (DESIGN §4: a consumer learns of a message within milliseconds).
+
+One `ShardActivity` per (store, clientId, magazine) per process (`activity_for`): a publish through any
+handle marks its shard active and wakes the consumers waiting on the magazine at once, whichever `Queue`
+object they hold; the watcher (ignis.watch) does the same for messages published by other processes. A
+claim that finds a shard drained drops it, unless a load marked it since the claim began.
+
+The active set is an immutable tuple, replaced only under the lock, so fires and loads read it without
+locking. Two tokens, each a fresh number from a counter (`next()` is atomic under the GIL, so a new value
+never equals one read before):
+
+* `last_load`: stored by a load *before* it checks that its shard is listed. A claimer that found a shard
+  drained drops it only if no load stored a token since its claim began, and checks again after dropping
+  it (a load that stored its token meanwhile may have seen the shard still listed and skipped adding it):
+  a message published in this process never stays hidden from its consumers.
+* `changes`: stored *after* the active set was updated, then waiters are notified. A waiter reads it before
+  it looks for work and sleeps only while it is unchanged (checked under the lock): a mark that lands after
+  the look either changed it before the check or finds the waiter registered and notifies it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+_tokens = itertools.count(1)
+
+
+class ShardActivity:
+    """The shards of one magazine known to have work in this process, and its waiting consumers."""
+
+    __slots__ = ("_cond", "_waiting", "active", "changes", "last_load", "refreshed_at")
+
+    def __init__(self) -> None:
+        self.active: tuple[int, ...] = ()
+        self.last_load = 0
+        self.changes = 0
+        self.refreshed_at = float("-inf")  # when the active set was last read from the store (monotonic)
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting = 0
+
+    # ---- marks --------------------------------------------------------------------------------------
+    def mark(self, shards: Iterable[int]) -> None:
+        """Shards that got work (a load committed, a watcher saw it): listed, and waiters woken."""
+        self.last_load = next(_tokens)  # before reading the active set: see the module docstring
+        shards = tuple(shards)
+        if any(shard not in self.active for shard in shards):
+            with self._cond:
+                self.active += tuple(shard for shard in set(shards) if shard not in self.active)
+        self._changed()
+
+    def mark_one(self, shard: int) -> None:
+        self.last_load = next(_tokens)
+        if shard not in self.active:
+            with self._cond:
+                if shard not in self.active:
+                    self.active += (shard,)
+        self._changed()
+
+    def _changed(self) -> None:
+        self.changes = next(_tokens)  # after the active set: see the module docstring
+        if self._waiting:
+            with self._cond:
+                self._cond.notify_all()
+
+    def suppress(self, shard: int, loads_seen: int) -> None:
+        """A claim found `shard` drained: drop it, unless a load marked it since the claim began."""
+        with self._cond:
+            before = self.active
+            if self.last_load == loads_seen and shard in before:
+                self.active = tuple(s for s in before if s != shard)
+                if self.last_load != loads_seen:  # a load raced the drop: undo it
+                    self.active = before
+
+    def before_read(self) -> tuple[int, tuple[int, ...]]:
+        """What `replace` needs to know of the moment before the store's pointers were read."""
+        return self.last_load, self.active
+
+    def replace(self, with_work: Iterable[int], seen: tuple[int, tuple[int, ...]]) -> bool:
+        """The active set as read from the store (shards whose load pointer is past the fire pointer), keeping
+        what loads of this process marked after the read began (`seen`: before_read() from before it). True
+        if a shard was added."""
+        loads_seen, before = seen
+        with self._cond:
+            self.active = tuple(with_work)
+            if self.last_load != loads_seen:  # a load committed after the read: keep what it saw
+                self.active += tuple(shard for shard in before if shard not in self.active)
+            self.refreshed_at = time.monotonic()
+            added = any(shard not in before for shard in self.active)
+        if added:
+            self._changed()
+        return added
+
+    def refresh_due(self, every: float) -> bool:
+        return time.monotonic() - self.refreshed_at >= every
+
+    def invalidate(self) -> None:
+        """Forget when the store was last read: the next fire reads the pointers again."""
+        self.refreshed_at = float("-inf")
+
+    # ---- waiting -------------------------------------------------------------------------------------
+    def wait(self, seen: int, timeout: float) -> bool:
+        """Sleep until a change after `seen` (a value of `changes` read before looking for work), a `wake()`,
+        or `timeout` seconds. True if something changed or woke it."""
+        with self._cond:
+            if self.changes != seen:
+                return True
+            self._waiting += 1
+            try:
+                return self._cond.wait(timeout)
+            finally:
+                self._waiting -= 1
+
+    def wake(self) -> None:
+        """Wake every waiter (a consumer stopping)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+
+_registry: dict[tuple[str, str, str], ShardActivity] = {}
+_registry_lock = threading.Lock()
+
+
+def activity_for(location: str, client_id: str, magazine: str) -> ShardActivity:
+    """The process's one ShardActivity of a magazine of the store at `location` (its URL without credentials)."""
+    key = (location, client_id, magazine)
+    found = _registry.get(key)
+    if found is None:
+        with _registry_lock:
+            found = _registry.setdefault(key, ShardActivity())
+    return found
+
+
+def with_work(pointers: Mapping[int, Any]) -> list[int]:
+    """The shards whose load pointer is past the fire pointer (ShardPointers per shard)."""
+    return [shard for shard, p in pointers.items() if p.load > p.fire]
+
+
+def fire_with_wait(attempt: Callable[[], Any], activity: ShardActivity, timeout: float,
+                   before_wait: Callable[[], None] | None = None) -> Any:
+    """attempt() until it returns something truthy or `timeout` seconds passed, sleeping on `activity` between
+    attempts (so a mark wakes it at once). `before_wait` runs before each sleep (the watcher's keep-alive)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = activity.changes
+        got = attempt()
+        remaining = deadline - time.monotonic()
+        if got or remaining <= 0:
+            return got
+        if before_wait is not None:
+            before_wait()
+        activity.wait(seen, remaining)
