@@ -218,6 +218,14 @@ def overview() -> dict[str, Any]:
              f"sum(rate(ignis_handler_batch_size_count{{{one}}}{rates}))", "mean"),
             (f"histogram_quantile(0.95, sum by (le) (rate(ignis_handler_batch_size_bucket{{{one}}}{rates})))",
              "p95")], w=8, description="Messages per handler call on batching queues."),
+        timeseries(lay, "Delivery latency (publish to first delivery)", [
+            (f"histogram_quantile(0.5, sum by (le) (rate(ignis_delivery_latency_seconds_bucket{{{one}}}{rates})))",
+             "p50"),
+            (f"histogram_quantile(0.99, sum by (le) (rate(ignis_delivery_latency_seconds_bucket{{{one}}}{rates})))",
+             "p99")], unit="s", w=8,
+            description="From the publish to the message's first delivery to a consumer (redeliveries not "
+                        "counted), measured by the consumers: a backlog, slow consumers or a consumer that does "
+                        "not hear of new messages all show here."),
         timeseries(lay, "Oldest in flight vs sweepDuration", [
             (f"max(ignis_queue_oldest_in_flight_seconds{{{NS}, {one}}})", "oldest in flight"),
             (f"max(ignis_queue_sweep_duration_seconds{{{NS}, {one}}})", "sweepDuration")], unit="s", w=8),
