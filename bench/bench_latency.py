@@ -6,9 +6,12 @@
     .venv/bin/python bench/bench_latency.py --amqp amqp://guest:guest@127.0.0.1:5672/%2F   # ... and RabbitMQ
     .venv/bin/python bench/bench_latency.py --idle-queues 1000                # the idle cost only
 
-Method (OpenMessaging Benchmark): one producer publishes 1 KiB messages at a fixed rate on an intended
+Method (OpenMessaging Benchmark): a producer process publishes 1 KiB messages at a fixed rate on an intended
 schedule (message i is due at t0 + i/rate; a stall shows as publish delay, so it is not hidden: no
-coordinated omission), after a warm-up whose messages are not counted. Each payload carries the wall-clock
+coordinated omission), after a warm-up whose messages are not counted. Each publish is synchronous (it
+returns once stored, or confirmed by the broker), so the fixed-rate runs publish from --producers threads
+(4), each on its share of the schedule, as OpenMessaging's producers keep several sends in flight; "max"
+is one synchronous publisher back to back. Each payload carries the wall-clock
 time its publish began; a consumer process (never the producer's) records handler entry time minus that
 time: the end-to-end latency. Publish latency (the call's duration), publish delay (how late the call began
 against its schedule) and end-to-end latency go into HDR histograms (`hdrhistogram`) and are reported as
@@ -228,34 +231,61 @@ class ConsumerProcess:
         return rows
 
 
-def drive(trial: Trial, publish: Any, rate: float | None, warmup: float, seconds: float) -> None:
-    """Publish on the intended schedule (or back to back when rate is None); histograms after the warm-up."""
+def drive(trial: Trial, publish: Any, rate: float | None, warmup: float, seconds: float, producers: int = 1) -> None:
+    """Publish on the intended schedule (or back to back when rate is None) from `producers` threads, message
+    `seq` due at start + seq / rate (thread k publishes seq = k, k + producers, ...); histograms after the
+    warm-up. `publish` is called with (thread index, payload)."""
     start = time.monotonic()
     end = start + warmup + seconds
     interval = 1 / rate if rate else 0.0
-    seq = 0
-    measured_from: float | None = None
-    first_measured = None
-    while True:
-        intended = start + seq * interval if rate else time.monotonic()
-        if intended >= end:
-            break
-        now = time.monotonic()
-        if intended > now:
-            time.sleep(intended - now)
-        began = time.monotonic()
-        publish(payload(seq))
-        done = time.monotonic()
-        if began - start >= warmup:
-            if first_measured is None:
-                first_measured, measured_from = seq, began
-            trial.publish.record_value(max(1, int((done - began) * 1e6)))
-            trial.delay.record_value(max(1, int((began - intended) * 1e6)))
-        seq += 1
-    trial.published = seq
-    trial.measured = seq - (first_measured if first_measured is not None else seq)
-    trial.achieved_rate = trial.measured / (time.monotonic() - measured_from) if measured_from else 0.0
-    trial.first_measured = first_measured if first_measured is not None else seq  # type: ignore[attr-defined]
+    lock = threading.Lock()
+    counter = iter(range(1 << 62))  # back to back: the next seq for whichever thread is free
+    first_measured: list[int] = []
+    measured_from: list[float] = []
+    published: list[int] = []
+
+    def run(k: int) -> None:
+        publish_h, delay_h = histogram(), histogram()
+        seq = k
+        count = 0
+        while True:
+            if not rate:
+                seq = next(counter)
+            intended = start + seq * interval if rate else time.monotonic()
+            if intended >= end:
+                break
+            now = time.monotonic()
+            if intended > now:
+                time.sleep(intended - now)
+            began = time.monotonic()
+            publish(k, payload(seq))
+            done = time.monotonic()
+            count += 1
+            if began - start >= warmup:
+                if not first_measured or seq < first_measured[0]:
+                    with lock:
+                        if not first_measured or seq < first_measured[0]:
+                            first_measured[:] = [seq]
+                            measured_from[:] = [began]
+                publish_h.record_value(max(1, int((done - began) * 1e6)))
+                delay_h.record_value(max(1, int((began - intended) * 1e6)))
+            if rate:
+                seq += producers
+        with lock:
+            trial.publish.add(publish_h)
+            trial.delay.add(delay_h)
+            published.append(count)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    trial.published = sum(published)
+    first = first_measured[0] if first_measured else trial.published
+    trial.measured = trial.published - first
+    trial.achieved_rate = trial.measured / (time.monotonic() - measured_from[0]) if measured_from else 0.0
+    trial.first_measured = first  # type: ignore[attr-defined]
 
 
 def account(trial: Trial, rows: array.array) -> None:
@@ -290,7 +320,7 @@ def ignis_trial(url: str, rate: float | None, label: str, args: argparse.Namespa
         consumer = ConsumerProcess(["_ignis-consumer", url, name])
         trial = Trial(system_name(url), label)
         try:
-            drive(trial, queue.publish, rate, args.warmup, args.seconds)
+            drive(trial, lambda _k, body: queue.publish(body), rate, args.warmup, args.seconds, producers(rate, args))
             rows = consumer.finish(trial.published, timeout=120)
         finally:
             if consumer.proc.poll() is None:
@@ -304,27 +334,36 @@ def amqp_trial(url: str, rate: float | None, label: str, args: argparse.Namespac
     import pika
 
     name = f"lat{uuid.uuid4().hex[:6]}"
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    channel = connection.channel()
-    channel.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
-    channel.confirm_delivery()  # each basic_publish returns once the broker confirmed it
+    threads = producers(rate, args)
+    connections = [pika.BlockingConnection(pika.URLParameters(url)) for _ in range(threads)]
+    channels = [c.channel() for c in connections]  # a BlockingConnection is one thread's
+    channels[0].queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+    for channel in channels:
+        channel.confirm_delivery()  # each basic_publish returns once the broker confirmed it
     properties = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent)
 
-    def publish(body: bytes) -> None:
-        channel.basic_publish("", name, body, properties, mandatory=True)
+    def publish(k: int, body: bytes) -> None:
+        channels[k].basic_publish("", name, body, properties, mandatory=True)
 
     consumer = ConsumerProcess(["_amqp-consumer", url, name, str(args.consumers)])
     trial = Trial("rabbitmq", label)
     try:
-        drive(trial, publish, rate, args.warmup, args.seconds)
+        drive(trial, publish, rate, args.warmup, args.seconds, threads)
         rows = consumer.finish(trial.published, timeout=120)
     finally:
         if consumer.proc.poll() is None:
             consumer.proc.kill()
     account(trial, rows)
-    channel.queue_delete(name)
-    connection.close()
+    channels[0].queue_delete(name)
+    for connection in connections:
+        connection.close()
     return trial
+
+
+def producers(rate: float | None, args: argparse.Namespace) -> int:
+    """Producer threads: one for the back-to-back run ("as fast as one synchronous publisher goes"), else
+    --producers (each publishes rate / producers on its share of the schedule)."""
+    return 1 if rate is None else args.producers
 
 
 def system_name(url: str) -> str:
@@ -427,6 +466,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds per run (not counted)")
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--consumers", type=int, default=4, help="consumer workers (in another process)")
+    parser.add_argument("--producers", type=int, default=4,
+                        help="producer threads of the fixed-rate runs (each waits for its publish to be confirmed)")
     parser.add_argument("--server", help="Aerospike host:port/namespace (also measured)")
     parser.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/%2F",
                         help="RabbitMQ URL, measured when a broker answers there")

@@ -33,13 +33,14 @@ _tokens = itertools.count(1)
 class ShardActivity:
     """The shards of one magazine known to have work in this process, and its waiting consumers."""
 
-    __slots__ = ("_cond", "_waiting", "active", "changes", "last_load", "refreshed_at")
+    __slots__ = ("_cond", "_waiting", "active", "changes", "fresh_until", "last_load", "refreshed_at")
 
     def __init__(self) -> None:
         self.active: tuple[int, ...] = ()
         self.last_load = 0
         self.changes = 0
         self.refreshed_at = float("-inf")  # when the active set was last read from the store (monotonic)
+        self.fresh_until = float("-inf")  # the watcher vouches for the active set until then (monotonic)
         self._cond = threading.Condition(threading.Lock())
         self._waiting = 0
 
@@ -51,7 +52,7 @@ class ShardActivity:
         if any(shard not in self.active for shard in shards):
             with self._cond:
                 self.active += tuple(shard for shard in set(shards) if shard not in self.active)
-        self._changed()
+        self._changed(len(shards))
 
     def mark_one(self, shard: int) -> None:
         self.last_load = next(_tokens)
@@ -59,13 +60,15 @@ class ShardActivity:
             with self._cond:
                 if shard not in self.active:
                     self.active += (shard,)
-        self._changed()
+        self._changed(1)
 
-    def _changed(self) -> None:
+    def _changed(self, wake: int) -> None:
+        """After the active set changed: wake `wake` waiters (one per shard marked: each can claim there; a
+        consumer that claims more than one message keeps the rest for the others, who fire again when done)."""
         self.changes = next(_tokens)  # after the active set: see the module docstring
         if self._waiting:
             with self._cond:
-                self._cond.notify_all()
+                self._cond.notify(wake)
 
     def suppress(self, shard: int, loads_seen: int) -> None:
         """A claim found `shard` drained: drop it, unless a load marked it since the claim began."""
@@ -90,13 +93,15 @@ class ShardActivity:
             if self.last_load != loads_seen:  # a load committed after the read: keep what it saw
                 self.active += tuple(shard for shard in before if shard not in self.active)
             self.refreshed_at = time.monotonic()
-            added = any(shard not in before for shard in self.active)
+            added = [shard for shard in self.active if shard not in before]
         if added:
-            self._changed()
-        return added
+            self._changed(len(added))
+        return bool(added)
 
     def refresh_due(self, every: float) -> bool:
-        return time.monotonic() - self.refreshed_at >= every
+        """Whether a fire should read the pointers itself: not while the watcher keeps them fresh."""
+        now = time.monotonic()
+        return now - self.refreshed_at >= every and now >= self.fresh_until
 
     def invalidate(self) -> None:
         """Forget when the store was last read: the next fire reads the pointers again."""

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ignis.acks import AckBatcher
 from ignis.client import Ignis
 from ignis.errors import HoleBudgetExceeded, IgnisError, StoreError
 from ignis.logs import one_line
@@ -31,6 +32,7 @@ from ignis.outage import Backoff
 from ignis.queue import EXCEPTION, REJECTED, SATURATED, TIMEOUT, UNREADABLE, Message, Queue
 from ignis.signals import set_on_signals
 from ignis.spec import QueueSpec
+from ignis.storage.base import RUNTIME_BINS, QueueRecord
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,8 @@ class Consumer:
         self._busy = 0
         self._warned: set[str] = set()
         self.outcomes: Counter[str] = Counter()  # acked / sidelined / ignored / dead-lettered, this process
+        self._acks = AckBatcher(self._acked)  # handled messages are acked in batches (ignis.acks)
+        self._specs: dict[str, tuple[dict[str, Any], QueueSpec]] = {}  # queue -> (config bins, spec)
 
     # ---- registration ------------------------------------------------------------------------------
     def register(self, handler_type: str, fn: SingleHandler | None = None, *, batch: BatchHandler | None = None,
@@ -172,6 +176,7 @@ class Consumer:
         if self._supervisor is not None:
             self._supervisor.join(max(0.0, deadline - time.monotonic()))
             self._supervisor = None
+        self._acks.close(max(0.0, deadline - time.monotonic()))
         self._pool.shutdown()
         self._pool = HandlerPool(self._max_handler_threads)  # a stopped consumer can be started again
         return not any(t.is_alive() for t in threads)
@@ -198,8 +203,8 @@ class Consumer:
                 with self._lock:
                     runtimes = list(self._running.values())
                     busy = self._busy
-                idle = busy == 0 and all(rt.queue.main.pending() == 0 and rt.queue.main.awaiting() == 0
-                                         for rt in runtimes)
+                idle = busy == 0 and self._acks.pending == 0 and all(
+                    rt.queue.main.pending() == 0 and rt.queue.main.awaiting() == 0 for rt in runtimes)
                 if idle:
                     quiet_since = quiet_since or time.monotonic()
                     if time.monotonic() - quiet_since >= settle:
@@ -243,7 +248,7 @@ class Consumer:
                                 record.name, handler_type)
                 continue
             try:
-                wanted[record.name] = (QueueSpec.from_bins(record.name, record.bins, self.ignis.client_id), handler)
+                wanted[record.name] = (self._spec_of(record), handler)
             except IgnisError as exc:
                 log.error("queue %s has an invalid stored config, not consuming it: %s", record.name, exc)
         with self._lock:
@@ -259,12 +264,24 @@ class Consumer:
                 rt = self._running.get(name)
                 if rt is None:
                     rt = self._running[name] = _QueueRuntime(self.ignis.queue_for(spec), handler)
-                elif rt.queue.spec != spec or rt.handler is not handler:
+                elif (rt.queue.spec is not spec and rt.queue.spec != spec) or rt.handler is not handler:
                     queue = self.ignis.queue_for(spec)
                     queue.adopt(rt.queue)  # its claimed, not yet handed out messages go on with it
                     rt.queue = queue
                     rt.handler = handler
                 self._scale(rt, spec.concurrency)
+
+    def _spec_of(self, record: QueueRecord) -> QueueSpec:
+        """The queue's spec from its record, validated again only when its config bins changed (a refresh
+        reads every queue's record; validating a thousand specs every few seconds is most of an idle
+        consumer's work)."""
+        config = {k: v for k, v in record.bins.items() if k not in RUNTIME_BINS}
+        cached = self._specs.get(record.name)
+        if cached is not None and cached[0] == config:
+            return cached[1]
+        spec = QueueSpec.from_bins(record.name, record.bins, self.ignis.client_id)
+        self._specs[record.name] = (config, spec)
+        return spec
 
     def _scale(self, rt: _QueueRuntime, target: int) -> None:
         rt.workers = [(t, e) for t, e in rt.workers if t.is_alive() and not e.is_set()]
@@ -286,7 +303,7 @@ class Consumer:
             main = rt.queue.main
             seen = main.changes  # before looking for work: a change after it ends the wait below at once
             try:
-                worked = self.run_once(rt.queue, rt.handler, stop)
+                worked = self._run_once(rt.queue, rt.handler, stop)
             except StoreError as exc:
                 # The store failed (said once per outage, ignis.outage): wait, longer and longer, never in a
                 # tight loop, whatever this handle still awaits.
@@ -323,7 +340,13 @@ class Consumer:
             self.consume(rt.queue, rt.handler, messages)
 
     def run_once(self, queue: Queue, handler: Handler, stop: threading.Event | None = None) -> bool:
-        """One consumer run (IgnisMQ §1.6). Returns True if any message was handled."""
+        """One consumer run (IgnisMQ §1.6), its acks sent before it returns. True if any message was handled."""
+        worked = self._run_once(queue, handler, stop)
+        self._acks.flush()
+        return worked
+
+    def _run_once(self, queue: Queue, handler: Handler, stop: threading.Event | None = None) -> bool:
+        """run_once for the workers: their acks go with the next batch (ignis.acks)."""
         stop = stop or self._stop
         batching = queue.spec.batching
         start = time.monotonic()
@@ -428,24 +451,17 @@ class Consumer:
                 self._settle(queue, messages, REJECTED)
             else:
                 self._ack(queue, messages)
-                self._count("acked", len(messages))
         finally:
             HANDLER_DURATION.labels(queue.name, outcome).observe(time.perf_counter() - started)
 
     def _ack(self, queue: Queue, messages: list[Message]) -> None:
-        """Ack handled messages, again and again (backing off) while the store does not answer: an ack is
-        idempotent, and a handled message left unacked would be delivered again after sweepDuration. Gives up
-        only when the consumer stops (then the sweeper redelivers them: at least once)."""
-        backoff = Backoff()
-        while True:
-            try:
-                queue.ack(messages)
-            except StoreError as exc:
-                if self._stop.wait(backoff.failed(f"ack {queue.name}", exc)):
-                    raise
-                continue
-            backoff.ok()
-            return
+        """Ack handled messages: with the others of the same few milliseconds, again and again (backing off)
+        while the store does not answer, until the consumer stops (ignis.acks)."""
+        self._acks.add(messages)
+
+    def _acked(self, queue: Queue, messages: list[Message]) -> None:
+        """The store accepted the acks of these messages."""
+        self._count("acked", len(messages))
 
     def _settle_failure(self, queue: Queue, handler: Handler, messages: list[Message], reason: str,
                         exc: BaseException) -> None:

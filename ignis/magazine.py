@@ -313,11 +313,16 @@ class Magazine:
         self._ring((shard,))
 
     def _ring(self, shards: Iterable[int]) -> None:
+        """Tell consumers in other processes (only main has consumers): the store's doorbell, or its beacon."""
+        if not self._count_attempt:
+            return
         doorbell = self._doorbell
         if doorbell is None:
             doorbell = self._doorbell = self.store.doorbell() or False
         if doorbell:
             doorbell.ring(self.name, shards)
+        else:
+            self.store.beacon(self.name)
 
     def _suppress(self, shard: int, loads_seen: int) -> None:
         self._activity.suppress(shard, loads_seen)

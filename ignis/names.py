@@ -78,6 +78,11 @@ def meta_key(magazine: str, shard: int) -> str:
     return f"{magazine}_SHARD_{shard}_METADATA"
 
 
+def beacon_key(magazine: str) -> str:
+    """The magazine's beacon record in the meta set (a counter publishers bump now and then: ignis.watch)."""
+    return f"{magazine}_BEACON"
+
+
 def magazine_prefix(magazine: str) -> str:
     """Prefix shared by every data and meta key of one magazine (queue names contain no '_')."""
     return f"{magazine}_SHARD_"

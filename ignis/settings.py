@@ -23,7 +23,7 @@ class IgnisSettings(BaseSettings):
     active_shard_refresh_seconds: float = Field(
         1.0, gt=0, description="how often a fire re-reads shard pointers that nothing else kept fresh")
     poll_interval_seconds: float = Field(
-        5.0, gt=0, description="longest an idle consumer sleeps before it looks for work on its own (a publish "
+        10.0, gt=0, description="longest an idle consumer sleeps before it looks for work on its own (a publish "
         "wakes it at once: in this process directly, from another through the doorbell or the watcher)")
     queue_refresh_seconds: float = Field(5.0, gt=0, description="how often consumers re-read queue config")
 

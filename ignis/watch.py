@@ -4,20 +4,23 @@ within milliseconds, not on a periodic refresh (DESIGN §4).
 
 One `Watcher` thread per store handle, started by the first wait on a magazine of it, following only the
 magazines consumers of this process look for work in (one nobody looked in for KEEP_WATCHING_SECONDS is
-dropped). Two means:
+dropped). Two means, by what the store offers:
 
-* the store's doorbell where it has one (`Storage.doorbell`; lmdb): a publisher rings the listening
-  processes after its commit, and the ring itself marks the shards active. The watcher subscribes, and
-  reads the pointers only as a safety net, every DOORBELL_POLL_SECONDS;
-* otherwise (Aerospike) it polls the shard pointers, one batch read per magazine, at an adaptive interval:
-  FAST_POLL_SECONDS (never below 1 ms) once the load pointers moved, growing by POLL_GROWTH with each poll
-  that found them where they were, up to SLOW_POLL_SECONDS: at most one store call a second per idle queue.
-  A magazine no consumer looked in lately (its consumers are busy with messages, and claim on their own) is
-  polled at the slow interval only.
+* a doorbell (`Storage.doorbell`; lmdb): a publisher rings the listening processes after its commit, and
+  the ring itself marks the shards active. The watcher subscribes, and reads the pointers only as a safety
+  net, every SAFETY_POLL_SECONDS;
+* otherwise (Aerospike) it polls. While messages flow, a magazine's shard pointers (one batch read,
+  `Storage.watch_pointers`) every FAST_POLL_SECONDS (never below 1 ms), the interval growing by POLL_GROWTH
+  with each poll that found them where they were. Once they stood still for IDLE_AFTER_SECONDS the queue is
+  idle: then only its beacon is read, one record per queue, every IDLE_POLL_SECONDS, for all idle queues in
+  one call (`Storage.read_beacons`; publishers bump it at most once a second, `Storage.beacon`); a bumped
+  beacon makes it flow again. An idle queue costs at most two store calls a second, shared by all of them,
+  and its pointers are read only every IDLE_SAFETY_POLL_SECONDS (in case a bump failed).
 
-Only consumers (fires on a main magazine) are watched: the sweeper, the shovel and the operator's figures
-read pointers as before and pay nothing for this. A failing store is backed off and said once
-(ignis.outage), like every other loop that talks to it.
+A magazine no consumer looked in lately (they are all busy with messages, and claim on their own) is only
+read every SAFETY_POLL_SECONDS. Only consumers (fires on a main magazine) are watched: the sweeper, the
+shovel and the operator's figures read pointers as before and pay nothing for this. A failing store is
+backed off and said once (ignis.outage), like every other loop that talks to it.
 """
 
 from __future__ import annotations
@@ -28,19 +31,21 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from ignis.activity import ShardActivity, with_work
+from ignis.activity import ShardActivity
 from ignis.errors import StoreError
 from ignis.outage import Backoff
-from ignis.storage.base import Doorbell, Storage
+from ignis.storage.base import BEACON_SECONDS, Doorbell, Storage
 
 log = logging.getLogger(__name__)
 
 FAST_POLL_SECONDS = 0.001
-SLOW_POLL_SECONDS = 1.0
-POLL_GROWTH = 1.25
-DOORBELL_POLL_SECONDS = 5.0
+POLL_GROWTH = 1.1
+IDLE_AFTER_SECONDS = BEACON_SECONDS + 0.5  # a publish within BEACON_SECONDS of a bump bumps nothing
+IDLE_POLL_SECONDS = 0.75
+SAFETY_POLL_SECONDS = 30.0
+IDLE_SAFETY_POLL_SECONDS = 60.0  # an idle queue's pointers, besides its beacon (a bump may have failed)
 SUBSCRIBED_POLL_SECONDS = 0.1  # one more read this soon after subscribing: a publisher sees the listing late
-HUNGRY_SECONDS = 1.0  # a consumer looked for work this recently: poll adaptively
+HUNGRY_SECONDS = 1.0  # a consumer looked for work this recently: poll as above
 KEEP_WATCHING_SECONDS = 30.0
 
 
@@ -51,9 +56,11 @@ class _Watched:
     activity: ShardActivity
     touched: float  # when a consumer last looked for work here (monotonic)
     interval: float = FAST_POLL_SECONDS
-    due: float = 0.0
-    loaded: int = -1  # the sum of the load pointers at the last poll (-1: never polled)
-    busy: bool = False  # polled slowly because no consumer looked for work lately
+    due: float = 0.0  # next pointer read
+    loaded: int = -1  # the sum of the load pointers at the last read (-1: never read)
+    moved_at: float = 0.0  # when the load pointers last moved (monotonic)
+    beacon: int | None = None  # idle: the beacon as last read (None: flowing)
+    busy: bool = False  # read slowly because no consumer looked for work lately
 
 
 class Watcher:
@@ -65,6 +72,7 @@ class Watcher:
         self._watched: dict[str, _Watched] = {}
         self._lock = threading.Lock()
         self._changed = threading.Event()
+        self._beacons_due = 0.0
         self.stopped = False
         self._thread = threading.Thread(target=self._run, name="ignis-watch", daemon=True)
         self._thread.start()
@@ -75,12 +83,12 @@ class Watcher:
         watched = self._watched.get(magazine)
         if watched is not None and watched.shards == shards:
             watched.touched = now
-            if watched.busy:  # its consumers ran out of work: look now, and often
+            if watched.busy:  # its consumers ran out of work: read now, and often
                 watched.busy, watched.interval, watched.due = False, FAST_POLL_SECONDS, now
                 self._changed.set()
             return
         with self._lock:
-            self._watched[magazine] = _Watched(magazine, shards, activity, now)
+            self._watched[magazine] = _Watched(magazine, shards, activity, now, moved_at=now)
             self._subscribe()
         self._changed.set()  # read its pointers now: what was published before anyone watched
 
@@ -111,46 +119,72 @@ class Watcher:
                 if gone:
                     self._subscribe()
                 watched = list(self._watched.values())
-            due = [w for w in watched if w.due <= now]
             try:
-                for w in due:
-                    self._poll(store, w)
+                if self._doorbell is None and now >= self._beacons_due:
+                    self._read_beacons(store, [w for w in watched if w.beacon is not None])
+                for w in watched:
+                    if w.due <= now:
+                        self._read_pointers(store, w)
             except StoreError as exc:
                 if store.closed:
                     break
                 delay = backoff.failed("watch for new messages", exc)
-                for w in due:
-                    w.due = time.monotonic() + delay
+                for w in watched:
+                    w.due = max(w.due, time.monotonic() + delay)
+                self._beacons_due = time.monotonic() + delay
             else:
-                if due:
-                    backoff.ok()
+                backoff.ok()
             del store
-            wait = min((w.due for w in watched), default=now + SLOW_POLL_SECONDS) - time.monotonic()
+            next_due = min([w.due for w in watched] + [now + SAFETY_POLL_SECONDS])
+            if self._doorbell is None and any(w.beacon is not None for w in watched):
+                next_due = min(next_due, self._beacons_due)
+            wait = next_due - time.monotonic()
             if wait > 0:
-                self._changed.wait(min(wait, SLOW_POLL_SECONDS))
+                self._changed.wait(wait)
             self._changed.clear()
         self.stopped = True
         with self._lock:
             self._watched.clear()
             self._subscribe()
 
-    def _poll(self, store: Storage, w: _Watched) -> None:
+    def _read_beacons(self, store: Storage, idle: list[_Watched]) -> None:
+        """One read of every idle magazine's beacon: a bumped one flows again, its pointers read now."""
+        self._beacons_due = time.monotonic() + IDLE_POLL_SECONDS
+        if not idle:
+            return
+        for w, value in zip(idle, store.read_beacons([w.magazine for w in idle]), strict=True):
+            if value != w.beacon:
+                w.beacon, w.interval, w.due = None, FAST_POLL_SECONDS, 0.0
+            else:  # nothing published since: what its consumers know is as good as a fresh read of the pointers
+                w.activity.fresh_until = time.monotonic() + 2 * IDLE_POLL_SECONDS
+
+    def _read_pointers(self, store: Storage, w: _Watched) -> None:
         seen = w.activity.before_read()
-        pointers = store.pointers(w.magazine, w.shards)
-        loaded = sum(p.load for p in pointers.values())
-        w.activity.replace(with_work(pointers), seen)
+        # A queue whose pointers stood still long enough may be idle: its beacon is read *before* the pointers
+        # that confirm it, so a publish after this read bumps it (or moves the pointers read next), unless its
+        # process bumped it less than BEACON_SECONDS ago, for a publish IDLE_AFTER_SECONDS would have seen.
+        settling = self._doorbell is None and w.beacon is None and time.monotonic() - w.moved_at >= IDLE_AFTER_SECONDS
+        idle_beacon = store.read_beacons([w.magazine])[0] if settling else None
+        with_work, loaded = store.watch_pointers(w.magazine, w.shards)
+        w.activity.replace(with_work, seen)
         now = time.monotonic()
+        moved = loaded != w.loaded
+        if moved:
+            w.moved_at = now
+        w.loaded = loaded
         hungry = w.activity.waiting > 0 or now - w.touched <= HUNGRY_SECONDS
         w.busy = False
-        if self._doorbell is not None:
-            w.interval = DOORBELL_POLL_SECONDS if w.loaded >= 0 else SUBSCRIBED_POLL_SECONDS
+        if self._doorbell is not None:  # rings do the rest
+            w.interval = SAFETY_POLL_SECONDS if w.due else SUBSCRIBED_POLL_SECONDS
+            w.activity.fresh_until = now + w.interval + 1.0
         elif not hungry:  # its consumers are busy with messages (they claim on their own), or gone
-            w.interval, w.busy = SLOW_POLL_SECONDS, True
-        elif loaded != w.loaded and w.loaded >= 0:
+            w.interval, w.busy = SAFETY_POLL_SECONDS, True
+        elif moved:
             w.interval = FAST_POLL_SECONDS  # messages flow: look again soon
+        elif idle_beacon is not None or w.beacon is not None:  # idle: from now on its beacon, with the others
+            w.beacon, w.interval = idle_beacon if w.beacon is None else w.beacon, IDLE_SAFETY_POLL_SECONDS
         else:
-            w.interval = min(w.interval * POLL_GROWTH, SLOW_POLL_SECONDS)
-        w.loaded = loaded
+            w.interval = min(w.interval * POLL_GROWTH, IDLE_POLL_SECONDS)
         w.due = now + w.interval
 
 

@@ -54,6 +54,7 @@ in the record metadata.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -97,10 +98,12 @@ from ignis.envelope import (
 )
 from ignis.errors import IgnisError, InvalidInputError, QueueNotFound, StaleEpoch, StoreError, StoreUnavailable
 from ignis.metrics import STORAGE_CALLS, STORAGE_ERRORS, STORAGE_RETRIES
+from ignis.outage import store_failed
 from ignis.storage.aerospike_config import AerospikeSettings, load_settings
 from ignis.storage.aerospike_errors import error_field, is_transient, map_error, record_error
 from ignis.storage.base import (
     ACTIVE,
+    BEACON_SECONDS,
     CREATED_AT,
     FIRE_POINTER,
     HOLES,
@@ -150,6 +153,7 @@ CLAIM_FROM = "claimFrom"  # expression-read result: the fire pointer before the 
 LAST_CLAIM, LAST_FROM = "lastClaim", "lastFrom"
 ENVELOPE_BINS = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, REASON, HISTORY, FIRE_TS, ATTEMPTS)
 BATCH_CHUNK = 5000  # keys per batch call in peeks and purges
+BEACON_BIN = "BEACON"  # the counter of a magazine's beacon record (Storage.beacon)
 MAX_BIN_NAME = 15
 RECORD_OVERHEAD = 128  # record header + key + per-bin overhead estimate, for the size pre-check
 ROLLBACK_SEAL_TTL = 30 * 86400  # seals of slots left by an allocation that met a rollback (no queue TTL at hand)
@@ -227,6 +231,7 @@ class _Shared:
         self.views: dict[str, AerospikeStore] = {}
         self.marks = HighMarks()  # the highest pointers and generations this process has seen (rollback.py)
         self.lease_holds: dict[str, float] = {}  # lease name -> monotonic time until which it is not used
+        self.beacons: dict[tuple[str, str], float] = {}  # (meta set, magazine) -> when this process bumped it
         self.claim_prefix = uuid.uuid4().hex[:10]  # claim tokens: this prefix and a counter
         self.claim_seq = itertools.count(1)
         self.durable_delete = self._detect_durable_delete()
@@ -340,6 +345,58 @@ class AerospikeStore:
             with self._shared.lock:
                 view = self._shared.views.setdefault(client_id, view)
         return view
+
+    def watch_pointers(self, magazine: str, shards: int) -> tuple[list[int], int]:
+        keys = [self._meta_key(magazine, shard) for shard in range(shards)]
+        try:
+            done = self._call("watch", self._client.batch_read, keys, [LOAD_POINTER, FIRE_POINTER])
+            records = self._answers("watch", done, len(keys), self._meta_set)
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "watch", self._meta_set) from None
+        with_work, loaded = [], 0
+        for shard, record in enumerate(records):
+            if record.result == 0 and record.record is not None:
+                bins = record.record[2] or {}
+                load = bins.get(LOAD_POINTER) or 0
+                loaded += load
+                if load > (bins.get(FIRE_POINTER) or 0):
+                    with_work.append(shard)
+            elif record.result != NOT_FOUND:
+                raise self._record_failure("watch", record, self._meta_set)
+        return with_work, loaded
+
+    def beacon(self, magazine: str) -> None:
+        beacons, key = self._shared.beacons, (self._meta_set, magazine)
+        now = time.monotonic()
+        if now - beacons.get(key, -BEACON_SECONDS) < BEACON_SECONDS:
+            return
+        beacons[key] = now
+        try:  # an increment is not repeated when in doubt: a lost bump only delays an idle watcher's wake
+            self._call("beacon", self._client.operate, self.key(self._meta_set, names.beacon_key(magazine)),
+                       [ops.increment(BEACON_BIN, 1)], None, self._never, idempotent=False)
+        except ex.AerospikeError as exc:
+            beacons.pop(key, None)  # bump again with the next publish
+            store_failed(f"bump the beacon of {magazine}", self._fail(exc, "beacon", self._meta_set))
+
+    def read_beacons(self, magazines: Sequence[str]) -> list[int]:
+        if not magazines:
+            return []
+        keys = [self.key(self._meta_set, names.beacon_key(m)) for m in magazines]
+        out: list[int] = []
+        try:
+            for start in range(0, len(keys), BATCH_CHUNK):
+                chunk = keys[start:start + BATCH_CHUNK]
+                done = self._call("watch", self._client.batch_read, chunk, [BEACON_BIN])
+                for record in self._answers("watch", done, len(chunk), self._meta_set):
+                    if record.result == 0 and record.record is not None:
+                        out.append(int((record.record[2] or {}).get(BEACON_BIN) or 0))
+                    elif record.result == NOT_FOUND:
+                        out.append(0)
+                    else:
+                        raise self._record_failure("watch", record, self._meta_set)
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "watch", self._meta_set) from None
+        return out
 
     def doorbell(self) -> None:
         """None: consumers in other processes poll the shard pointers (ignis.watch), there being no channel
@@ -1523,6 +1580,8 @@ class AerospikeStore:
                 keys = [self._data_key(SlotRef(magazine, shard, slot)) for slot in range(1, load + 1)]
                 removed += self._purge_keys(keys)
             self._purge_keys([self._meta_key(magazine, shard) for shard in sorted(shards)])
+            with contextlib.suppress(ex.RecordNotFound):
+                self._call("purge_magazine", self._client.remove, self.key(self._meta_set, names.beacon_key(magazine)))
         except ex.AerospikeError as exc:
             raise self._fail(exc, "purge_magazine", self._data_set) from None
         return removed

@@ -222,6 +222,10 @@ class LeaseRecord:
         return now_ms >= self.renewed_ms + self.duration_s * 1000
 
 
+# A publisher bumps a magazine's beacon at most this often (Storage.beacon); a watcher treats a queue whose
+# pointers stood still for longer than this (plus a margin) as idle, and from then on reads only its beacon.
+BEACON_SECONDS = 1.0
+
 # How long a slot from `Storage.reserve` may wait for its record: a publish writes a reserved slot only
 # this soon after reserving it (else it seals it), so a two-step backend's write grace includes it.
 RESERVATION_FRESH_MS = 250
@@ -436,6 +440,22 @@ class Storage(Protocol):
 
     def purge_magazine(self, magazine: str) -> int:
         """Remove every data and meta record of a magazine. Returns data records removed."""
+        ...
+
+    def watch_pointers(self, magazine: str, shards: int) -> tuple[list[int], int]:
+        """(the shards of 0..shards-1 whose load pointer is past the fire pointer, the sum of the load pointers):
+        what the watcher (ignis.watch) needs, in one lean read. No rollback checks: claims and allocations make
+        those."""
+        ...
+
+    def beacon(self, magazine: str) -> None:
+        """After a publish: bump the magazine's beacon, at most once per BEACON_SECONDS in this process, so a
+        watcher of an idle queue can tell it woke by reading one record, not every shard's (ignis.watch). Never
+        raises: the publish itself is done. A store with a doorbell needs none (no-op)."""
+        ...
+
+    def read_beacons(self, magazines: Sequence[str]) -> list[int]:
+        """The beacon of each magazine (0 when never bumped), in one store call."""
         ...
 
     def doorbell(self) -> Doorbell | None:

@@ -213,6 +213,60 @@ def _expire_at(ttl_seconds: int, now: int) -> int:
     return now + ttl_seconds * 1000 if ttl_seconds > 0 else 0
 
 
+class _GroupCommit:
+    """Concurrent writes of this process's threads to one environment, committed together (group commit).
+
+    Every LMDB commit holds the environment's write lock, shared with every other process, while it flushes
+    its pages; with several threads publishing, claiming or acking, one commit per call would have them
+    queue for that lock one flush at a time. Here a thread that finds no commit running takes every write
+    queued meanwhile and runs them in one transaction and one flush; the others wait for it, and a thread
+    that finds one running queues its write for the next. A lone caller commits at once, as before.
+
+    The writes are the store's own transaction functions, which raise nothing but lmdb.Error (then the
+    whole transaction is aborted and every write of it gets the error, as a failed commit would give each
+    of them)."""
+
+    def __init__(self, environment: _Environment) -> None:
+        self._environment = environment  # (its LMDB handle looked up per commit: tests stand in for it)
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[list[Any]] = []  # [function, durable, done, result, error]
+        self._busy = False
+
+    def run(self, write: Callable[[Any], T], durable: bool) -> T:
+        """write(txn) in a write transaction, committed (and flushed when `durable`) before this returns."""
+        item: list[Any] = [write, durable, False, None, None]
+        with self._cond:
+            self._queue.append(item)
+            while self._busy and not item[2]:
+                self._cond.wait()
+            if not item[2]:
+                self._busy = True
+                batch, self._queue = self._queue, []
+        if not item[2]:
+            self._commit(batch)
+        if item[4] is not None:
+            raise item[4]
+        return item[3]
+
+    def _commit(self, batch: list[list[Any]]) -> None:
+        error: BaseException | None = None
+        env = self._environment.env
+        try:
+            with env.begin(None, None, True) as txn:
+                for entry in batch:
+                    entry[3] = entry[0](txn)
+            if any(entry[1] for entry in batch):
+                env.sync(True)
+        except BaseException as exc:  # the transaction was aborted: none of its writes happened
+            error = exc
+        with self._cond:
+            for entry in batch:
+                entry[2] = True
+                entry[4] = error
+            self._busy = False
+            self._cond.notify_all()
+
+
 class _Environment:
     """One open LMDB environment per path per process (LMDB forbids opening it twice)."""
 
@@ -251,6 +305,7 @@ class _Environment:
         self._purger: threading.Thread | None = None
         self._stop = threading.Event()
         self._bell: EnvironmentBell | None = None
+        self.group = _GroupCommit(self)
 
     @classmethod
     def acquire(cls, path: str, durability: str, map_size: int, max_dbs: int) -> _Environment:
@@ -435,6 +490,27 @@ class LmdbStore:
         return LmdbStore(self._path, farm_id=self.farm_id, client_id=client_id, durability=self._durability,
                          map_size=self._map_size, max_dbs=self._max_dbs, purge_interval=self._purge_interval,
                          _env=self._env)
+
+    def watch_pointers(self, magazine: str, shards: int) -> tuple[list[int], int]:
+        def read(txn: Any) -> tuple[list[int], int]:
+            get, meta_db, unpack = txn.get, self._meta, _META.unpack
+            with_work, loaded = [], 0
+            for shard in range(shards):
+                raw = get(self._keys(magazine, shard)[0], None, meta_db)
+                if raw is not None:
+                    _, load, fire = unpack(raw)
+                    loaded += load
+                    if load > fire:
+                        with_work.append(shard)
+            return with_work, loaded
+
+        return self._read("watch", read)
+
+    def beacon(self, magazine: str) -> None:
+        """Nothing: the doorbell wakes watchers here."""
+
+    def read_beacons(self, magazines: Sequence[str]) -> list[int]:
+        return [0] * len(magazines)
 
     def doorbell(self) -> LmdbDoorbell:
         return LmdbDoorbell(self._env.bell(self.url), self.client_id)
@@ -637,6 +713,19 @@ class LmdbStore:
     # Hot paths: each is one transaction, opened directly (no context-manager helper) and with the
     # msgpack work done outside it where possible, so concurrent writers hold the write lock briefly.
     def _begin(self, operation: str, write: bool) -> Any:
+        self._opened(operation)
+        return self._env.env.begin(None, None, write)  # positional: py-lmdb parses keywords slowly
+
+    def _grouped(self, operation: str, write: Callable[[Any], T], durable: bool = False) -> T:
+        """write(txn), committed with whatever other threads of this process write meanwhile (_GroupCommit)."""
+        self._opened(operation)
+        try:
+            return self._env.group.run(write, durable and self._sync)
+        except lmdb.Error as exc:
+            raise self._map_error(exc) from None
+
+    def _opened(self, operation: str) -> None:
+        """Count the call; refuse it on a closed handle or one inherited through fork()."""
         if self._closed or self._env.forked:
             raise StoreUnavailable(f"lmdb store at {self._env.path} is closed" if self._closed else
                                    f"lmdb store at {self._env.path} was opened before this process forked; "
@@ -647,7 +736,6 @@ class LmdbStore:
             self._call_counters.append(counter)  # held: a counter's tick alone does not keep the counter
             tick = self._calls[operation] = counter.tick
         tick()
-        return self._env.env.begin(None, None, write)  # positional: py-lmdb parses keywords slowly
 
     def _keys(self, magazine: str, shard: int) -> tuple[bytes, bytes]:
         """(meta key, data-key prefix) of a shard, built once: a delivered message needs them twice."""
@@ -731,20 +819,19 @@ class LmdbStore:
         value = _plain_head(len(raw_id)).pack(loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0, 0, 0,
                                               _FORMAT, loaded_at, 0, 0, len(raw_id), raw_id, len(payload)) + payload
         meta_key, prefix = self._keys(magazine, shard)
-        meta_db = self._meta
-        try:
-            with self._begin("load", True) as txn:
-                # Positional arguments (get: key, default, db; put: key, value, dupdata, overwrite,
-                # append, db): py-lmdb's keyword parsing costs about 0.1 µs a call.
-                raw = txn.get(meta_key, None, meta_db)
-                _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
-                load += 1
-                txn.put(prefix + b"%d" % load, value, True, True, False, self._data)
-                txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
-            self._flush()
-        except lmdb.Error as exc:
-            raise self._map_error(exc) from None
-        return load
+        meta_db, data_db = self._meta, self._data
+
+        def write(txn: Any) -> int:
+            # Positional arguments (get: key, default, db; put: key, value, dupdata, overwrite, append,
+            # db): py-lmdb's keyword parsing costs about 0.1 µs a call.
+            raw = txn.get(meta_key, None, meta_db)
+            _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+            load += 1
+            txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
+            txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
+            return load
+
+        return self._grouped("load", write, durable=True)
 
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
                  ) -> list[range]:
@@ -775,39 +862,51 @@ class LmdbStore:
 
     def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True,
               up_to: int | None = None) -> list[Claimed]:
-        raws: list[tuple[int, bytes | None]] = []
         bump = 1 if count_attempt else 0
         header, header_size = _DATA_HEADER, _DATA_HEADER.size
         meta_key, prefix = self._keys(magazine, shard)
+        meta_db, data_db = self._meta, self._data
+
+        def available(meta: bytes | None) -> tuple[int, int, int]:
+            if meta is None:
+                return 0, 0, 0
+            _, load, fire = _META.unpack(meta)
+            return load, fire, min(max_slots, (load if up_to is None else min(load, up_to)) - fire)
+
+        # A look first, without the write lock every process shares: a drained shard costs no write.
         try:
-            with self._begin("claim", True) as txn:
-                meta = txn.get(meta_key, None, self._meta)  # positional: see load_one
-                if meta is None:
+            with self._begin("claim", False) as txn:
+                if available(txn.get(meta_key, None, meta_db))[2] <= 0:
                     return []
-                _, load, fire = _META.unpack(meta)
-                count = min(max_slots, (load if up_to is None else min(load, up_to)) - fire)
-                if count <= 0:
-                    return []
-                get, put, data_db = txn.get, txn.put, self._data
-                expired = 0
-                for slot in range(fire + 1, fire + count + 1):
-                    key = prefix + b"%d" % slot
-                    raw = get(key, None, data_db)
-                    if raw is not None and len(raw) >= header_size:  # (a shorter one: damaged, unreadable)
-                        expire_at, _, attempts = header.unpack_from(raw)
-                        if expire_at and expire_at <= now_ms_:
-                            txn.delete(key, b"", data_db)
-                            raw = None
-                            expired += 1
-                        else:  # stamp fireTS and attempts in the fixed header: no msgpack in the txn
-                            raw = header.pack(expire_at, now_ms_, attempts + bump) + raw[header_size:]
-                            put(key, raw, True, True, False, data_db)
-                    raws.append((slot, raw))
-                put(meta_key, _META.pack(0, load, fire + count), True, True, False, self._meta)
-                if expired:  # a message that expired unclaimed: a hole made now (the claimer counts it passed)
-                    self._add_holes(txn, magazine, shard, made=expired)
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
+
+        def write(txn: Any) -> list[tuple[int, bytes | None]]:
+            load, fire, count = available(txn.get(meta_key, None, meta_db))  # positional: see load_one
+            if count <= 0:  # another claimer took them meanwhile
+                return []
+            raws: list[tuple[int, bytes | None]] = []
+            get, put = txn.get, txn.put
+            expired = 0
+            for slot in range(fire + 1, fire + count + 1):
+                key = prefix + b"%d" % slot
+                raw = get(key, None, data_db)
+                if raw is not None and len(raw) >= header_size:  # (a shorter one: damaged, unreadable)
+                    expire_at, _, attempts = header.unpack_from(raw)
+                    if expire_at and expire_at <= now_ms_:
+                        txn.delete(key, b"", data_db)
+                        raw = None
+                        expired += 1
+                    else:  # stamp fireTS and attempts in the fixed header: no msgpack in the txn
+                        raw = header.pack(expire_at, now_ms_, attempts + bump) + raw[header_size:]
+                        put(key, raw, True, True, False, data_db)
+                raws.append((slot, raw))
+            put(meta_key, _META.pack(0, load, fire + count), True, True, False, meta_db)
+            if expired:  # a message that expired unclaimed: a hole made now (the claimer counts it passed)
+                self._add_holes(txn, magazine, shard, made=expired)
+            return raws
+
+        raws = self._grouped("claim", write)
         return [_new_ref(Claimed, (_new_ref(SlotRef, (magazine, shard, slot)),
                                    None if raw is None else _unpack_data(raw), False))
                 for slot, raw in raws]
@@ -916,15 +1015,14 @@ class LmdbStore:
         return [False] * len(refs)
 
     def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None) -> int:
-        present = 0
-        try:
-            with self._begin("delete", True) as txn:
-                delete, data_db, data_key = txn.delete, self._data, self._data_key
-                for ref in refs:
-                    present += delete(data_key(ref), b"", data_db)  # an expired, unpurged record counts too
-        except lmdb.Error as exc:
-            raise self._map_error(exc) from None
-        return present
+        keys = [self._data_key(ref) for ref in refs]
+        data_db = self._data
+
+        def write(txn: Any) -> int:
+            delete = txn.delete
+            return sum(delete(key, b"", data_db) for key in keys)  # an expired, unpurged record counts too
+
+        return self._grouped("delete", write)
 
     def stamp_unfired(self, ref: SlotRef, now_ms_: int) -> Envelope | None:
         key = self._data_key(ref)

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from ignis import Consumer, Ignis
-from ignis.watch import SLOW_POLL_SECONDS
+from ignis.watch import IDLE_POLL_SECONDS
 
 WORKER = str(Path(__file__).resolve().parent.parent / "support" / "proc_worker.py")
 BOUND_S = 0.25  # "well inside the old 1 s refresh"
@@ -94,8 +94,8 @@ def test_a_publish_by_another_process_wakes_a_waiting_consumer(backend: Any, mak
     first, rest = latencies.seen[0], latencies.seen[1:]
     if backend.name == "lmdb":  # the doorbell: every message, the first one too
         assert first < BOUND_S, latencies.seen
-    else:  # polling: the first after an idle spell waits out at most the idle interval
-        assert first < SLOW_POLL_SECONDS + BOUND_S, latencies.seen
+    else:  # polling: the first after an idle spell waits out at most the idle beacon interval
+        assert first < IDLE_POLL_SECONDS + BOUND_S, latencies.seen
     assert max(rest) < BOUND_S, latencies.seen
 
 

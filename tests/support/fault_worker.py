@@ -52,10 +52,11 @@ def produce(ignis: Ignis, queue_name: str, seconds: float, rate: float) -> None:
 
 
 class ReportingConsumer(Consumer):
-    """A Consumer that also says when an ack returned (Consumer._ack retries it while the store is down)."""
+    """A Consumer that also says when the store accepted an ack (the consumer's acks are batched, and retried
+    while the store is down: ignis.acks)."""
 
-    def _ack(self, queue: Queue, messages: list[Message]) -> None:
-        super()._ack(queue, messages)
+    def _acked(self, queue: Queue, messages: list[Message]) -> None:
+        super()._acked(queue, messages)
         for m in messages:
             say("acked", now_ms(), m.id)
 
