@@ -135,7 +135,7 @@ _registry_lock = threading.Lock()
 
 
 def activity_for(location: str, client_id: str, magazine: str) -> ShardActivity:
-    """The process's one ShardActivity of a magazine of the store at `location` (its URL without credentials)."""
+    """The process's one ShardActivity of a magazine of the store at `location` (Storage.location)."""
     key = (location, client_id, magazine)
     found = _registry.get(key)
     if found is None:

@@ -12,7 +12,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
 from threading import get_ident as _thread_id
 from typing import Any
@@ -98,8 +98,8 @@ class Magazine:
         self.hole_budget = hole_budget
         self.refresh_seconds = refresh_seconds
         # Which shards have work, shared with every handle of this magazine in the process (ignis.activity).
-        self._activity: ShardActivity = activity_for(store.url, store.client_id, name)
-        self._doorbell: Any = None  # the store's doorbell (Storage.doorbell), looked up on the first load
+        self._activity: ShardActivity = activity_for(store.location, store.client_id, name)
+        self._ringer: Callable[[str, Iterable[int]], None] | None = None  # _ring's means, found on first use
         self._lock = threading.Lock()
         # Claimed slots awaiting their record (see Claimed.awaiting) and records that turned up, stamped,
         # not yet handed out. Re-read on later fires of this handle: a worker never blocks on them.
@@ -316,13 +316,12 @@ class Magazine:
         """Tell consumers in other processes (only main has consumers): the store's doorbell, or its beacon."""
         if not self._count_attempt:
             return
-        doorbell = self._doorbell
-        if doorbell is None:
-            doorbell = self._doorbell = self.store.doorbell() or False
-        if doorbell:
-            doorbell.ring(self.name, shards)
-        else:
-            self.store.beacon(self.name)
+        ring = self._ringer
+        if ring is None:
+            doorbell = self.store.doorbell()
+            beacon = self.store.beacon
+            ring = self._ringer = doorbell.ring if doorbell is not None else lambda name, _shards: beacon(name)
+        ring(self.name, shards)
 
     def _suppress(self, shard: int, loads_seen: int) -> None:
         self._activity.suppress(shard, loads_seen)

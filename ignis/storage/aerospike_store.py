@@ -322,6 +322,12 @@ class AerospikeStore:
         return self._url
 
     @property
+    def location(self) -> str:
+        # The connection's identity too: handles on one connection share it; two connections of a process
+        # to one cluster are told apart (harmless: each learns of the other's publishes through its watcher).
+        return f"{self._url}@{id(self._shared):x}"
+
+    @property
     def client(self) -> Any:
         """The raw Aerospike client (for tools and tests)."""
         return self._client

@@ -257,6 +257,12 @@ class Storage(Protocol):
         """The store URL with any credentials removed (safe to log)."""
         ...
 
+    @property
+    def location(self) -> str:
+        """Names the data this handle reaches, for state a process shares between handles of the same data
+        (ignis.activity): equal for two handles only if each sees the other's writes at once."""
+        ...
+
     def with_client(self, client_id: str) -> Storage:
         """A view of the same store scoped to another clientId."""
         ...

@@ -40,7 +40,7 @@ class EnvironmentBell:
     for the magazines this process's consumers wait on. Thread-safe."""
 
     def __init__(self, path: str, location: str) -> None:
-        self.location = location  # the store URL the activity registry knows the environment by
+        self.location = location  # what the activity registry knows the environment by (Storage.location)
         self.dir = os.path.join(path, "wake")
         os.makedirs(self.dir, exist_ok=True)
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)

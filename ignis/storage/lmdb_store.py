@@ -486,6 +486,10 @@ class LmdbStore:
     def path(self) -> str:
         return self._env.path
 
+    @property
+    def location(self) -> str:
+        return f"lmdb://{self._env.path}"
+
     def with_client(self, client_id: str) -> LmdbStore:
         return LmdbStore(self._path, farm_id=self.farm_id, client_id=client_id, durability=self._durability,
                          map_size=self._map_size, max_dbs=self._max_dbs, purge_interval=self._purge_interval,
@@ -513,7 +517,7 @@ class LmdbStore:
         return [0] * len(magazines)
 
     def doorbell(self) -> LmdbDoorbell:
-        return LmdbDoorbell(self._env.bell(self.url), self.client_id)
+        return LmdbDoorbell(self._env.bell(self.location), self.client_id)
 
     @property
     def closed(self) -> bool:
