@@ -12,7 +12,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from threading import get_ident as _thread_id
 from typing import Any
@@ -99,7 +99,7 @@ class Magazine:
         self.refresh_seconds = refresh_seconds
         # Which shards have work, shared with every handle of this magazine in the process (ignis.activity).
         self._activity: ShardActivity = activity_for(store.location, store.client_id, name)
-        self._ringer: Callable[[str, Iterable[int]], None] | None = None  # _ring's means, found on first use
+        self._beacon = store.beacon  # (bound now: tests stand other stores in for `store` later)
         self._lock = threading.Lock()
         # Claimed slots awaiting their record (see Claimed.awaiting) and records that turned up, stamped,
         # not yet handed out. Re-read on later fires of this handle: a worker never blocks on them.
@@ -313,15 +313,10 @@ class Magazine:
         self._ring((shard,))
 
     def _ring(self, shards: Iterable[int]) -> None:
-        """Tell consumers in other processes (only main has consumers): the store's doorbell, or its beacon."""
-        if not self._count_attempt:
-            return
-        ring = self._ringer
-        if ring is None:
-            doorbell = self.store.doorbell()
-            beacon = self.store.beacon
-            ring = self._ringer = doorbell.ring if doorbell is not None else lambda name, _shards: beacon(name)
-        ring(self.name, shards)
+        """Tell consumers in other processes (only main has consumers): the store's beacon (a store with a
+        doorbell rang it in the load itself, and its beacon does nothing)."""
+        if self._count_attempt:
+            self._beacon(self.name)
 
     def _suppress(self, shard: int, loads_seen: int) -> None:
         self._activity.suppress(shard, loads_seen)

@@ -7,11 +7,12 @@ import functools
 import itertools
 import threading
 import weakref
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import REGISTRY, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 
@@ -162,8 +163,99 @@ HANDLER_DURATION = Histogram("ignis_handler_duration_seconds", "Handler call dur
                              ["queue", "outcome"])
 BATCH_SIZE = Histogram("ignis_handler_batch_size", "Messages per handler call on batching queues", ["queue"],
                        buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000, 20000, 200000))
-# First delivery time minus publish time, on the consumer's clock against the producer's (epoch ms; keep
-# hosts in NTP sync). Only attempts == 1: a redelivery's wait says how long a failure took to come back.
-DELIVERY_LATENCY = Histogram("ignis_delivery_latency_seconds", "Time from publish to first delivery", ["queue"],
-                             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
-                                      10, 30, 60, 300, 900, 1800, 3600))
+class FastHistogram(Collector):
+    """A labelled histogram whose observations take no lock, for per-message paths: each thread counts into
+    its own cells (buckets and sum) and a scrape adds them up, as FastCounter does. prometheus_client's
+    Histogram takes a lock per observation (about 2 µs, a few percent of a delivery on the embedded store)."""
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str], buckets: Sequence[float]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self.bounds = tuple(float(b) for b in buckets)
+        self._cells: list[tuple[threading.Thread, dict[tuple[str, ...], list[float]]]] = []
+        self._retired: dict[tuple[str, ...], list[float]] = {}
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._children: dict[tuple[str, ...], _HistogramChild] = {}
+        REGISTRY.register(self)
+
+    def labels(self, *values: str) -> _HistogramChild:
+        key = tuple(str(v) for v in values)
+        child = self._children.get(key)
+        if child is None:
+            with self._lock:
+                child = self._children.setdefault(key, _HistogramChild(self, key))
+        return child
+
+    def _cell(self) -> dict[tuple[str, ...], list[float]]:
+        cell: dict[tuple[str, ...], list[float]] = {}
+        self._local.cell = cell
+        with self._lock:
+            self._cells.append((threading.current_thread(), cell))
+        return cell
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            live = []
+            for thread, cell in self._cells:
+                if thread.is_alive():
+                    live.append((thread, cell))
+                else:  # a finished thread never writes again: fold its counts for good
+                    for key, counts in cell.items():
+                        _add_into(self._retired.setdefault(key, [0.0] * (len(self.bounds) + 2)), counts)
+            self._cells = live
+            totals = {key: list(counts) for key, counts in self._retired.items()}
+        for _, cell in live:
+            for key, counts in cell.copy().items():  # dict.copy is atomic under the GIL
+                _add_into(totals.setdefault(key, [0.0] * (len(self.bounds) + 2)), list(counts))
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, counts in sorted(totals.items()):
+            cumulative, running = [], 0.0
+            for bound, n in zip((*self.bounds, float("inf")), counts[:-1], strict=True):
+                running += n
+                cumulative.append((_bucket_label(bound), running))
+            family.add_metric(list(key), cumulative, counts[-1])
+        yield family
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+
+def _add_into(total: list[float], counts: list[float]) -> None:
+    for i, n in enumerate(counts):
+        total[i] += n
+
+
+def _bucket_label(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
+
+
+class _HistogramChild:
+    __slots__ = ("_bounds", "_key", "_local", "_parent", "_size")
+
+    def __init__(self, parent: FastHistogram, key: tuple[str, ...]) -> None:
+        self._parent = parent
+        self._local = parent._local
+        self._key = key
+        self._bounds = parent.bounds
+        self._size = len(parent.bounds) + 2  # the buckets, +Inf, and the sum
+
+    def observe(self, value: float) -> None:
+        try:
+            cell = self._local.cell
+        except AttributeError:  # this thread's first observation of this histogram
+            cell = self._parent._cell()
+        counts = cell.get(self._key)
+        if counts is None:
+            counts = cell[self._key] = [0.0] * self._size
+        counts[bisect_left(self._bounds, value)] += 1
+        counts[-1] += value
+
+
+# First delivery time minus publish time (or due time, for a delayed message), on the consumer's clock against
+# the producer's (epoch ms; keep hosts in NTP sync). Only attempts == 1: a redelivery's wait says how long a
+# failure took to come back.
+DELIVERY_LATENCY = FastHistogram("ignis_delivery_latency_seconds", "Time from publish to first delivery", ["queue"],
+                                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                                          10, 30, 60, 300, 900, 1800, 3600))

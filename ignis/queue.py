@@ -310,13 +310,18 @@ class Queue:
     def fire(self, timeout: float | None = None) -> Message | None:
         """Claim the next message, or None when the queue has nothing to deliver (within `timeout` seconds,
         when given)."""
-        deadline = None if not timeout else time.monotonic() + timeout
+        if not timeout:
+            message = self._fire_one()
+            if message is None:
+                self.main.watch()
+            return message
+        deadline = time.monotonic() + timeout
         while True:
             seen = self.main.changes
             message = self._fire_one()
             if message is not None:
                 return message
-            remaining = 0.0 if deadline is None else deadline - time.monotonic()
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.main.watch()
                 return None

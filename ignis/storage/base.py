@@ -13,7 +13,7 @@ Nothing above this interface knows which backend it runs on.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -232,16 +232,13 @@ RESERVATION_FRESH_MS = 250
 
 
 class Doorbell(Protocol):
-    """A store's way to wake the consumer processes of a magazine on a publish (see ignis.watch). Rings are
-    hints: a lost one delays a message until the watcher next reads the pointers, never strands it."""
-
-    def ring(self, magazine: str, shards: Iterable[int]) -> None:
-        """After a commit: these shards of `magazine` got messages (best effort, never blocks)."""
-        ...
+    """A store's way to wake the consumer processes of a magazine on a publish (see ignis.watch): a load into
+    a main magazine rings the processes subscribed to it, and a ring marks the shards active in their
+    ShardActivity (ignis.activity). Rings are hints: a lost one delays a message until the watcher next
+    reads the pointers, never strands it."""
 
     def subscribe(self, magazines: Collection[str]) -> None:
-        """This process listens for rings of these magazines (replacing its earlier set); a ring marks the
-        shards active in the process's ShardActivity (ignis.activity) and so wakes its waiting consumers."""
+        """This process listens for rings of these magazines (replacing its earlier set)."""
         ...
 
 

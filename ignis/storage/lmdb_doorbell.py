@@ -211,8 +211,5 @@ class LmdbDoorbell:
         self._bell = bell
         self._client = client_id
 
-    def ring(self, magazine: str, shards: Iterable[int]) -> None:
-        self._bell.ring(self._client, magazine, shards)
-
     def subscribe(self, magazines: Collection[str]) -> None:
         self._bell.subscribe(self._client, magazines)

@@ -19,7 +19,7 @@ import logging
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -213,6 +213,27 @@ def _expire_at(ttl_seconds: int, now: int) -> int:
     return now + ttl_seconds * 1000 if ttl_seconds > 0 else 0
 
 
+def _delete_keys(txn: Any, keys: Sequence[bytes], db: Any) -> int:
+    """Delete records; how many were there (an expired, unpurged record counts too)."""
+    delete = txn.delete
+    return sum(delete(key, b"", db) for key in keys)
+
+
+class _Write:
+    """One write waiting for a group commit."""
+
+    __slots__ = ("after", "done", "durable", "error", "fn", "result", "taken")
+
+    def __init__(self, fn: Callable[[Any], Any], durable: bool, after: Callable[[Any], None] | None) -> None:
+        self.fn = fn
+        self.durable = durable
+        self.after = after  # called with the result once committed, before the flush
+        self.taken = False  # in a leader's batch
+        self.done = False  # committed (and flushed, when durable), or failed
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
 class _GroupCommit:
     """Concurrent writes of this process's threads to one environment, committed together (group commit).
 
@@ -220,7 +241,9 @@ class _GroupCommit:
     its pages; with several threads publishing, claiming or acking, one commit per call would have them
     queue for that lock one flush at a time. Here a thread that finds no commit running takes every write
     queued meanwhile and runs them in one transaction and one flush; the others wait for it, and a thread
-    that finds one running queues its write for the next. A lone caller commits at once, as before.
+    that finds one running queues its write for the next. A lone caller commits at once, as before. The
+    flush of the meta page that makes a durable write durable (LmdbStore._flush) is made after the write lock
+    and the next leader's turn are given up, so the next batch commits meanwhile.
 
     The writes are the store's own transaction functions, which raise nothing but lmdb.Error (then the
     whole transaction is aborted and every write of it gets the error, as a failed commit would give each
@@ -229,42 +252,65 @@ class _GroupCommit:
     def __init__(self, environment: _Environment) -> None:
         self._environment = environment  # (its LMDB handle looked up per commit: tests stand in for it)
         self._cond = threading.Condition(threading.Lock())
-        self._queue: list[list[Any]] = []  # [function, durable, done, result, error]
+        self._queue: list[_Write] = []
         self._busy = False
 
-    def run(self, write: Callable[[Any], T], durable: bool) -> T:
-        """write(txn) in a write transaction, committed (and flushed when `durable`) before this returns."""
-        item: list[Any] = [write, durable, False, None, None]
+    def run(self, fn: Callable[[Any], T], durable: bool, after: Callable[[T], None] | None = None) -> T:
+        """fn(txn) in a write transaction, committed (and flushed when `durable`) before this returns;
+        after(result) once it is committed (visible to every reader), before the flush."""
+        item = _Write(fn, durable, after)
+        batch: list[_Write] = []
         with self._cond:
             self._queue.append(item)
-            while self._busy and not item[2]:
+            while not item.done and (self._busy or item.taken):
                 self._cond.wait()
-            if not item[2]:
+            if not item.done:  # not taken by a leader: lead the next commit
                 self._busy = True
                 batch, self._queue = self._queue, []
-        if not item[2]:
+                for entry in batch:
+                    entry.taken = True
+        if batch:
             self._commit(batch)
-        if item[4] is not None:
-            raise item[4]
-        return item[3]
+        with self._cond:
+            while not item.done:
+                self._cond.wait()
+        if item.error is not None:
+            raise item.error
+        return item.result
 
-    def _commit(self, batch: list[list[Any]]) -> None:
-        error: BaseException | None = None
+    def _commit(self, batch: list[_Write]) -> None:
         env = self._environment.env
+        error: BaseException | None = None
         try:
             with env.begin(None, None, True) as txn:
                 for entry in batch:
-                    entry[3] = entry[0](txn)
-            if any(entry[1] for entry in batch):
-                env.sync(True)
+                    entry.result = entry.fn(txn)
         except BaseException as exc:  # the transaction was aborted: none of its writes happened
             error = exc
+        durable = [entry for entry in batch if entry.durable] if error is None else []
+        if error is None:
+            for entry in batch:
+                if entry.after is not None:
+                    try:
+                        entry.after(entry.result)
+                    except Exception:  # a hint (a ring) that failed: never the write's failure
+                        log.debug("after-commit hook failed", exc_info=True)
         with self._cond:
             for entry in batch:
-                entry[2] = True
-                entry[4] = error
-            self._busy = False
+                entry.error = error
+                entry.done = entry not in durable
+            self._busy = False  # the next batch may commit while this one's meta page is flushed
             self._cond.notify_all()
+        if durable:
+            try:
+                env.sync(True)
+            except BaseException as exc:
+                for entry in durable:
+                    entry.error = exc
+            with self._cond:
+                for entry in durable:
+                    entry.done = True
+                self._cond.notify_all()
 
 
 class _Environment:
@@ -511,7 +557,7 @@ class LmdbStore:
         return self._read("watch", read)
 
     def beacon(self, magazine: str) -> None:
-        """Nothing: the doorbell wakes watchers here."""
+        """Nothing: a load into a main magazine rang the doorbell already (_ring)."""
 
     def read_beacons(self, magazines: Sequence[str]) -> list[int]:
         return [0] * len(magazines)
@@ -717,16 +763,35 @@ class LmdbStore:
     # Hot paths: each is one transaction, opened directly (no context-manager helper) and with the
     # msgpack work done outside it where possible, so concurrent writers hold the write lock briefly.
     def _begin(self, operation: str, write: bool) -> Any:
-        self._opened(operation)
+        if self._closed or self._env.forked:
+            self._opened(operation)  # raises
+        tick = self._calls.get(operation)
+        if tick is None:
+            self._opened(operation)
+        else:
+            tick()
         return self._env.env.begin(None, None, write)  # positional: py-lmdb parses keywords slowly
 
-    def _grouped(self, operation: str, write: Callable[[Any], T], durable: bool = False) -> T:
+    def _grouped(self, operation: str, write: Callable[[Any], T], durable: bool = False,
+                 after: Callable[[T], None] | None = None) -> T:
         """write(txn), committed with whatever other threads of this process write meanwhile (_GroupCommit)."""
         self._opened(operation)
         try:
-            return self._env.group.run(write, durable and self._sync)
+            if not self._sync:  # durability=fast: a commit flushes nothing and holds the lock for microseconds
+                with self._env.env.begin(None, None, True) as txn:
+                    result = write(txn)
+                if after is not None:
+                    after(result)
+                return result
+            return self._env.group.run(write, durable, after)
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
+
+    def _ring(self, magazine: str, shards: Iterable[int]) -> None:
+        """A load into a main magazine committed: ring the consumer processes that wait on it (lmdb_doorbell),
+        before the publish's own flush, so they claim it meanwhile."""
+        if names.queue_and_kind(magazine)[1] == "main":
+            self._env.bell(self.location).ring(self.client_id, magazine, shards)
 
     def _opened(self, operation: str) -> None:
         """Count the call; refuse it on a closed handle or one inherited through fork()."""
@@ -792,6 +857,7 @@ class LmdbStore:
                     meta_key, load, fire = self._meta_get(txn, magazine, shard)
                     txn.put(self._keys(magazine, shard)[1] + b"%d" % (load + 1), value, db=self._data)
                     txn.put(meta_key, _META.pack(0, load + 1, fire), db=self._meta)
+                self._ring(magazine, (shard,))
                 self._flush()
             except lmdb.Error as exc:
                 raise self._map_error(exc) from None
@@ -812,6 +878,7 @@ class LmdbStore:
                     refs.append(_new_ref(SlotRef, (magazine, shard, slot)))
                 for key, load, fire, _ in shards.values():
                     self._meta_put(txn, key, load, fire)
+            self._ring(magazine, shards)
             self._flush()
         except lmdb.Error as exc:
             raise self._map_error(exc) from None
@@ -835,7 +902,7 @@ class LmdbStore:
             txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
             return load
 
-        return self._grouped("load", write, durable=True)
+        return self._grouped("load", write, durable=True, after=lambda _slot: self._ring(magazine, (shard,)))
 
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
                  ) -> list[range]:
@@ -859,6 +926,7 @@ class LmdbStore:
                     putmulti(zip(map(key_format.__mod__, slots), map(values.__getitem__, indices), strict=True))
                     txn.put(meta_key, pack_meta(0, slots.stop - 1, fire), True, True, False, meta_db)
                     taken.append(slots)
+            self._ring(magazine, [shard for shard, _ in placement])
             self._flush()
             return taken
         except lmdb.Error as exc:
@@ -877,13 +945,13 @@ class LmdbStore:
             _, load, fire = _META.unpack(meta)
             return load, fire, min(max_slots, (load if up_to is None else min(load, up_to)) - fire)
 
-        # A look first, without the write lock every process shares: a drained shard costs no write.
-        try:
-            with self._begin("claim", False) as txn:
-                if available(txn.get(meta_key, None, meta_db))[2] <= 0:
-                    return []
-        except lmdb.Error as exc:
-            raise self._map_error(exc) from None
+        if self._sync:  # a look first, without the write lock every process shares: a drained shard waits for
+            try:      # no other process's flush (with durability=fast the lock is held for microseconds)
+                with self._env.env.begin(None, None, False) as txn:
+                    if available(txn.get(meta_key, None, meta_db))[2] <= 0:
+                        return []
+            except lmdb.Error as exc:
+                raise self._map_error(exc) from None
 
         def write(txn: Any) -> list[tuple[int, bytes | None]]:
             load, fire, count = available(txn.get(meta_key, None, meta_db))  # positional: see load_one
@@ -910,7 +978,14 @@ class LmdbStore:
                 self._add_holes(txn, magazine, shard, made=expired)
             return raws
 
-        raws = self._grouped("claim", write)
+        if self._sync:
+            raws = self._grouped("claim", write)
+        else:  # durability=fast: its own transaction (see _grouped), without the indirection: a hot path
+            try:
+                with self._begin("claim", True) as txn:
+                    raws = write(txn)
+            except lmdb.Error as exc:
+                raise self._map_error(exc) from None
         return [_new_ref(Claimed, (_new_ref(SlotRef, (magazine, shard, slot)),
                                    None if raw is None else _unpack_data(raw), False))
                 for slot, raw in raws]
@@ -979,6 +1054,8 @@ class LmdbStore:
                 done.append(True)
             for meta_key, load, fire, _ in shards.values():
                 self._meta_put(txn, meta_key, load, fire)
+        if shards:
+            self._ring(target, shards)
         return done
 
     def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
@@ -1019,14 +1096,19 @@ class LmdbStore:
         return [False] * len(refs)
 
     def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None) -> int:
-        keys = [self._data_key(ref) for ref in refs]
-        data_db = self._data
-
-        def write(txn: Any) -> int:
-            delete = txn.delete
-            return sum(delete(key, b"", data_db) for key in keys)  # an expired, unpurged record counts too
-
-        return self._grouped("delete", write)
+        data_key = self._data_key
+        if self._sync:
+            keys = [data_key(ref) for ref in refs]
+            return self._grouped("delete", functools.partial(_delete_keys, keys=keys, db=self._data))
+        present = 0
+        try:  # durability=fast: its own transaction (see _grouped), without the indirection: a hot path
+            with self._begin("delete", True) as txn:
+                delete, data_db = txn.delete, self._data
+                for ref in refs:
+                    present += delete(data_key(ref), b"", data_db)  # an expired, unpurged record counts too
+        except lmdb.Error as exc:
+            raise self._map_error(exc) from None
+        return present
 
     def stamp_unfired(self, ref: SlotRef, now_ms_: int) -> Envelope | None:
         key = self._data_key(ref)
