@@ -23,6 +23,7 @@ from ignis.watch import IDLE_POLL_SECONDS
 
 WORKER = str(Path(__file__).resolve().parent.parent / "support" / "proc_worker.py")
 BOUND_S = 0.25  # "well inside the old 1 s refresh"
+COUNT, EVERY_S = 30, 0.05  # messages another process publishes, one every EVERY_S seconds
 
 
 def cross_process(backend: Any) -> None:
@@ -85,18 +86,20 @@ def test_a_publish_by_another_process_wakes_a_waiting_consumer(backend: Any, mak
         consumer = consumer_on(ignis, latencies)
         try:
             time.sleep(2.0)  # idle long enough for a poller to have slowed down to its idle pace
-            proc = subprocess.run([sys.executable, WORKER, "publish-every", backend.url, "wake", "10", "0.05"],
-                                  capture_output=True, text=True, timeout=60)
+            proc = subprocess.run([sys.executable, WORKER, "publish-every", backend.url, "wake", str(COUNT),
+                                   str(EVERY_S)], capture_output=True, text=True, timeout=60)
             assert proc.returncode == 0, proc.stderr
-            latencies.wait_for(10, 10)
+            latencies.wait_for(COUNT, 10)
         finally:
             consumer.stop()
-    first, rest = latencies.seen[0], latencies.seen[1:]
     if backend.name == "lmdb":  # the doorbell: every message, the first one too
-        assert first < BOUND_S, latencies.seen
-    else:  # polling: the first after an idle spell waits out at most the idle beacon interval
-        assert first < IDLE_POLL_SECONDS + BOUND_S, latencies.seen
-    assert max(rest) < BOUND_S, latencies.seen
+        assert max(latencies.seen) < BOUND_S, latencies.seen
+        return
+    # Polling: the queue was idle, so its first message waits out at most the idle beacon interval, and so may
+    # those published meanwhile; from then on the queue flows, and every message is seen within milliseconds.
+    assert latencies.seen[0] < IDLE_POLL_SECONDS + BOUND_S, latencies.seen
+    flowing = int((IDLE_POLL_SECONDS + BOUND_S) / EVERY_S) + 1
+    assert max(latencies.seen[flowing:]) < BOUND_S, latencies.seen
 
 
 def test_fire_sees_a_message_published_by_another_process(backend: Any, make_queue: Any) -> None:
