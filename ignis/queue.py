@@ -134,7 +134,7 @@ class Message:
         if self._settled:
             raise AlreadySettled(f"message {self.id} ({self.ref}) was already acked or nacked")
         queue = self.queue
-        queue.store.delete((self.ref,), (self.envelope.version,))
+        queue.store.delete((self.ref,), (self.envelope.version,), _ids((self,)))
         self._settled = True
         queue._acked.tick()
 
@@ -143,6 +143,12 @@ class Message:
 
     def __repr__(self) -> str:
         return f"Message({self.ref}, id={self.id}, attempts={self.attempts})"
+
+
+def _ids(messages: Sequence[Message]) -> list[str | None]:
+    """The ids a settle checks the store's records against (Storage.delete); None for a record that was no
+    IgnisMQ message (its id is made up), which is settled whatever it holds."""
+    return [None if m.envelope.codec == CODEC_UNREADABLE else m.envelope.msg_id for m in messages]
 
 
 def _check_unsettled(messages: Sequence[Message]) -> None:
@@ -393,7 +399,7 @@ class Queue:
     def ack(self, messages: Sequence[Message]) -> None:
         """Acknowledge (delete) messages in one batch."""
         _check_unsettled(messages)
-        self.store.delete([m.ref for m in messages])
+        self.store.delete([m.ref for m in messages], ids=_ids(messages))
         for m in messages:
             m._settled = True
         self._acked.inc(len(messages))
@@ -408,7 +414,7 @@ class Queue:
     def drop(self, messages: Sequence[Message]) -> None:
         """Delete without sidelining: the handler raised an exception declared ignorable."""
         _check_unsettled(messages)
-        self.store.delete([m.ref for m in messages])
+        self.store.delete([m.ref for m in messages], ids=_ids(messages))
         for m in messages:
             m._settled = True
         IGNORED.labels(self.name).inc(len(messages))
@@ -452,7 +458,7 @@ class Queue:
             counts[target.kind] = len(group)
             moved.extend(group)
         if moved:
-            self.store.delete([m.ref for m in moved])  # only after the copy landed
+            self.store.delete([m.ref for m in moved], ids=_ids(moved))  # after the copy landed
             for m in moved:
                 m._settled = True
         return Transfer(counts["sideline"], counts["dead"], len(messages) - len(moved))

@@ -109,6 +109,35 @@ def test_a_fire_pointer_that_went_back_does_not_deliver_claimed_messages_again(a
     assert q.main.pointers()[0].fire == 10
 
 
+@pytest.mark.parametrize("settle", ["ack one", "ack batch", "nack batch"])
+def test_a_late_settle_of_a_message_the_store_lost_leaves_the_newer_message_in_its_slot(
+        backend, aero: AerospikeStore, settle: str) -> None:
+    """The crash took claimed records and the pointer increments that allocated them; a producer that never saw
+    those slots writes new messages there; the consumer that still holds the lost claims settles them."""
+    ignis = Ignis(aero)
+    ignis.apply(QueueSpec.build(name="reused", handlerType="x", shards=1))
+    q = ignis.queue("reused")
+    for i in range(4):
+        q.publish(f"m{i}".encode(), key="k")
+    held = q.fire_many(4)
+    assert [m.ref.slot for m in held] == [1, 2, 3, 4]
+    for m in held:  # the server lost the records...
+        aero.client.remove(aero._data_key(m.ref))
+    set_pointers(aero, "reused", 0, 0, 0)  # ... and the increments
+    with Ignis(backend.url) as fresh:  # a producer that never saw them
+        newer = [fresh.queue("reused").publish(f"n{i}".encode(), key="k") for i in range(4)]
+    assert [r.slot for r in newer] == [1, 2, 3, 4]  # the slots handed out again (nothing marked them)
+    if settle == "ack one":
+        for m in held:
+            m.ack()
+    elif settle == "ack batch":
+        q.ack(held)
+    else:
+        q.nack(held, "rejected")
+    assert stored_ids(aero, "reused") == [r.id for r in newer]  # not one of them deleted by a stale settle
+    assert [m.id for m in q.fire_many(10)] == [r.id for r in newer]
+
+
 def test_sweep_pointers_epochs_and_the_lease_survive_a_rollback(aero: AerospikeStore) -> None:
     ignis = Ignis(aero)
     ignis.apply(QueueSpec.build(name="swept", handlerType="x", shards=2))

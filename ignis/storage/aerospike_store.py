@@ -1473,22 +1473,33 @@ class AerospikeStore:
             raise self._fail(exc, "settled", self._data_set) from None
         return out
 
-    def _remove_one(self, operation: str, key: tuple[str, str, str]) -> bool:
-        """Delete so it stays deleted: a durable delete, or a tombstone. True if it was present."""
+    def _remove_one(self, operation: str, key: tuple[str, str, str], only: Any = None) -> bool:
+        """Delete so it stays deleted: a durable delete, or a tombstone. True if it was present. `only`: a
+        compiled filter the record must also pass (see _this_message)."""
         try:
             if self._durable:
-                self._call(operation, self._client.remove, key, policy=self._durable_remove)
+                policy = self._durable_remove if only is None else {**self._durable_remove, "expressions": only}
+                self._call(operation, self._client.remove, key, policy=policy)
             else:
-                self._call(operation, self._client.put, key, {TOMBSTONE: now_ms()}, None, self._replace_live)
+                policy = self._replace_live if only is None else {**self._replace_live, "expressions": only}
+                self._call(operation, self._client.put, key, {TOMBSTONE: now_ms()}, None, policy)
             return True
         except _MISSING:
             return False
 
-    def _remove_many(self, operation: str, keys: list[tuple[str, str, str]]) -> int:
+    def _remove_many(self, operation: str, keys: list[tuple[str, str, str]], only: Sequence[Any] | None = None) -> int:
         present = 0
         for start in range(0, len(keys), BATCH_CHUNK):
             chunk = keys[start:start + BATCH_CHUNK]
-            if self._durable:
+            if only is not None:  # a filter per record: one batch_write of per-record policies
+                filters = only[start:start + BATCH_CHUNK]
+                base = {"durable_delete": True} if self._durable else self._replace_live
+                action = [] if self._durable else [{"op": aerospike.OPERATOR_WRITE, "bin": TOMBSTONE, "val": now_ms()}]
+                batch = BatchRecords([Remove(key, policy={"durable_delete": True, "expressions": f}) if self._durable
+                                      else Write(key, action, policy={**base, "expressions": f})
+                                      for key, f in zip(chunk, filters, strict=True)])
+                done = self._call(operation, self._client.batch_write, batch) or batch
+            elif self._durable:
                 done = self._call(operation, self._client.batch_remove, chunk,
                                   policy_batch_remove={"durable_delete": True})
             else:
@@ -1501,10 +1512,25 @@ class AerospikeStore:
                     raise self._record_failure(operation, record, self._data_set)
         return present
 
-    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None) -> int:
+    @staticmethod
+    def _this_message(msg_id: str | None) -> Any:
+        """A settle's filter: the live record of this message (None: any live record). After a store rollback
+        lost a claimed record, its slot can hold a newer message (rollback.py): the claimer's late ack must
+        not delete that one."""
+        if msg_id is None:
+            return _NOT_TOMBSTONED
+        return exp.And(_LIVE, exp.Eq(exp.StrBin(MSG_ID), msg_id)).compile()
+
+    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
+               ids: Sequence[str | None] | None = None) -> int:
         if not refs:
             return 0
         try:
+            if ids is not None:  # (versions: a generation can repeat in a reused slot, so the id decides)
+                filters = [self._this_message(i) for i in ids]
+                if len(refs) == 1:
+                    return int(self._remove_one("delete", self._data_key(refs[0]), filters[0]))
+                return self._remove_many("delete", [self._data_key(ref) for ref in refs], filters)
             if len(refs) == 1:
                 version = versions[0] if versions else None
                 if version is not None and not self._durable:

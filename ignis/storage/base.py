@@ -426,10 +426,13 @@ class Storage(Protocol):
         until the slot's write deadline is known to be over)."""
         ...
 
-    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None) -> int:
+    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
+               ids: Sequence[str | None] | None = None) -> int:
         """Delete records so they stay deleted (one batch). Returns how many were present (an expired
         record not yet purged may count). `versions` (Envelope.version of each, as claimed) are a hint
-        a backend may use to skip a check; the outcome is the same without them."""
+        a backend may use to skip a check; the outcome is the same without them. `ids` (the message ids
+        as claimed): a slot holding another message is left alone; a store that can roll back (rollback.py)
+        can hand a lost message's slot to a newer one while the old claim is still being settled."""
         ...
 
     def stamp_unfired(self, ref: SlotRef, now_ms: int) -> Envelope | None:

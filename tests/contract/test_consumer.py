@@ -32,9 +32,9 @@ class FaultyStore:
         self.calls.append(("load", magazine))
         return refs
 
-    def delete(self, refs, versions=None):
+    def delete(self, refs, versions=None, ids=None):
         self.calls.append(("delete", ",".join(sorted({r.magazine for r in refs}))))
-        return self._inner.delete(refs, versions)
+        return self._inner.delete(refs, versions, ids)
 
 
 def declare(ignis: Ignis, **fields: Any):
@@ -302,11 +302,11 @@ class FailingDeletes(FaultyStore):
         super().__init__(inner)
         self.failures = failures
 
-    def delete(self, refs, versions=None):
+    def delete(self, refs, versions=None, ids=None):
         if self.failures:
             self.failures -= 1
             raise OSError("injected delete failure")
-        return super().delete(refs, versions)
+        return super().delete(refs, versions, ids)
 
 
 def test_a_failed_ack_can_be_retried(backend) -> None:
