@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 from ignis import names
+from ignis.delay import stop_mover
 from ignis.errors import InvalidSpecError, QueueInactive, QueueNotFound
 from ignis.queue import Queue, QueueStats
 from ignis.settings import IgnisSettings, load_settings
@@ -54,6 +55,7 @@ class Ignis:
         for queue in queues:  # slots reserved for publishes that will not come: consumers pass them at once
             queue.main.release_reserved()
         if self._owns_store:
+            stop_mover(self.store)
             self.store.close()
 
     def _store_for(self, client_id: str | None) -> Storage:

@@ -476,6 +476,7 @@ class Consumer:
 
     def _settle(self, queue: Queue, messages: list[Message], reason: str) -> None:
         moved = queue.nack(messages, reason)
+        self._count("retried", moved.retried)
         self._count("sidelined", moved.sidelined)
         self._count("dead-lettered", moved.dead_lettered)
         self._count("sideline-refused", moved.refused)

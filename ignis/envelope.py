@@ -24,6 +24,7 @@ REASON = "reason"
 CODEC = "codec"
 PARTITION_KEY = "pkey"
 HISTORY = "history"
+DUE_AT = "dueAt"  # a delayed message's due time, epoch ms (absent: not delayed)
 
 # Payload codecs: how `payload` bytes turn back into the value that was published.
 CODEC_BYTES = "bytes"
@@ -96,7 +97,7 @@ _BIN_TYPES: tuple[tuple[str, tuple[type, ...], bool], ...] = (
     # bin, accepted types, required
     (PAYLOAD, (bytes, bytearray), True), (MSG_ID, (str,), True), (LOADED_AT, (int,), True),
     (CODEC, (str,), False), (HEADERS, (dict,), False), (PARTITION_KEY, (str,), False), (FIRE_TS, (int,), False),
-    (ATTEMPTS, (int,), False), (REASON, (str,), False), (HISTORY, (list,), False),
+    (ATTEMPTS, (int,), False), (REASON, (str,), False), (HISTORY, (list,), False), (DUE_AT, (int,), False),
 )
 
 
@@ -160,7 +161,7 @@ def unreadable_envelope(problem: str, bins: dict[str, Any], where: str) -> Envel
 class Envelope:
     """One message as stored. Mutable on purpose: fire stamps it, sideline annotates it."""
 
-    __slots__ = ("attempts", "codec", "fire_ts", "headers", "history", "key", "loaded_at", "msg_id",
+    __slots__ = ("attempts", "codec", "due_at", "fire_ts", "headers", "history", "key", "loaded_at", "msg_id",
                  "payload", "reason", "version")
 
     def __init__(
@@ -175,6 +176,7 @@ class Envelope:
         attempts: int = 0,
         reason: str | None = None,
         history: list[list[Any]] | None = None,
+        due_at: int | None = None,
     ) -> None:
         self.payload = payload
         self.msg_id = msg_id
@@ -186,6 +188,7 @@ class Envelope:
         self.attempts = attempts
         self.reason = reason
         self.history = history
+        self.due_at = due_at
         # The store's version of the record as read (Aerospike: its generation), or None: lets an ack
         # check in one cheap compare that nobody wrote the record since this handle claimed it.
         self.version: int | None = None
@@ -209,6 +212,8 @@ class Envelope:
             bins[REASON] = self.reason
         if self.history:
             bins[HISTORY] = self.history
+        if self.due_at is not None:
+            bins[DUE_AT] = self.due_at
         return bins
 
     @classmethod
@@ -224,6 +229,7 @@ class Envelope:
             attempts=bins.get(ATTEMPTS, 0),
             reason=bins.get(REASON),
             history=bins.get(HISTORY),
+            due_at=bins.get(DUE_AT),
         )
 
     def for_transfer(self, reason: str | None, at_ms: int, attempts: int | None = None) -> Envelope:
@@ -235,7 +241,7 @@ class Envelope:
             history.append([at_ms, reason, attempts])
             history = history[-HISTORY_LIMIT:]
         return Envelope(self.payload, self.msg_id, self.loaded_at, codec=self.codec, headers=self.headers,
-                        key=self.key, attempts=attempts, reason=reason, history=history or None)
+                        key=self.key, attempts=attempts, reason=reason, history=history or None, due_at=self.due_at)
 
     def decoded(self) -> Any:
         return decode_payload(self.payload, self.codec)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ignis import names
 from ignis.activity import ShardActivity, activity_for, with_work
+from ignis.delay import mover_for
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.errors import HoleBudgetExceeded, StoreError
 from ignis.metrics import FIRE_CLAIMS, HOLE_BUDGET_EXHAUSTED, HOLES_SKIPPED, LATE_WRITES
@@ -345,8 +346,16 @@ class Magazine:
         return self._activity.wait(seen, timeout)
 
     def watch(self) -> None:
-        """Have the process's watcher follow this magazine (for the next ignis.watch.KEEP_WATCHING_SECONDS)."""
+        """Have the process's watcher follow this magazine (for the next ignis.watch.KEEP_WATCHING_SECONDS), and
+        its delay mover move the queue's due messages into it (ignis.delay)."""
         watcher_for(self.store).watch(self.name, self.shards, self._activity)
+        if self._count_attempt:
+            mover_for(self.store).follow(self)
+
+    def ring(self) -> None:
+        """Bump the beacon (at most once a second): watchers of the idle queue elsewhere read it (a delayed
+        publish: their movers look)."""
+        self._ring(())
 
     def wake(self) -> None:
         """Wake every consumer waiting on this magazine (one stops)."""

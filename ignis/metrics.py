@@ -134,10 +134,14 @@ class _Child:
 
 
 PUBLISHED = FastCounter("ignis_published", "Messages published", ["queue"])
+DELAYED_PUBLISHED = FastCounter("ignis_delayed_published", "Messages published (or retried) with a delay",
+                                ["queue"])
 DELIVERED = FastCounter("ignis_delivered", "Messages fired to a consumer", ["queue"])
 REDELIVERED = FastCounter("ignis_redelivered", "Deliveries of messages delivered before (attempts > 1: after a "
                           "failure, a sweep or a shovel)", ["queue"])
 ACKED = FastCounter("ignis_acked", "Messages acknowledged (deleted after success)", ["queue"])
+RETRIED = FastCounter("ignis_retried", "Failed messages set to be delivered again later (a nack with a delay, or "
+                      "the queue's retry backoff), by reason", ["queue", "reason"])
 SIDELINED = FastCounter("ignis_sidelined", "Messages moved to the sideline, by reason", ["queue", "reason"])
 DEAD_LETTERED = FastCounter("ignis_dead_lettered", "Messages moved to the dead-letter magazine",
                             ["queue", "reason"])

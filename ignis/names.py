@@ -78,6 +78,24 @@ def meta_key(magazine: str, shard: int) -> str:
     return f"{magazine}_SHARD_{shard}_METADATA"
 
 
+DELAYED_SUFFIX = "_DELAYED"
+
+
+def delayed_key(queue: str, due_ms: int, msg_id: str) -> str:
+    """A delayed message's data record: by due time (13 digits of epoch ms: text order is time order, so lmdb
+    reads the due ones as a prefix), then its id."""
+    return f"{queue}{DELAYED_SUFFIX}_{due_ms:013d}_{msg_id}"
+
+
+def delayed_prefix(queue: str) -> str:
+    return f"{queue}{DELAYED_SUFFIX}_"
+
+
+def delayed_meta_key(queue: str) -> str:
+    """The queue's delay record in the meta set: how many delayed messages it holds, and who moves them."""
+    return f"{queue}{DELAYED_SUFFIX}_METADATA"
+
+
 def beacon_key(magazine: str) -> str:
     """The magazine's beacon record in the meta set (a counter publishers bump now and then: ignis.watch)."""
     return f"{magazine}_BEACON"

@@ -8,12 +8,16 @@ re-homes it later), so a failure duplicates but never loses.
 from __future__ import annotations
 
 import logging
+import math
+import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from ignis import names
+from ignis.delay import wake_mover
 from ignis.envelope import (
     CODEC_BYTES,
     CODEC_UNREADABLE,
@@ -32,11 +36,13 @@ from ignis.magazine import Magazine
 from ignis.metrics import (
     ACKED,
     DEAD_LETTERED,
+    DELAYED_PUBLISHED,
     DELIVERED,
     DELIVERY_LATENCY,
     IGNORED,
     PUBLISHED,
     REDELIVERED,
+    RETRIED,
     SIDELINE_REFUSED,
     SIDELINED,
 )
@@ -68,6 +74,7 @@ class Transfer:
     sidelined: int
     dead_lettered: int
     refused: int  # copy failed: the original stays in main for the sweeper
+    retried: int = 0  # waiting for their next attempt (a nack with a delay, or the queue's retry backoff)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,7 @@ class QueueStats:
     sidelined: int  # messages in the sideline not claimed (shovelled) yet
     dead: int  # messages in the dead-letter magazine not claimed (redriven) yet
     in_flight: int | None = None  # claimed, still present in main (see Magazine.in_flight); None = not asked
+    delayed: int = 0  # published (or retried) for later and not due yet: not in depth
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -138,8 +146,10 @@ class Message:
         self._settled = True
         queue._acked.tick()
 
-    def nack(self, reason: str = NACKED) -> None:
-        self.queue.nack([self], reason)
+    def nack(self, reason: str = NACKED, delay: float | timedelta | None = None) -> None:
+        """Give the message up for now: delivered again after `delay` (seconds or a timedelta), or as the queue's
+        retry policy says, else moved to the sideline; past maxDeliveries to the dead letters."""
+        self.queue.nack([self], reason, delay=delay)
 
     def __repr__(self) -> str:
         return f"Message({self.ref}, id={self.id}, attempts={self.attempts})"
@@ -220,11 +230,48 @@ class Queue:
         data, codec = self._encode(payload)
         return Envelope(data, id or new_message_id(), now_ms(), codec=codec, headers=headers, key=key)
 
+    def delay_seconds(self, delay: float | timedelta) -> float:
+        """`delay` (seconds or a timedelta) as seconds. Raises InvalidInputError for one that is negative, not a
+        number, or longer than the queue's messageExpirySeconds (the message would expire before it is due)."""
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) \
+                or seconds < 0:
+            raise InvalidInputError(f"delay {delay!r}: must be a number of seconds >= 0 or a timedelta")
+        expiry = self.spec.message_expiry_seconds
+        if expiry > 0 and seconds > expiry:
+            raise InvalidInputError(f"delay {seconds:g} s is longer than queue {self.name}'s messageExpirySeconds "
+                                    f"{expiry}: the message would expire before it is due")
+        return float(seconds)
+
+    def due_at(self, delay: float | timedelta | None, at: int | None = None) -> int | None:
+        """The due time (epoch ms) of a message published at `at` (now) with `delay`; None for no delay."""
+        if delay is None:
+            return None
+        seconds = self.delay_seconds(delay)
+        return None if seconds == 0 else (now_ms() if at is None else at) + math.ceil(seconds * 1000)
+
+    def _publish_delayed(self, envelopes: list[Envelope], due: int) -> list[MessageRef]:
+        """Store messages for later (ignis.delay); their refs name the `{queue}_DELAYED` records, slot = due."""
+        for env in envelopes:
+            env.due_at = due
+        self.store.load_delayed(self.name, envelopes, self.spec.message_expiry_seconds)
+        self._published.inc(len(envelopes))
+        DELAYED_PUBLISHED.labels(self.name).inc(len(envelopes))
+        self.main.ring()  # an idle watcher elsewhere reads the beacon; this process's mover looks now
+        wake_mover(self.store)
+        magazine = self.name + names.DELAYED_SUFFIX
+        return [MessageRef(env.msg_id, magazine, 0, due) for env in envelopes]
+
     def publish(self, payload: Any, *, id: str | None = None, key: str | None = None,
-                headers: Mapping[str, str] | None = None) -> MessageRef:
+                headers: Mapping[str, str] | None = None, delay: float | timedelta | None = None) -> MessageRef:
         """Store one message durably (per the store's durability mode) and return its reference.
-        A given `key` always maps to the same shard, which keeps per-key order within the shard."""
+        A given `key` always maps to the same shard, which keeps per-key order within the shard.
+        `delay` (seconds, or a timedelta): not delivered before then (README "Delayed delivery")."""
         at = now_ms()
+        if delay is not None:
+            due = self.due_at(delay, at)
+            if due is not None:
+                return self._publish_delayed([self.envelope(payload, id=id, key=key, headers=headers)], due)[0]
         if id is None and key is None and headers is None and type(payload) is bytes:  # the common case, lean
             if len(payload) > self.max_payload_bytes:
                 raise PayloadTooLarge(len(payload), self.max_payload_bytes, self.name)
@@ -240,9 +287,15 @@ class Queue:
         return ref
 
     def publish_many(self, payloads: Iterable[Any], *, key: str | None = None,
-                     headers: Mapping[str, str] | None = None) -> list[MessageRef]:
+                     headers: Mapping[str, str] | None = None,
+                     delay: float | timedelta | None = None) -> list[MessageRef]:
         """Publish many payloads in one group commit. Every payload is validated before anything is
-        written, so a bad one leaves the queue unchanged; on lmdb the whole call is one transaction."""
+        written, so a bad one leaves the queue unchanged; on lmdb the whole call is one transaction.
+        `delay`: as publish's, for all of them."""
+        due = self.due_at(delay)
+        if due is not None:
+            envelopes = [self.envelope(p, key=key, headers=headers) for p in payloads]
+            return self._publish_delayed(envelopes, due) if envelopes else []
         shared_headers = self._check_options(None, key, headers)
         limit = self.max_payload_bytes
         data = payloads if type(payloads) is list else list(payloads)
@@ -345,7 +398,8 @@ class Queue:
         if envelope.attempts > 1:  # type: ignore[union-attr]
             self._redelivered.tick()
         else:
-            self._latency.observe(max(time.time() - envelope.loaded_at / 1000, 0.0))  # type: ignore[union-attr]
+            since = envelope.due_at or envelope.loaded_at  # type: ignore[union-attr]  # (a delayed one: its due time)
+            self._latency.observe(max(time.time() - since / 1000, 0.0))
         return Message(self, claimed.ref, envelope)  # type: ignore[arg-type]
 
     def fire_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
@@ -389,7 +443,8 @@ class Queue:
                 if envelope.attempts > 1:  # type: ignore[union-attr]
                     again += 1
                 else:
-                    self._latency.observe(max(now - envelope.loaded_at / 1000, 0.0))  # type: ignore[union-attr]
+                    since = envelope.due_at or envelope.loaded_at  # type: ignore[union-attr]
+                    self._latency.observe(max(now - since / 1000, 0.0))
             if again:
                 self._redelivered.inc(again)
         return [Message(self, c.ref, c.envelope) for c in claimed]  # type: ignore[arg-type]
@@ -404,12 +459,57 @@ class Queue:
             m._settled = True
         self._acked.inc(len(messages))
 
-    def nack(self, messages: Sequence[Message], reason: str = NACKED) -> Transfer:
-        """Move messages to the sideline (or dead letters past maxDeliveries) with a reason.
-        Messages whose copy failed stay unsettled (and stored): nack them again, or leave them to
-        the sweeper."""
+    def nack(self, messages: Sequence[Message], reason: str = NACKED,
+             delay: float | timedelta | None = None) -> Transfer:
+        """Give failed messages up, with a reason: with `delay`, or on a queue with a retry policy, each is
+        delivered again after that wait (ignis.delay); else moved to the sideline. Past maxDeliveries they go to
+        the dead letters either way. Messages whose copy failed stay unsettled (and stored): nack them again, or
+        leave them to the sweeper."""
         _check_unsettled(messages)
+        if reason != UNREADABLE and (delay is not None or self.spec.retry is not None):
+            return self.retry(messages, reason, None if delay is None else self.delay_seconds(delay))
         return self.transfer(messages, reason)
+
+    def retry_wait(self, message: Message) -> float:
+        """Seconds before a failed message's next attempt under the queue's retry policy (its deliveries so far
+        are the failed delivery's number); with jitter, drawn from [0, the backoff]."""
+        policy = self.spec.retry
+        if policy is None:
+            return 0.0
+        wait = policy.backoff_seconds(message.attempts)
+        return random.uniform(0, wait) if policy.jitter else wait
+
+    def retry(self, messages: Sequence[Message], reason: str, wait: float | None = None) -> Transfer:
+        """Deliver failed messages again after `wait` seconds (None: the retry policy's backoff), as delayed
+        messages: the copy first, then the delete, as every move. Past maxDeliveries: the dead letters."""
+        limit = self.spec.max_deliveries
+        dead = [m for m in messages if limit and m.attempts >= limit]
+        later = [m for m in messages if not (limit and m.attempts >= limit)]
+        outcome = self.transfer(dead, reason) if dead else Transfer(0, 0, 0)
+        if not later:
+            return outcome
+        at = now_ms()
+        copies = []
+        for m in later:
+            copy = m.envelope.for_transfer(reason, at)
+            copy.reason = None  # still a main message: the reason is in its history
+            seconds = self.retry_wait(m) if wait is None else wait
+            copy.due_at = at + max(math.ceil(seconds * 1000), 1)
+            copies.append(copy)
+        try:
+            self.store.load_delayed(self.name, copies, self.spec.message_expiry_seconds)
+        except Exception as exc:
+            log.error("retry copy of %d message(s) of %s failed; originals kept for the sweeper: %s: %s", len(later),
+                      self.name, type(exc).__name__, one_line(exc), exc_info=not isinstance(exc, IgnisError))
+            SIDELINE_REFUSED.labels(self.name).inc(len(later))
+            return Transfer(outcome.sidelined, outcome.dead_lettered, outcome.refused + len(later))
+        self.store.delete([m.ref for m in later], ids=_ids(later))  # after the copy landed
+        for m in later:
+            m._settled = True
+        RETRIED.labels(self.name, reason).inc(len(later))
+        self.main.ring()
+        wake_mover(self.store)
+        return Transfer(outcome.sidelined, outcome.dead_lettered, outcome.refused, len(later))
 
     def drop(self, messages: Sequence[Message]) -> None:
         """Delete without sidelining: the handler raised an exception declared ignorable."""
@@ -480,6 +580,7 @@ class Queue:
             sidelined=self.sideline.pending(),
             dead=self.dead.pending(),
             in_flight=self.main.in_flight(self._sweep_pointers()) if in_flight else None,
+            delayed=self.store.delay_states([self.name])[0].count,
         )
 
     def in_flight_summary(self) -> tuple[int, int | None]:

@@ -50,6 +50,34 @@ class BatchingSpec(_Model):
     max_wait_seconds: int = Field(ge=1, le=300)
 
 
+class RetrySpec(_Model):
+    """Retries with backoff (README "Retries"): failed delivery n is redelivered after
+    min(maxBackoffSeconds, minBackoffSeconds x multiplier^(n-1)); with `jitter`, after a wait drawn from
+    [0, that] (full jitter). Without it a failed message goes to the sideline for the shovel."""
+
+    min_backoff_seconds: float = Field(10.0, gt=0, le=ONE_YEAR_SECONDS)
+    max_backoff_seconds: float = Field(600.0, gt=0, le=ONE_YEAR_SECONDS)
+    multiplier: float = Field(2.0, ge=1, le=100)
+    jitter: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RetrySpec:
+        if self.min_backoff_seconds > self.max_backoff_seconds:
+            raise ValueError(f"retry.minBackoffSeconds ({self.min_backoff_seconds:g}) must be <= "
+                             f"retry.maxBackoffSeconds ({self.max_backoff_seconds:g})")
+        return self
+
+    def backoff_seconds(self, failed_delivery: int) -> float:
+        """The wait before the next attempt after failed delivery `failed_delivery` (1 = the first), before
+        jitter."""
+        exponent = max(failed_delivery, 1) - 1
+        try:
+            wait = self.min_backoff_seconds * self.multiplier ** exponent
+        except OverflowError:
+            wait = self.max_backoff_seconds
+        return min(self.max_backoff_seconds, wait)
+
+
 class QueueSpec(_Model):
     name: str = Field(min_length=1, max_length=63, pattern=QUEUE_NAME_PATTERN)
     handler_type: str = Field(min_length=1, max_length=100, pattern=HANDLER_TYPE_PATTERN)
@@ -64,6 +92,7 @@ class QueueSpec(_Model):
     max_deliveries: int = Field(10, ge=0, le=1000)
     handler_timeout_seconds: int = Field(600, ge=1, le=1800)
     deletion_policy: DeletionPolicy = DeletionPolicy.RETAIN
+    retry: RetrySpec | None = None
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> QueueSpec:
@@ -71,6 +100,11 @@ class QueueSpec(_Model):
             raise ValueError(
                 f"queueExpirySeconds ({self.queue_expiry_seconds}) must be >= messageExpirySeconds "
                 f"({self.message_expiry_seconds}): a queue may not expire before its messages"
+            )
+        if self.retry is not None and self.retry.max_backoff_seconds > self.message_expiry_seconds:
+            raise ValueError(
+                f"retry.maxBackoffSeconds ({self.retry.max_backoff_seconds:g}) must be <= messageExpirySeconds "
+                f"({self.message_expiry_seconds}): a retry may not wait longer than its message lives"
             )
         return self
 
@@ -145,6 +179,11 @@ class QueueSpec(_Model):
             "maxDeliveries": self.max_deliveries,
             "handlerTimeout": self.handler_timeout_seconds * 1000,
             "deletionPolicy": self.deletion_policy.value,
+            # only with retries: records of queues without them keep their layout
+            **({"retryMinMs": round(self.retry.min_backoff_seconds * 1000),
+                "retryMaxMs": round(self.retry.max_backoff_seconds * 1000),
+                "retryMult": float(self.retry.multiplier), "retryJitter": int(self.retry.jitter)}
+               if self.retry is not None else {}),
         }
 
     @classmethod
@@ -173,6 +212,12 @@ class QueueSpec(_Model):
             "maxDeliveries": bins.get("maxDeliveries", 10),
             "handlerTimeoutSeconds": max(1, int(bins.get("handlerTimeout", 600_000) or 600_000) // 1000),
             "deletionPolicy": bins.get("deletionPolicy", "Retain"),
+            "retry": (
+                {"minBackoffSeconds": int(bins["retryMinMs"]) / 1000,
+                 "maxBackoffSeconds": int(bins.get("retryMaxMs") or bins["retryMinMs"]) / 1000,
+                 "multiplier": float(bins.get("retryMult") or 1.0), "jitter": bool(bins.get("retryJitter"))}
+                if int(bins.get("retryMinMs", 0) or 0) > 0 else None
+            ),
         }
         return cls.build(f"stored record {name!r}", **{k: v for k, v in fields.items() if v is not None})
 

@@ -32,6 +32,7 @@ import weakref
 from dataclasses import dataclass
 
 from ignis.activity import ShardActivity
+from ignis.delay import wake_mover
 from ignis.errors import StoreError
 from ignis.outage import Backoff
 from ignis.storage.base import BEACON_SECONDS, Doorbell, Storage
@@ -155,6 +156,7 @@ class Watcher:
         for w, value in zip(idle, store.read_beacons([w.magazine for w in idle]), strict=True):
             if value != w.beacon:
                 w.beacon, w.interval, w.due = None, FAST_POLL_SECONDS, 0.0
+                wake_mover(store)  # perhaps a delayed publish: the mover reads the delay records now
             else:  # nothing published since: what its consumers know is as good as a fresh read of the pointers
                 w.activity.fresh_until = time.monotonic() + 2 * IDLE_POLL_SECONDS
 

@@ -60,7 +60,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
@@ -81,6 +81,7 @@ from ignis.envelope import (
     CODEC,
     CODEC_BYTES,
     CODEC_UNREADABLE,
+    DUE_AT,
     FIRE_TS,
     HEADERS,
     HISTORY,
@@ -105,6 +106,9 @@ from ignis.storage.base import (
     ACTIVE,
     BEACON_SECONDS,
     CREATED_AT,
+    DELAY_LEADER,
+    DELAY_UNTIL,
+    DELAYED_COUNT,
     FIRE_POINTER,
     HOLES,
     HOLES_CLAIMED,
@@ -120,6 +124,7 @@ from ignis.storage.base import (
     ClaimInDoubt,
     ClaimInterrupted,
     ClaimTicket,
+    DelayState,
     LeaseRecord,
     MagazineKind,
     Move,
@@ -151,9 +156,14 @@ CLAIM_FROM = "claimFrom"  # expression-read result: the fire pointer before the 
 # Every claim leaves its token (and, for a claim of several slots, the fire pointer before it) on the meta
 # record, so a claimer whose answer was lost can tell later whether the claim was applied and what it took.
 LAST_CLAIM, LAST_FROM = "lastClaim", "lastFrom"
-ENVELOPE_BINS = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, REASON, HISTORY, FIRE_TS, ATTEMPTS)
+ENVELOPE_BINS = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, REASON, HISTORY, FIRE_TS, ATTEMPTS,
+                 DUE_AT)
 BATCH_CHUNK = 5000  # keys per batch call in peeks and purges
 BEACON_BIN = "BEACON"  # the counter of a magazine's beacon record (Storage.beacon)
+# A delayed message's data record (names.delayed_key) also holds its due time in an indexed bin (a NUMERIC
+# secondary index, `{data set}_due`: the due ones are one range query) and its queue (the query's filter).
+# A tombstone drops both, so a moved message leaves the index; a message moved to main keeps only dueAt.
+DELAY_INDEX_BIN, DELAY_QUEUE_BIN = "dueWait", "dueQ"
 MAX_BIN_NAME = 15
 RECORD_OVERHEAD = 128  # record header + key + per-bin overhead estimate, for the size pre-check
 ROLLBACK_SEAL_TTL = 30 * 86400  # seals of slots left by an allocation that met a rollback (no queue TTL at hand)
@@ -232,6 +242,11 @@ class _Shared:
         self.marks = HighMarks()  # the highest pointers and generations this process has seen (rollback.py)
         self.lease_holds: dict[str, float] = {}  # lease name -> monotonic time until which it is not used
         self.beacons: dict[tuple[str, str], float] = {}  # (meta set, magazine) -> when this process bumped it
+        self.delay_indexes: set[str] = set()  # data sets whose delay index this process made sure of
+        # Queries running on the client (the delay movers' threads): close() lets them end first, since the C
+        # client does not survive a close under a running query (a segfault, seen in tests).
+        self.queries = 0
+        self.queries_done = threading.Condition(self.lock)
         self.claim_prefix = uuid.uuid4().hex[:10]  # claim tokens: this prefix and a counter
         self.claim_seq = itertools.count(1)
         self.durable_delete = self._detect_durable_delete()
@@ -421,8 +436,24 @@ class AerospikeStore:
             if shared.closed:
                 return
             shared.closed = True
+            shared.queries_done.wait_for(lambda: shared.queries == 0, timeout=shared.settings.total_timeout_ms / 1000)
         if shared.owns_client:
             shared.client.close()
+
+    @contextlib.contextmanager
+    def _query_running(self) -> Iterator[None]:
+        """Around a query of a background thread: refused once closing, and waited for by close()."""
+        shared = self._shared
+        with shared.lock:
+            if shared.closed:
+                raise StoreUnavailable(f"{self._url}: the store handle is closed")
+            shared.queries += 1
+        try:
+            yield
+        finally:
+            with shared.lock:
+                shared.queries -= 1
+                shared.queries_done.notify_all()
 
     def key(self, set_name: str, key: str) -> tuple[str, str, str]:
         return (self._ns, set_name, key)
@@ -497,13 +528,14 @@ class AerospikeStore:
         get = bins.get
         payload, msg_id, loaded_at, codec = get(PAYLOAD), get(MSG_ID), get(LOADED_AT), get(CODEC) or CODEC_BYTES
         headers, key, fire_ts, attempts = get(HEADERS), get(PARTITION_KEY), get(FIRE_TS), get(ATTEMPTS) or 0
-        reason, history = get(REASON), get(HISTORY)
+        reason, history, due_at = get(REASON), get(HISTORY), get(DUE_AT)
         if type(payload) is not bytes or type(msg_id) is not str or not msg_id or type(loaded_at) is not int \
                 or type(attempts) is not int or codec not in STORED_CODECS \
                 or (fire_ts is not None and type(fire_ts) is not int) \
                 or (headers is not None and type(headers) is not dict) \
                 or (key is not None and type(key) is not str) or (reason is not None and type(reason) is not str) \
-                or (history is not None and type(history) is not list):
+                or (history is not None and type(history) is not list) \
+                or (due_at is not None and type(due_at) is not int):
             problem = envelope_problem(dict(bins))
             if problem is not None:
                 envelope = unreadable_envelope(problem, dict(bins), where)
@@ -514,7 +546,8 @@ class AerospikeStore:
             envelope = unreadable_envelope("bin headers is not a map of strings", dict(bins), where)
             envelope.version = version
             return envelope
-        envelope = Envelope(payload, msg_id, loaded_at, codec, headers, key, fire_ts, attempts, reason, history)
+        envelope = Envelope(payload, msg_id, loaded_at, codec, headers, key, fire_ts, attempts, reason, history,
+                            due_at)
         envelope.version = version
         return envelope
 
@@ -536,13 +569,13 @@ class AerospikeStore:
         if failure is not None:
             raise failure[1]
 
-    def _index_on_every_node(self) -> bool:
-        """Whether every node already has the index: one cheap info call. Creating it again would
-        also succeed, but the client then waits for the index to be ready, about 2 s on Aerospike 8.1
-        even when it exists (measured), which every process start would pay."""
+    def _index_on_every_node(self, name: str | None = None) -> bool:
+        """Whether every node already has the index (`name`; default: the queue set's): one cheap info call.
+        Creating it again would also succeed, but the client then waits for the index to be ready, about 2 s on
+        Aerospike 8.1 even when it exists (measured), which every process start would pay."""
         try:
             answers = self._call("ensure_index", self._client.info_all,
-                                 f"sindex-exists:namespace={self._ns};indexname={self._index_name}")
+                                 f"sindex-exists:namespace={self._ns};indexname={name or self._index_name}")
         except ex.AerospikeError:
             return False  # not answerable (an older server, no privilege): let the create decide
         texts = [str(answer[1] if isinstance(answer, tuple) else answer) for answer in (answers or {}).values()]
@@ -1585,6 +1618,135 @@ class AerospikeStore:
             raise self._fail(exc, "pointers", self._meta_set) from None
         return out
 
+    # ---- delayed messages (ignis.delay) -------------------------------------------------------
+    def _delay_index(self) -> str:
+        """The delay index's name, created the first time this process needs it (IndexFoundError: there)."""
+        name = f"{self._data_set}_due"
+        if self._data_set not in self._shared.delay_indexes and not self._index_on_every_node(name):
+            try:
+                self._call("ensure_index", self._client.index_single_value_create, self._ns, self._data_set,
+                           DELAY_INDEX_BIN, aerospike.INDEX_NUMERIC, name)
+            except ex.IndexFoundError:
+                pass
+            except ex.AerospikeError as exc:
+                mapped = map_error(exc, "index create", self._url)
+                kind = type(mapped) if isinstance(mapped, StoreUnavailable) else StoreError
+                raise kind(f"cannot create secondary index {name!r} on {self._ns}.{self._data_set}."
+                           f"{DELAY_INDEX_BIN} (delayed messages need it): {mapped}") from None
+        self._shared.delay_indexes.add(self._data_set)
+        return name
+
+    def _delay_meta(self, queue: str) -> tuple[str, str, str]:
+        return self.key(self._meta_set, names.delayed_meta_key(queue))
+
+    def load_delayed(self, queue: str, envelopes: Sequence[Envelope], ttl_seconds: int) -> None:
+        if not envelopes:
+            return
+        self._delay_index()
+        policy = {**self._wp, "ttl": self._ttl(ttl_seconds)}  # create or replace: a retry writes the same record
+        items = [(self.key(self._data_set, names.delayed_key(queue, env.due_at or 0, env.msg_id)),
+                  {**env.to_bins(), DELAY_INDEX_BIN: env.due_at or 0, DELAY_QUEUE_BIN: queue}) for env in envelopes]
+        try:  # the count first (Storage.load_delayed): not repeated when in doubt, a count too high is harmless
+            self._call("load_delayed", self._client.operate, self._delay_meta(queue),
+                       [ops.increment(DELAYED_COUNT, len(items))], None, self._never, idempotent=False)
+            if len(items) == 1:
+                self._call("load_delayed", self._client.put, items[0][0], items[0][1], None, policy)
+                return
+            write = aerospike.OPERATOR_WRITE
+            for start in range(0, len(items), BATCH_CHUNK):
+                chunk = items[start:start + BATCH_CHUNK]
+                batch = BatchRecords([Write(key, [{"op": write, "bin": k, "val": v} for k, v in bins.items()],
+                                            policy=policy) for key, bins in chunk])
+                done = self._call("load_delayed", self._client.batch_write, batch) or batch
+                failed = [r for r in self._answers("load_delayed", done, len(chunk), self._data_set) if r.result]
+                if failed:
+                    raise self._record_failure("load_delayed", failed[0], self._data_set)
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "load_delayed", self._data_set) from None
+
+    def due_delayed(self, queue: str, now_ms_: int, limit: int) -> list[Envelope]:
+        found: list[Envelope] = []
+        wanted = exp.And(exp.Eq(exp.StrBin(DELAY_QUEUE_BIN), queue), _LIVE).compile()
+
+        def run() -> None:
+            found.clear()
+            query = self._client.query(self._ns, self._data_set)
+            query.select(*ENVELOPE_BINS)
+            query.where(aerospike.predicates.between(DELAY_INDEX_BIN, 0, now_ms_))
+
+            def take(record: tuple) -> bool:
+                found.append(self._envelope(record[2], None, record[0][2]))
+                return len(found) < limit  # False stops the query
+
+            query.foreach(take, {"expressions": wanted})
+
+        try:
+            self._delay_index()
+            with self._query_running():
+                self._call("due_delayed", run)
+        except (ex.IndexNotFound, ex.IndexNotReadable):
+            return []  # the index is still being built: nothing is known to be due yet
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "due_delayed", self._data_set) from None
+        return sorted(found, key=lambda env: env.due_at or 0)
+
+    def settle_delayed(self, queue: str, envelopes: Sequence[Envelope]) -> int:
+        if not envelopes:
+            return 0
+        keys = [self.key(self._data_set, names.delayed_key(queue, env.due_at or 0, env.msg_id)) for env in envelopes]
+        try:
+            gone = self._remove_many("settle_delayed", keys)
+            if gone:
+                self._call("settle_delayed", self._client.operate, self._delay_meta(queue),
+                           [ops.increment(DELAYED_COUNT, -gone)], None, self._never, idempotent=False)
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "settle_delayed", self._data_set) from None
+        return gone
+
+    def lead_delayed(self, queue: str, holder: str, now_ms_: int, hold_ms: int) -> bool:
+        free = exp.Or(exp.Not(exp.BinExists(DELAY_LEADER)), exp.Eq(exp.StrBin(DELAY_LEADER), holder),
+                      exp.LT(exp.IntBin(DELAY_UNTIL), now_ms_)).compile()
+        try:
+            self._call("lead_delayed", self._client.operate, self._delay_meta(queue),
+                       [ops.write(DELAY_LEADER, holder), ops.write(DELAY_UNTIL, now_ms_ + hold_ms)], None,
+                       {**self._never, "expressions": free})
+            return True
+        except ex.FilteredOut:
+            return False
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "lead_delayed", self._meta_set) from None
+
+    def delay_states(self, queues: Sequence[str]) -> list[DelayState]:
+        if not queues:
+            return []
+        try:
+            found = self._batch_get("delay_states", [self._delay_meta(q) for q in queues])
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "delay_states", self._meta_set) from None
+        return [DelayState(max(int((bins or {}).get(DELAYED_COUNT) or 0), 0), None) for bins in found]
+
+    def _purge_delayed(self, queue: str) -> int:
+        """A queue's delayed messages (by the index) and its delay record."""
+        keys: list[Any] = []
+
+        def run() -> None:
+            keys.clear()
+            query = self._client.query(self._ns, self._data_set)
+            query.select(DELAY_QUEUE_BIN)
+            query.where(aerospike.predicates.between(DELAY_INDEX_BIN, 0, 2**62))
+            query.foreach(lambda record: keys.append(record[0][:3]),
+                          {"expressions": exp.Eq(exp.StrBin(DELAY_QUEUE_BIN), queue).compile()})
+
+        try:
+            self._delay_index()
+            self._call("purge_magazine", run)
+        except (ex.IndexNotFound, ex.IndexNotReadable):
+            pass
+        removed = self._purge_keys([(k[0], k[1], k[2]) for k in keys]) if keys else 0
+        with contextlib.suppress(ex.RecordNotFound):
+            self._call("purge_magazine", self._client.remove, self._delay_meta(queue))
+        return removed
+
     def purge_magazine(self, magazine: str) -> int:
         """Find the magazine's shards by a scan of the meta set (small: one record per shard), then turn
         every record of data slots 1..LOAD_POINTER and the meta records into purge tombstones (durable
@@ -1614,6 +1776,8 @@ class AerospikeStore:
             self._purge_keys([self._meta_key(magazine, shard) for shard in sorted(shards)])
             with contextlib.suppress(ex.RecordNotFound):
                 self._call("purge_magazine", self._client.remove, self.key(self._meta_set, names.beacon_key(magazine)))
+            if names.queue_and_kind(magazine)[1] == "main":
+                removed += self._purge_delayed(magazine)
         except ex.AerospikeError as exc:
             raise self._fail(exc, "purge_magazine", self._data_set) from None
         return removed

@@ -222,6 +222,20 @@ class LeaseRecord:
         return now_ms >= self.renewed_ms + self.duration_s * 1000
 
 
+# Bins of a queue's delay record (names.delayed_meta_key): the delayed messages it holds, and the lease of
+# the process moving the due ones (Storage.lead_delayed).
+DELAYED_COUNT, DELAY_LEADER, DELAY_UNTIL = "DELAYED", "dueLead", "dueUntil"
+
+
+@dataclass(frozen=True, slots=True)
+class DelayState:
+    """What a queue's delay record says: the delayed messages it holds, and when the earliest is due where the
+    store can tell that cheaply (lmdb reads it off its key order; None: not known, or none)."""
+
+    count: int = 0
+    next_due: int | None = None
+
+
 # A publisher bumps a magazine's beacon at most this often (Storage.beacon); a watcher treats a queue whose
 # pointers stood still for longer than this (plus a margin) as idle, and from then on reads only its beacon.
 BEACON_SECONDS = 1.0
@@ -462,6 +476,32 @@ class Storage(Protocol):
 
     def read_beacons(self, magazines: Sequence[str]) -> list[int]:
         """The beacon of each magazine (0 when never bumped), in one store call."""
+        ...
+
+    # ---- delayed messages (ignis.delay) -----------------------------------------------------------------
+    def load_delayed(self, queue: str, envelopes: Sequence[Envelope], ttl_seconds: int) -> None:
+        """Store messages that are not due yet (each with `due_at`) under names.delayed_key, and count them in
+        the queue's delay record: the count first, so a crash between leaves it high (a wasted look), never
+        low (a message nobody looks for). One transaction on lmdb."""
+        ...
+
+    def due_delayed(self, queue: str, now_ms: int, limit: int) -> list[Envelope]:
+        """Up to `limit` of the queue's delayed messages due at `now_ms` (earliest first where the store keeps
+        them in order). An index still being built answers nothing yet."""
+        ...
+
+    def settle_delayed(self, queue: str, envelopes: Sequence[Envelope]) -> int:
+        """Delete delayed messages once their copy is in main (so they stay deleted), and uncount them; returns
+        how many were still there."""
+        ...
+
+    def lead_delayed(self, queue: str, holder: str, now_ms: int, hold_ms: int) -> bool:
+        """Take, or keep, the right to move the queue's due messages until now_ms + hold_ms: one mover at a
+        time, so no message is moved twice (one store call)."""
+        ...
+
+    def delay_states(self, queues: Sequence[str]) -> list[DelayState]:
+        """Each queue's DelayState, in one store call."""
         ...
 
     def doorbell(self) -> Doorbell | None:

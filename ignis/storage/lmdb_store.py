@@ -33,6 +33,7 @@ from ignis.envelope import (
     CODEC_JSON,
     CODEC_STR,
     CODEC_UNREADABLE,
+    DUE_AT,
     FIRE_TS,
     HEADERS,
     HISTORY,
@@ -50,6 +51,9 @@ from ignis.metrics import STORAGE_CALLS
 from ignis.storage.base import (
     ACTIVE,
     CREATED_AT,
+    DELAY_LEADER,
+    DELAY_UNTIL,
+    DELAYED_COUNT,
     FIRE_POINTER,
     HOLES,
     HOLES_CLAIMED,
@@ -62,6 +66,7 @@ from ignis.storage.base import (
     SWEPT_COUNTER,
     Claimed,
     ClaimTicket,
+    DelayState,
     LeaseRecord,
     MagazineKind,
     Move,
@@ -122,13 +127,15 @@ _CODEC_NAMES = {v: k for k, v in _CODEC_IDS.items()}
 def _pack_data(envelope: Envelope, expire_at: int) -> bytes:
     msg_id = envelope.msg_id.encode()
     payload = envelope.payload
-    if not (envelope.headers or envelope.key is not None or envelope.reason is not None or envelope.history):
+    if not (envelope.headers or envelope.key is not None or envelope.reason is not None or envelope.history
+            or envelope.due_at is not None):
         # The common record: header, id and payload length in one pack call (publish's hot path).
         return _plain_head(len(msg_id)).pack(
             expire_at, envelope.fire_ts or 0, envelope.attempts, _FORMAT, envelope.loaded_at,
             _CODEC_IDS[envelope.codec], 0, len(msg_id), msg_id, len(payload)) + payload
     extras = {name: value for name, value in ((HEADERS, envelope.headers), (PARTITION_KEY, envelope.key),
-                                              (REASON, envelope.reason), (HISTORY, envelope.history)) if value}
+                                              (REASON, envelope.reason), (HISTORY, envelope.history),
+                                              (DUE_AT, envelope.due_at)) if value}
     return b"".join((
         _DATA.pack(expire_at, envelope.fire_ts or 0, envelope.attempts, _FORMAT, envelope.loaded_at,
                    _CODEC_IDS[envelope.codec], _HAS_EXTRAS, len(msg_id)),
@@ -192,7 +199,7 @@ def _unpack_data(raw: bytes, where: object = "?") -> Envelope:
             extras = msgpack.unpackb(raw[end:], raw=False)
             envelope = Envelope(payload, msg_id, loaded_at, _CODEC_NAMES[codec], extras.get(HEADERS),
                                 extras.get(PARTITION_KEY), fire_ts or None, attempts, extras.get(REASON),
-                                extras.get(HISTORY))
+                                extras.get(HISTORY), extras.get(DUE_AT))
             problem = envelope_problem(envelope.to_bins())
             if problem is not None:
                 raise ValueError(problem)
@@ -1140,19 +1147,108 @@ class LmdbStore:
         return self._read("pointers", get_all)
 
     def purge_magazine(self, magazine: str) -> int:
-        prefix = names.magazine_prefix(magazine).encode()
         removed = 0
-        more = True
-        while more:  # in chunks, so producers on other queues are not blocked for long
-            with self._write("purge_magazine") as txn:
-                for db in (self._data, self._meta):
-                    n, more_here = _delete_prefix(txn.cursor(db=db), prefix, 5000)
-                    if db is self._data:
-                        removed += n
-                        more = more_here
-                    elif more_here:
-                        more = True
+        prefixes = [names.magazine_prefix(magazine).encode()]
+        if names.queue_and_kind(magazine)[1] == "main":  # and the queue's delayed messages, and their record
+            prefixes.append(names.delayed_prefix(magazine).encode())
+        for prefix in prefixes:
+            more = True
+            while more:  # in chunks, so producers on other queues are not blocked for long
+                with self._write("purge_magazine") as txn:
+                    more = False
+                    for db in (self._data, self._meta):
+                        n, more_here = _delete_prefix(txn.cursor(db=db), prefix, 5000)
+                        removed += n if db is self._data else 0
+                        more = more or more_here
         return removed
+
+    # ---- delayed messages (ignis.delay) -------------------------------------------------------
+    # Data records under `{queue}_DELAYED_{due:013d}_{msgId}` (key order is due order, so the due ones are a
+    # prefix read); the count and the mover's lease in the meta record `{queue}_DELAYED_METADATA`.
+    def _delay_bins(self, txn: Any, queue: str, now: int) -> tuple[bytes, dict[str, Any]]:
+        key = names.delayed_meta_key(queue).encode()
+        found = self._get_bins(txn, self._meta, key, now)
+        return key, (found[0] if found is not None else {})
+
+    def load_delayed(self, queue: str, envelopes: Sequence[Envelope], ttl_seconds: int) -> None:
+        if not envelopes:
+            return
+        now = now_ms()
+        expire_at = _expire_at(ttl_seconds, now)
+        packed = [(names.delayed_key(queue, env.due_at or 0, env.msg_id).encode(), _pack_data(env, expire_at))
+                  for env in envelopes]
+
+        def write(txn: Any) -> None:
+            key, bins = self._delay_bins(txn, queue, now)
+            bins[DELAYED_COUNT] = int(bins.get(DELAYED_COUNT, 0)) + len(packed)
+            txn.put(key, _record(bins), db=self._meta)
+            for data_key, value in packed:
+                txn.put(data_key, value, db=self._data)
+
+        self._grouped("load_delayed", write, durable=True)
+
+    def due_delayed(self, queue: str, now_ms_: int, limit: int) -> list[Envelope]:
+        prefix = names.delayed_prefix(queue).encode()
+        last = names.delayed_key(queue, now_ms_, "~").encode()  # every key due at or before now_ms_
+
+        def scan(txn: Any) -> list[Envelope]:
+            out: list[Envelope] = []
+            cursor = txn.cursor(db=self._data)
+            if not cursor.set_range(prefix):
+                return out
+            for key, raw in cursor:
+                if not key.startswith(prefix) or key > last or len(out) >= limit:
+                    break
+                if _expired(raw, now_ms_):
+                    continue
+                out.append(_unpack_data(raw, key.decode(errors="replace")))
+            return out
+
+        return self._read("due_delayed", scan)
+
+    def settle_delayed(self, queue: str, envelopes: Sequence[Envelope]) -> int:
+        if not envelopes:
+            return 0
+        keys = [names.delayed_key(queue, env.due_at or 0, env.msg_id).encode() for env in envelopes]
+
+        def write(txn: Any) -> int:
+            gone = _delete_keys(txn, keys, self._data)
+            key, bins = self._delay_bins(txn, queue, now_ms())
+            bins[DELAYED_COUNT] = max(int(bins.get(DELAYED_COUNT, 0)) - gone, 0)
+            txn.put(key, _record(bins), db=self._meta)
+            return gone
+
+        return self._grouped("settle_delayed", write, durable=True)
+
+    def lead_delayed(self, queue: str, holder: str, now_ms_: int, hold_ms: int) -> bool:
+        def write(txn: Any) -> bool:
+            key, bins = self._delay_bins(txn, queue, now_ms_)
+            if bins.get(DELAY_LEADER) not in (None, holder) and int(bins.get(DELAY_UNTIL, 0)) > now_ms_:
+                return False
+            bins[DELAY_LEADER], bins[DELAY_UNTIL] = holder, now_ms_ + hold_ms
+            txn.put(key, _record(bins), db=self._meta)
+            return True
+
+        return self._grouped("lead_delayed", write)
+
+    def delay_states(self, queues: Sequence[str]) -> list[DelayState]:
+        now = now_ms()
+
+        def read(txn: Any) -> list[DelayState]:
+            out = []
+            cursor = txn.cursor(db=self._data)
+            for queue in queues:
+                bins = self._delay_bins(txn, queue, now)[1]
+                count = int(bins.get(DELAYED_COUNT, 0))
+                next_due = None
+                prefix = names.delayed_prefix(queue).encode()
+                if count and cursor.set_range(prefix) and cursor.key().startswith(prefix):
+                    due = cursor.key()[len(prefix):len(prefix) + 13]
+                    next_due = int(due) if due.isdigit() else None
+                out.append(DelayState(count, next_due))
+            return out
+
+        return self._read("delay_states", read)
 
     # ---- introspection for tools and tests ----------------------------------------------------
     def raw_record(self, set_name: str, key: str) -> tuple[int, dict[str, Any]] | None:
@@ -1165,7 +1261,7 @@ class LmdbStore:
                 return None
             if db is self._data:
                 return _HEADER.unpack_from(raw)[0], _unpack_data(bytes(raw)).to_bins()
-            if db is self._meta:
+            if db is self._meta and len(raw) == _META.size:  # (a queue's delay record is a bin map)
                 expire_at, first, second = _META.unpack(raw)
                 if key.encode().endswith(_HOLES_SUFFIX):
                     return expire_at, {HOLES: first, HOLES_CLAIMED: second}

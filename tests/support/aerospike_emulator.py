@@ -314,9 +314,13 @@ class EmulatedQuery:
 
     def where(self, predicate: tuple, *_: Any) -> None:
         kind, _index_type, bin_name, value = predicate[:4]
-        if kind != 0:  # AS_PREDICATE_EQUAL
-            raise NotImplementedError("aerospike emulator: only equality predicates are emulated")
-        self._where = (bin_name, value)
+        if kind == 0:  # AS_PREDICATE_EQUAL
+            self._where = (bin_name, lambda v: v == value)
+        elif kind == 1:  # AS_PREDICATE_RANGE (integers, both ends included)
+            low, high = value, predicate[4]
+            self._where = (bin_name, lambda v: type(v) is int and low <= v <= high)
+        else:
+            raise NotImplementedError("aerospike emulator: only equality and range predicates are emulated")
 
     def results(self, policy: dict | None = None, options: dict | None = None) -> list[tuple]:
         return self._client._query(self._ns, self._set, self._bins, self._where, policy)
@@ -698,8 +702,8 @@ class EmulatedClient:
 
     def index_single_value_create(self, ns: str, set_name: str, bin_name: str, index_datatype: int,
                                   index_name: str, policy: dict | None = None) -> int:
-        if index_datatype != aerospike.INDEX_STRING:
-            raise NotImplementedError("aerospike emulator: only STRING secondary indexes are emulated")
+        if index_datatype not in (aerospike.INDEX_STRING, aerospike.INDEX_NUMERIC):
+            raise NotImplementedError("aerospike emulator: only STRING and NUMERIC secondary indexes are emulated")
         with self.server.lock:
             self._enter("index_single_value_create")
             self._check_key((ns, set_name, None))
@@ -738,7 +742,8 @@ class EmulatedClient:
                 if k[0] != ns or (set_name is not None and k[1] != set_name):
                     continue
                 record = self._live(k, now)
-                if record is None or (where is not None and record.bins.get(where[0]) != where[1]):
+                if record is None or (where is not None and (where[0] not in record.bins
+                                                             or not where[1](record.bins[where[0]]))):
                     continue
                 if (policy or {}).get("expressions") is not None and \
                         _eval(policy["expressions"], record.bins, record.user_key) is not True:

@@ -77,6 +77,8 @@ def clean_up_run(url: str, run: str) -> None:
         for c in {query["client"], *OTHER_CLIENTS, *registered}:
             with contextlib.suppress(aerospike.exception.AerospikeError):  # never created for this client
                 client.index_remove(namespace, names.active_index(query["farm"], c))
+            with contextlib.suppress(aerospike.exception.AerospikeError):  # the delay index (delayed messages)
+                client.index_remove(namespace, f"{names.data_set(c)}_due")
     finally:
         client.close()
 

@@ -27,6 +27,11 @@ def main() -> None:
                 ref = queue.publish(f"paced-{i}")
                 out.write(f"published {ref.id}\n")
                 out.flush()
+        elif action == "publish-delayed":  # one message per call, each `argv[5]` seconds later than now
+            for i in range(count):
+                ref = queue.publish(f"delayed-{i}", delay=float(sys.argv[5]))
+                out.write(f"published {ref.id} {ref.slot}\n")
+                out.flush()
         elif action == "claim":  # fire without acking: which slots did this process get?
             out.write("ready\n")
             out.flush()

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ignis.delay import move_due
 from ignis.envelope import now_ms
 from ignis.errors import IgnisError, InvalidInputError, StaleEpoch, StoreError
 from ignis.logs import one_line
@@ -74,6 +75,7 @@ class SweeperSettings(BaseSettings):
     shovel_tick_seconds: float = Field(1.0, gt=0, description="how often due shovels are looked for")
     shovel_threads: int = Field(16, ge=1, le=256, description="queues shovelled at the same time")
     shovel_budget: int = Field(10_000, ge=1, description="messages one shovel pass of one queue may move")
+    delay_tick_seconds: float = Field(0.5, gt=0, description="how often the leader moves due delayed messages")
     refresh_gauges: bool = Field(True, description="refresh depth/in-flight/sideline/dead gauges each pass")
     lease: Literal["store", "kubernetes"] = Field("store", description="lease backend")
     lease_name: str = Field(LEASE_NAME, min_length=1)
@@ -186,7 +188,8 @@ class SweeperService:
         elector_thread = threading.Thread(target=self._run_elector, args=(stop,), name="ignis-elector")
         elector_thread.start()
         loops = [threading.Thread(target=self._sweep_loop, args=(stop,), name="ignis-sweep-loop"),
-                 threading.Thread(target=self._shovel_loop, args=(stop,), name="ignis-shovel-loop")]
+                 threading.Thread(target=self._shovel_loop, args=(stop,), name="ignis-shovel-loop"),
+                 threading.Thread(target=self._delay_loop, args=(stop,), name="ignis-delay-loop")]
         for t in loops:
             t.start()
         try:
@@ -386,6 +389,35 @@ class SweeperService:
                                 busy.discard(key)
 
                     pool.submit(one)
+
+    def _delay_loop(self, stop: threading.Event) -> None:
+        """The leader moves every queue's due delayed messages (ignis.delay), for queues no consumer process
+        follows (the consumers' own movers share the work through the store's per-queue lease)."""
+        backoff = Backoff()
+        wait = self.settings.delay_tick_seconds
+        while not stop.wait(wait):
+            wait = self.settings.delay_tick_seconds
+            if not self.leading():
+                continue
+            moved = self._guarded("move due delayed messages", self._move_due, backoff)
+            if moved is None and backoff.failing:
+                wait = max(wait, backoff.delay)
+                continue
+            backoff.ok()
+
+    def _move_due(self) -> int:
+        """One look at every active queue's delay record (one batch read per client) and a move where some are
+        held. Returns how many messages moved."""
+        moved = 0
+        for client_id in self.store.list_clients():
+            store = client_view(self.store, client_id)
+            records = store.list_queues(True)
+            states = store.delay_states([r.name for r in records])
+            for record, state in zip(records, states, strict=True):
+                if state.count and (state.next_due is None or state.next_due <= now_ms()):
+                    queue = Queue(store, QueueSpec.from_bins(record.name, record.bins, client_id))
+                    moved += move_due(queue.main) or 0
+        return moved
 
     def _shovel_queues(self) -> dict[tuple[str, str], int]:
         """(client, queue) -> shovel interval seconds, for active queues whose shovel is on."""

@@ -1,0 +1,209 @@
+"""Delayed delivery: a message published with a delay (or nacked with one, or retried with backoff) waits in
+its queue's delayed records (`Storage.load_delayed`, keyed by due time) until a mover copies the due ones to
+main's tail and then deletes them (DESIGN §4, README "Delayed delivery").
+
+Cost per delayed message: its own write, then the copy into main and the delete (two store writes), the
+count's increment and decrement and the slot allocation shared by a whole batch. Only one process moves a
+queue's due messages at a time (`Storage.lead_delayed`, a lease of LEAD_MS in the queue's delay record), so
+a message is moved once; a mover that dies between the copy and the delete leaves a copy that is delivered
+again (at least once).
+
+Who moves: the `DelayMover` of every process whose consumers wait on the queue (a pull-only user's
+`fire()` included), and the sweeper on each pass. A process needs no sweeper for its delayed messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ignis.envelope import Envelope, now_ms
+from ignis.errors import StoreError
+from ignis.outage import Backoff
+from ignis.storage.base import DelayState, Storage
+
+if TYPE_CHECKING:
+    from ignis.magazine import Magazine
+
+log = logging.getLogger(__name__)
+
+MOVE_BATCH = 1000  # due messages per query, copy and delete
+LEAD_MS = 10_000  # the mover's lease: another process takes over this long after a mover died
+DUE_POLL_SECONDS = 0.25  # a queue holding delayed messages whose next due time the store cannot tell
+IDLE_POLL_SECONDS = 2.0  # a followed queue with none (a publish here, or a bumped beacon, wakes it sooner)
+KEEP_FOLLOWING_SECONDS = 30.0
+
+_holder: tuple[int, str] | None = None
+
+
+def holder() -> str:
+    """This process's name as a mover (host, pid and a random part: a pid can come back)."""
+    global _holder
+    if _holder is None or _holder[0] != os.getpid():
+        _holder = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
+    return _holder[1]
+
+
+def as_delivered(envelope: Envelope) -> Envelope:
+    """The copy a due message becomes in main: unfired, with its attempts, history and due time."""
+    return Envelope(envelope.payload, envelope.msg_id, envelope.loaded_at, codec=envelope.codec,
+                    headers=envelope.headers, key=envelope.key, attempts=envelope.attempts, reason=envelope.reason,
+                    history=envelope.history, due_at=envelope.due_at)
+
+
+_moving: dict[tuple[str, str, str], threading.Lock] = {}  # (store location, client, queue): one thread of a process
+_moving_lock = threading.Lock()
+
+
+def move_due(main: Magazine, now: int | None = None, limit: int = MOVE_BATCH) -> int | None:
+    """Move the queue's due messages into `main` (batches of `limit`) if this process may (the lease) and no
+    other thread of it is at it. Returns how many, or None when someone else moves them. Store errors
+    propagate."""
+    store = main.store
+    key = (store.location, store.client_id, main.name)
+    with _moving_lock:
+        lock = _moving.setdefault(key, threading.Lock())
+    if not lock.acquire(blocking=False):
+        return None
+    try:
+        return _move(main, now, limit)
+    finally:
+        lock.release()
+
+
+def _move(main: Magazine, now: int | None, limit: int) -> int | None:
+    store, queue = main.store, main.name
+    moved = 0
+    while True:
+        at = now_ms() if now is None else now
+        if not store.lead_delayed(queue, holder(), at, LEAD_MS):
+            return moved if moved else None
+        due = store.due_delayed(queue, at, limit)
+        if not due:
+            return moved
+        main.load([as_delivered(env) for env in due])  # copy, then delete: a crash between delivers it twice
+        store.settle_delayed(queue, due)
+        moved += len(due)
+        if len(due) < limit:
+            return moved
+
+
+@dataclass(slots=True)
+class _Followed:
+    main: weakref.ref[Magazine]
+    touched: float
+    state: DelayState | None = None
+
+
+class DelayMover:
+    """Moves the due messages of the queues consumers of this process wait on (one thread per store handle)."""
+
+    def __init__(self, store: Storage) -> None:
+        self._store = weakref.ref(store)
+        self._followed: dict[str, _Followed] = {}
+        # A store with a doorbell is local (lmdb): a look costs microseconds, so an idle queue is looked at often.
+        self._idle_poll = DUE_POLL_SECONDS if store.doorbell() is not None else IDLE_POLL_SECONDS
+        self._lock = threading.Lock()
+        self._changed = threading.Event()
+        self.stopped = False
+        self._thread = threading.Thread(target=self._run, name="ignis-delay", daemon=True)
+        self._thread.start()
+
+    def follow(self, main: Magazine) -> None:
+        """A consumer waits on `main`: move its due messages for the next KEEP_FOLLOWING_SECONDS."""
+        found = self._followed.get(main.name)
+        now = time.monotonic()
+        if found is not None and found.main() is not None:
+            found.touched = now
+            return
+        with self._lock:
+            self._followed[main.name] = _Followed(weakref.ref(main), now)
+        self._changed.set()
+
+    def wake(self) -> None:
+        """Look again now (a delayed publish in this process, a bumped beacon)."""
+        self._changed.set()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._changed.set()
+
+    def _run(self) -> None:
+        backoff = Backoff()
+        while not self.stopped:
+            store = self._store()
+            if store is None or store.closed:
+                break
+            now = time.monotonic()
+            with self._lock:
+                for name in [n for n, f in self._followed.items()
+                             if now - f.touched > KEEP_FOLLOWING_SECONDS or f.main() is None]:
+                    del self._followed[name]
+                followed = list(self._followed.items())
+            wait = self._idle_poll
+            try:
+                states = store.delay_states([name for name, _ in followed]) if followed else []
+                for (_, f), state in zip(followed, states, strict=True):
+                    f.state = state
+                    wait = min(wait, self._serve(f, state))
+            except StoreError as exc:
+                if store.closed:
+                    break
+                wait = backoff.failed("move due delayed messages", exc)
+            else:
+                backoff.ok()
+            del store
+            if wait > 0:
+                self._changed.wait(wait)
+            self._changed.clear()
+        self.stopped = True
+
+    def _serve(self, f: _Followed, state: DelayState) -> float:
+        """Move what is due; the seconds until this queue needs a look again."""
+        if not state.count:
+            return self._idle_poll
+        if state.next_due is not None and state.next_due > now_ms():
+            return min((state.next_due - now_ms()) / 1000, DUE_POLL_SECONDS)
+        main = f.main()
+        if main is not None:
+            move_due(main)
+        return DUE_POLL_SECONDS
+
+
+_movers: weakref.WeakKeyDictionary[Storage, DelayMover] = weakref.WeakKeyDictionary()
+_movers_lock = threading.Lock()
+
+
+def mover_for(store: Storage) -> DelayMover:
+    """The process's delay mover of a store handle (started on first use)."""
+    found = _movers.get(store)
+    if found is None or found.stopped:
+        with _movers_lock:
+            found = _movers.get(store)
+            if found is None or found.stopped:
+                found = _movers[store] = DelayMover(store)
+    return found
+
+
+def stop_mover(store: Storage, timeout: float = 5.0) -> None:
+    """Stop the store handle's mover and wait for it (before the handle closes: a store call must not be
+    running when its environment or connection goes)."""
+    found = _movers.get(store)
+    if found is not None:
+        found.stop()
+        if found._thread is not threading.current_thread():
+            found._thread.join(timeout)
+
+
+def wake_mover(store: Storage) -> None:
+    """Have the store handle's mover look now, if it runs."""
+    found = _movers.get(store)
+    if found is not None:
+        found.wake()

@@ -1,0 +1,276 @@
+"""Delayed delivery and retries with backoff (issue 28, parts 1 and 2), on every backend.
+
+Timing bounds: a delayed message is never fireable before its due time (exact: checked against the due time
+the store kept), and is fired within DUE_BOUND_S after it (the issue's 1 s; a loaded CI machine gets the margin
+of a fire(timeout=) that waits for it). The pull API moves due messages itself: no sweeper runs here."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from ignis import Consumer, Ignis, QueueSpec
+from ignis.delay import move_due
+from ignis.envelope import now_ms
+from ignis.errors import InvalidInputError, InvalidSpecError
+
+DUE_BOUND_S = 1.0
+WORKER = str(Path(__file__).resolve().parent.parent / "support" / "proc_worker.py")
+
+
+@pytest.fixture
+def make_queue(make_queue):
+    """Queues whose store is ready for delayed messages: on Aerospike the first delayed publish of a data set
+    creates its index, and a new index answers a second or so later (once per data set, not per message:
+    the bounds below are for a store that has it)."""
+
+    def make(name: str, **fields: Any) -> Any:
+        queue = make_queue(name, **fields)
+        queue.publish(b"warm-up", delay=0.01)
+        warm = queue.fire(timeout=10)
+        assert warm is not None and warm.payload == b"warm-up"
+        warm.ack()
+        deadline = time.monotonic() + 5  # the mover deletes the delayed record right after the copy it fired
+        while queue.stats().delayed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return queue
+
+    return make
+
+
+def fire_when_due(queue: Any, timeout: float = 5.0) -> tuple[Any, float]:
+    """(the message, seconds after its due time it was fired)."""
+    message = queue.fire(timeout=timeout)
+    assert message is not None, f"nothing fired within {timeout} s"
+    return message, time.time() - message.envelope.due_at / 1000
+
+
+def test_a_delayed_message_is_not_fired_before_its_time_and_is_fired_within_a_second_after(make_queue) -> None:
+    q = make_queue("later")
+    before = now_ms()
+    ref = q.publish(b"hello", delay=1.5)
+    assert ref.magazine == "later_DELAYED" and before + 1500 <= ref.slot <= now_ms() + 1500  # slot: the due time
+    assert q.fire() is None  # not due
+    assert q.stats().delayed == 1 and q.stats().depth == 0
+    fired_at_or_after = []
+    while (m := q.fire(timeout=0.1)) is None:
+        fired_at_or_after.append(now_ms())
+    assert now_ms() >= ref.slot  # never before its time
+    lateness = time.time() - ref.slot / 1000
+    assert lateness <= DUE_BOUND_S, lateness
+    assert (m.id, m.payload, m.attempts, m.envelope.due_at) == (ref.id, b"hello", 1, ref.slot)
+    m.ack()
+    assert q.stats().delayed == 0 and q.fire() is None
+
+
+def test_publish_many_with_a_timedelta_and_keys_headers_kept(make_queue) -> None:
+    q = make_queue("batch")
+    refs = q.publish_many([b"a", b"b", b"c"], key="k1", headers={"h": "v"}, delay=timedelta(milliseconds=600))
+    assert len({r.slot for r in refs}) == 1 and q.stats().delayed == 3
+    got = []
+    deadline = time.monotonic() + 5
+    while len(got) < 3 and time.monotonic() < deadline:
+        got += q.fire_many(10, timeout=0.5)
+    assert sorted(m.payload for m in got) == [b"a", b"b", b"c"]
+    assert {(m.envelope.key, tuple(m.headers.items())) for m in got} == {("k1", (("h", "v"),))}
+    assert {m.ref.shard for m in got} == {got[0].ref.shard}  # one key: one shard, as without a delay
+    q.ack(got)
+
+
+def test_a_zero_delay_is_an_ordinary_publish_and_bad_delays_are_refused(make_queue) -> None:
+    q = make_queue("bad", messageExpirySeconds=60, queueExpirySeconds=60)
+    assert q.publish(b"now", delay=0).magazine == "bad"
+    for delay, words in ((-1, "must be a number"), (float("nan"), "must be a number"), ("5", "must be a number"),
+                         (True, "must be a number"), (61, "longer than queue bad's messageExpirySeconds 60")):
+        with pytest.raises(InvalidInputError, match=words):
+            q.publish(b"x", delay=delay)
+        with pytest.raises(InvalidInputError, match=words):
+            q.publish_many([b"x"], delay=delay)
+    assert q.stats().delayed == 0 and q.stats().depth == 1  # nothing half-written
+    assert q.publish(b"edge", delay=60).magazine == "bad_DELAYED"  # the expiry itself is allowed
+
+
+def test_delayed_messages_survive_a_reopen_and_are_moved_by_another_handle(backend, make_queue) -> None:
+    q = make_queue("reopen")
+    ids = {q.publish(f"m{i}".encode(), delay=0.3).id for i in range(5)}
+    time.sleep(0.4)
+    with Ignis(backend.url) as other:  # nothing of the first handle's state: only the store
+        q2 = other.queue("reopen")
+        got = []
+        deadline = time.monotonic() + 5
+        while len(got) < 5 and time.monotonic() < deadline:
+            got += q2.fire_many(10, timeout=0.5)
+        assert {m.id for m in got} == ids
+        q2.ack(got)
+
+
+def test_each_due_message_is_moved_once_whoever_moves(make_queue) -> None:
+    q = make_queue("movers")  # (fired already: this process's mover follows it and moves too)
+    ids = [r.id for r in q.publish_many([f"m{i}".encode() for i in range(50)], delay=0.2)]
+    time.sleep(0.3)
+    threads = [threading.Thread(target=move_due, args=(q.main,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = []
+    deadline = time.monotonic() + 10
+    while len(got) < 50 and time.monotonic() < deadline:
+        got += q.fire_many(100, timeout=0.5)
+    assert sorted(m.id for m in got) == sorted(ids)  # each once
+    assert q.fire(timeout=0.5) is None and q.stats().delayed == 0
+
+
+def test_the_move_lease_lets_one_process_move_at_a_time(ignis, store) -> None:
+    at = now_ms()
+    assert store.lead_delayed("leased", "a", at, 1000)
+    assert not store.lead_delayed("leased", "b", at + 10, 1000)
+    assert store.lead_delayed("leased", "a", at + 20, 1000)  # renewed: until at + 1020
+    assert not store.lead_delayed("leased", "b", at + 1010, 1000)
+    assert store.lead_delayed("leased", "b", at + 1021, 1000)  # a's lapsed
+    assert not store.lead_delayed("leased", "a", at + 1030, 1000)
+    # A queue no consumer of this process waits on (nothing follows it): only move_due moves, under the lease.
+    ignis.apply(QueueSpec.build(name="unfollowed", handlerType="u", shards=2))
+    q = ignis.queue("unfollowed")
+    q.publish_many([b"a", b"b", b"c"], delay=0.1)
+    time.sleep(0.2)
+    assert store.lead_delayed("unfollowed", "another-process", now_ms(), 60_000)
+    assert move_due(q.main) is None and q.stats().depth == 0 and q.stats().delayed == 3
+    assert store.lead_delayed("unfollowed", "another-process", now_ms(), -1)  # it lets go
+    moved, deadline = 0, time.monotonic() + 10
+    while moved < 3 and time.monotonic() < deadline:  # (a new delay index may take a moment to answer)
+        moved += move_due(q.main) or 0
+    assert moved == 3 and q.stats().depth == 3 and q.stats().delayed == 0
+
+
+def test_deleting_the_queue_removes_its_delayed_messages(ignis, make_queue, store) -> None:
+    q = make_queue("purged")
+    q.publish_many([b"a", b"b"], delay=30)
+    assert q.stats().delayed == 2
+    assert ignis.delete_queue("purged") >= 2
+    assert store.delay_states(["purged"])[0].count == 0
+    assert store.due_delayed("purged", now_ms() + 60_000, 10) == []
+
+
+def test_nack_with_a_delay_redelivers_after_it_with_the_failure_recorded(make_queue) -> None:
+    q = make_queue("nacked")  # no retry policy: a plain nack would sideline
+    q.publish(b"x")
+    m = q.fire()
+    m.nack("busy", delay=0.5)
+    assert q.stats().sidelined == 0 and q.stats().delayed == 1
+    again, lateness = fire_when_due(q)
+    assert again.id == m.id and again.attempts == 2 and lateness <= DUE_BOUND_S
+    assert again.envelope.history[-1][1:] == ["busy", 1] and again.envelope.reason is None
+    assert again.envelope.due_at - again.envelope.history[-1][0] >= 500  # never earlier than asked
+    again.ack()
+
+
+def test_retry_backoff_follows_the_policy_and_ends_in_the_dead_letters(ignis, make_queue) -> None:
+    q = make_queue("backoff", maxDeliveries=4,
+                   retry={"minBackoffSeconds": 0.3, "maxBackoffSeconds": 0.5, "multiplier": 2})
+    q.publish(b"job")
+    waits = []
+    for attempt in range(1, 5):
+        m = q.fire(timeout=5)
+        assert m is not None and m.attempts == attempt
+        if attempt > 1:
+            failed_at = m.envelope.history[-1][0]
+            waits.append((m.envelope.due_at - failed_at) / 1000)
+            assert now_ms() >= m.envelope.due_at and time.time() - m.envelope.due_at / 1000 <= DUE_BOUND_S
+        outcome = q.nack([m], "rejected")
+        assert (outcome.retried, outcome.dead_lettered) == ((1, 0) if attempt < 4 else (0, 1))
+    assert [round(w, 1) for w in waits] == [0.3, 0.5, 0.5]  # min x 2^0, min(max, 0.6), max
+    assert q.stats().dead == 1 and q.stats().delayed == 0
+    dead = q.dead.browse()
+    assert [h[1] for h in dead[0][1].history] == ["rejected"] * 4
+
+
+def test_full_jitter_draws_the_wait_from_zero_to_the_backoff(make_queue) -> None:
+    q = make_queue("jitter", retry={"minBackoffSeconds": 10, "maxBackoffSeconds": 10, "jitter": True})
+    q.publish(b"x")
+    m = q.fire()
+    waits = sorted(q.retry_wait(m) for _ in range(200))
+    assert 0 <= waits[0] < 1 and 9 < waits[-1] <= 10  # spread over [0, 10]
+
+
+def test_the_push_consumer_retries_with_backoff(ignis, make_queue) -> None:
+    q = make_queue("pushed", retry={"minBackoffSeconds": 0.2, "maxBackoffSeconds": 0.2})
+    q.publish(b"flaky")
+    seen: list[tuple[int, float]] = []
+
+    def handler(message: Any) -> bool:
+        seen.append((message.attempts, time.time()))
+        return message.attempts >= 3  # fails twice
+
+    consumer = Consumer(ignis, queues=["pushed"])
+    consumer.register("pushed", handler)
+    consumer.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(seen) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        consumer.stop()
+    assert [a for a, _ in seen] == [1, 2, 3]
+    gaps = [b - a for (_, a), (_, b) in itertools.pairwise(seen)]
+    assert all(0.2 <= g <= 0.2 + DUE_BOUND_S for g in gaps), gaps
+    assert consumer.outcomes["retried"] == 2 and consumer.outcomes["acked"] == 1
+    assert q.stats().sidelined == 0 and q.stats().delayed == 0
+
+
+def test_a_retry_policy_is_checked_and_stored_with_the_queue(ignis) -> None:
+    order = r"retry.minBackoffSeconds \(5\) must be <= retry.maxBackoffSeconds \(1\)"
+    with pytest.raises(InvalidSpecError, match=order):
+        QueueSpec.build(name="r", handlerType="r", retry={"minBackoffSeconds": 5, "maxBackoffSeconds": 1})
+    expiry = r"retry.maxBackoffSeconds \(120\) must be <= messageExpirySeconds \(60\)"
+    with pytest.raises(InvalidSpecError, match=expiry):
+        QueueSpec.build(name="r", handlerType="r", messageExpirySeconds=60, queueExpirySeconds=60,
+                        retry={"maxBackoffSeconds": 120})
+    spec = QueueSpec.build(name="r", handlerType="r", retry={"minBackoffSeconds": 1.5, "jitter": True})
+    ignis.apply(spec)
+    assert ignis.queue("r").spec.retry == spec.retry
+    assert QueueSpec.build(name="p", handlerType="p").config_bins().keys().isdisjoint(
+        {"retryMinMs", "retryMaxMs", "retryMult", "retryJitter"})  # queues without retries keep their layout
+
+
+def test_a_delayed_message_published_by_another_process_reaches_a_waiting_consumer(backend, make_queue) -> None:
+    if backend.name == "aerospike-emu":
+        pytest.skip("the Aerospike emulator lives in this process; cross-process needs a real server")
+    q = make_queue("xproc")
+    q.fire()  # a consumer waits on it (its process's mover follows the queue)
+    proc = subprocess.run([sys.executable, WORKER, "publish-delayed", backend.url, "xproc", "3", "0.8"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    ids = {line.split()[1] for line in proc.stdout.splitlines() if line.startswith("published")}
+    got = []
+    deadline = time.monotonic() + 10
+    while len(got) < 3 and time.monotonic() < deadline:
+        m = q.fire(timeout=0.5)
+        if m is not None:
+            assert time.time() - m.envelope.due_at / 1000 <= DUE_BOUND_S + 1.0  # (+ the child's start-up)
+            got.append(m)
+    assert {m.id for m in got} == ids
+    q.ack(got)
+
+
+def test_the_delivery_latency_of_a_delayed_message_counts_from_its_due_time(make_queue) -> None:
+    q = make_queue("lat")
+
+    def observed() -> float:
+        return REGISTRY.get_sample_value("ignis_delivery_latency_seconds_sum", {"queue": "lat"}) or 0.0
+
+    before = observed()
+    q.publish(b"x", delay=0.8)
+    m = q.fire(timeout=5)
+    assert m is not None
+    assert observed() - before < 0.8  # from the due time, not from the publish 0.8 s earlier
+    m.ack()
