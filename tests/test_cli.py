@@ -272,3 +272,18 @@ def test_demo_json_reports_acks_and_sidelined_and_is_repeatable(ignis: Run) -> N
         assert [m["n"] for m in report["firstSidelined"]] == [7, 13, 17, 27, 37]
         assert report["stats"]["published"] == 60 and report["stats"]["depth"] == 0
         assert report["stats"]["sidelined"] == 8
+
+
+def test_publish_with_a_delay_waits_and_a_bad_delay_is_one_line(ignis: Run, queue: str) -> None:
+    ref = ok(ignis("publish", queue, "later", "--delay", "1.5s")).out.strip()
+    assert ref.startswith(f"{queue}_DELAYED/0/")
+    lines = ok(ignis("publish", queue, "-", "--lines", "-d", "1m", "-o", "json", stdin="a\nb\n")).json()
+    assert lines["published"] == 2
+    assert ignis("consume", queue, "-o", "json").json() == []  # not due
+    got = ignis("consume", queue, "--wait", "3", "--max", "1", "-o", "json").json()
+    assert [m["payload"] for m in got] == ["later"]
+    for bad, words in (("soon", "duration 'soon': use a number of seconds or units"),
+                       ("-5", "delay -5.0: must be a number of seconds >= 0"),
+                       ("400d", "longer than queue")):
+        result = ignis("publish", queue, "x", "--delay", bad)
+        assert result.code == 2 and words in result.error_line(), result.err

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -358,8 +359,25 @@ def _read_file(path: Path) -> bytes:
         raise InvalidInputError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a duration such as `30s`, `1.5m`, `1h30m`, `250ms`, or a bare number of seconds."""
+    value = text.strip()
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(value)
+    if not value or not parts or "".join(n + u for n, u in parts) != value:
+        raise InvalidInputError(f"duration {text!r}: use a number of seconds or units ms, s, m, h, d (e.g. 30s, 1h30m)")
+    return sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+
+
 def _publish_lines(q: Queue, payloads: list[tuple[int, Any]], source: str, key: str | None,
-                   headers: dict[str, str] | None) -> list[Any]:
+                   headers: dict[str, str] | None, delay: float | None = None) -> list[Any]:
     # Validate every line before writing any, so a bad line 90 000 does not leave 89 999 published.
     for number, payload in payloads:
         try:
@@ -372,7 +390,7 @@ def _publish_lines(q: Queue, payloads: list[tuple[int, Any]], source: str, key: 
         task = progress.add_task(f"publishing to {q.name}", total=len(values))
         for start in range(0, len(values), PUBLISH_CHUNK):
             chunk = values[start:start + PUBLISH_CHUNK]
-            refs.extend(q.publish_many(chunk, key=key, headers=headers))
+            refs.extend(q.publish_many(chunk, key=key, headers=headers, delay=delay))
             progress.advance(task, len(chunk))
     return refs
 
@@ -399,11 +417,16 @@ def publish(
         "--id", show_default=False, help="message id (default: a new time-ordered id)")] = None,
     header: Annotated[list[str] | None, typer.Option(
         "--header", "-H", show_default=False, help="header KEY=VALUE (repeatable)")] = None,
+    delay: Annotated[str | None, typer.Option(
+        "--delay", "-d", show_default=False,
+        help="deliver no sooner than this from now: 30s, 5m, 1h30m, 250ms or seconds (at most the queue's "
+             "messageExpirySeconds)")] = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Publish a message (or one per line with --lines) and print its reference.
 
-    References read QUEUE/SHARD/SLOT#ID. DATA is published as a string unless --json or --bytes."""
+    References read QUEUE/SHARD/SLOT#ID (a delayed message: QUEUE_DELAYED/0/DUE-MS#ID). DATA is published as a
+    string unless --json or --bytes."""
     modes = [m for m, on in (("json", as_json), ("bytes", as_bytes), ("str", as_text)) if on]
     if len(modes) > 1:
         raise InvalidInputError("--json, --bytes and --text are mutually exclusive")
@@ -419,6 +442,7 @@ def publish(
     mode = modes[0] if modes else ("bytes" if file is not None and not lines else "str")
 
     q = _state(ctx).ignis().queue(queue)  # an unknown queue fails before stdin is read
+    seconds = q.delay_seconds(parse_duration(delay)) if delay is not None else None  # (a bad one too)
     if file is not None:
         raw: bytes | str = _read_file(file)
         source = str(file)
@@ -430,9 +454,9 @@ def publish(
     if lines:
         assert isinstance(raw, bytes)
         payloads = [(n, _to_payload(line, mode, f"{source} line {n}")) for n, line in _split_lines(raw)]
-        refs = _publish_lines(q, payloads, source, key, headers)
+        refs = _publish_lines(q, payloads, source, key, headers, seconds)
     else:
-        refs = [q.publish(_to_payload(raw, mode, source), id=msg_id, key=key, headers=headers)]
+        refs = [q.publish(_to_payload(raw, mode, source), id=msg_id, key=key, headers=headers, delay=seconds)]
 
     if output is OutputFormat.JSON:
         emit_json({"queue": q.name, "published": len(refs),
