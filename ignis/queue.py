@@ -314,12 +314,16 @@ class Queue:
 
     def publish_each(self, payloads: Sequence[bytes], *, ids: Sequence[str | None] | None = None,
                      codecs: Sequence[str] | None = None, keys: Sequence[str | None] | None = None,
-                     headers: Sequence[Mapping[str, str] | None] | None = None) -> list[MessageRef]:
+                     headers: Sequence[Mapping[str, str] | None] | None = None,
+                     due: Sequence[int | None] | None = None) -> list[MessageRef]:
         """Publish already-encoded messages, each with its own id, codec, partition key and headers (a
         replay of exported messages, a Spark write), in one group commit. Columns are parallel to
-        `payloads`; a None column or entry means "none" (a None id: a new one). Every message is checked
-        before anything is written, so a bad one leaves the queue unchanged."""
+        `payloads`; a None column or entry means "none" (a None id: a new one). `due` (epoch ms): a message
+        due later than now is delayed until then (one more store call for those), one due already is published
+        now. Every message is checked before anything is written, so a bad one leaves the queue unchanged."""
         count = len(payloads)
+        if due is not None and any(d is not None and d > now_ms() for d in due):
+            return self._publish_each_due(payloads, ids, codecs, keys, headers, due)
         for name, column in (("ids", ids), ("codecs", codecs), ("keys", keys), ("headers", headers)):
             if column is not None and len(column) != count:
                 raise InvalidInputError(f"publish_each: {name} has {len(column)} entries for {count} payloads")
@@ -361,6 +365,49 @@ class Queue:
                     for env, ref in zip(envelopes, slots, strict=True)]
         self._published.inc(len(refs))
         return refs
+
+    def _publish_each_due(self, payloads: Sequence[bytes], ids: Sequence[str | None] | None,
+                          codecs: Sequence[str] | None, keys: Sequence[str | None] | None,
+                          headers: Sequence[Mapping[str, str] | None] | None,
+                          due: Sequence[int | None]) -> list[MessageRef]:
+        """publish_each of a batch in which some messages are due later: those are stored as delayed ones."""
+        if len(due) != len(payloads):
+            raise InvalidInputError(f"publish_each: due has {len(due)} entries for {len(payloads)} payloads")
+        at = now_ms()
+        expiry = self.spec.message_expiry_seconds
+        later = [i for i, d in enumerate(due) if d is not None and d > at]
+        for i in later:
+            self.delay_seconds((due[i] - at) / 1000)  # (beyond the expiry: refused before anything is written)
+        delayed_rows = set(later)
+        now_rows = [i for i in range(len(payloads)) if i not in delayed_rows]
+
+        def pick(column: Sequence[Any] | None, rows: list[int]) -> list[Any] | None:
+            return None if column is None else [column[i] for i in rows]
+
+        refs: dict[int, MessageRef] = {}
+        envelopes = []
+        for i in later:  # checked as publish_each checks, through its own path for one row
+            env = self.envelope(payloads[i], id=ids[i] if ids else None, key=keys[i] if keys else None,
+                                headers=headers[i] if headers else None)
+            env.codec = codecs[i] if codecs else CODEC_BYTES
+            if env.codec not in CODECS:
+                raise InvalidInputError(f"codec {env.codec!r}: must be one of {', '.join(CODECS)}")
+            env.due_at = due[i]
+            envelopes.append(env)
+        if now_rows:
+            done = self.publish_each([payloads[i] for i in now_rows], ids=pick(ids, now_rows),
+                                     codecs=pick(codecs, now_rows), keys=pick(keys, now_rows),
+                                     headers=pick(headers, now_rows))
+            refs.update(zip(now_rows, done, strict=True))
+        self.store.load_delayed(self.name, envelopes, expiry)
+        self._published.inc(len(envelopes))
+        DELAYED_PUBLISHED.labels(self.name).inc(len(envelopes))
+        self.main.ring()
+        wake_mover(self.store)
+        magazine = self.name + names.DELAYED_SUFFIX
+        refs.update((i, MessageRef(env.msg_id, magazine, 0, env.due_at or 0)) for i, env in zip(later, envelopes,
+                                                                                             strict=True))
+        return [refs[i] for i in range(len(payloads))]
 
     # ---- pull consume ----------------------------------------------------------------------------
     # A fire that finds nothing has the process's watcher follow the queue (ignis.watch), so the next one sees

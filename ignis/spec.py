@@ -55,8 +55,8 @@ class RetrySpec(_Model):
     min(maxBackoffSeconds, minBackoffSeconds x multiplier^(n-1)); with `jitter`, after a wait drawn from
     [0, that] (full jitter). Without it a failed message goes to the sideline for the shovel."""
 
-    min_backoff_seconds: float = Field(10.0, gt=0, le=ONE_YEAR_SECONDS)
-    max_backoff_seconds: float = Field(600.0, gt=0, le=ONE_YEAR_SECONDS)
+    min_backoff_seconds: float = Field(10.0, ge=0.001, le=ONE_YEAR_SECONDS)
+    max_backoff_seconds: float = Field(600.0, ge=0.001, le=ONE_YEAR_SECONDS)
     multiplier: float = Field(2.0, ge=1, le=100)
     jitter: bool = False
 

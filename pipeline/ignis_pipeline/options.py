@@ -25,7 +25,7 @@ DEFAULT_CHUNK = 5_000  # messages per publish call of a write task (one group co
 _CREDENTIALS = re.compile(r"://[^/@?]*@")
 KNOWN = frozenset({
     "store", "clientid", "farmid", "queue", "magazine", "since", "until", "slotsperpartition",
-    "maxmessagespertrigger", "chunksize", "maxmessagespersecondpertask", "path",
+    "maxmessagespertrigger", "chunksize", "maxmessagespersecondpertask", "path", "delay",
 })
 
 
@@ -85,6 +85,7 @@ class SourceOptions:
     max_messages_per_trigger: int
     chunk_size: int
     rate_per_task: float | None
+    delay_seconds: float | None  # writes: every row published this long after its task writes it
     planner_host: str  # where the driver side runs: an lmdb store is only reachable on this host
 
     @property
@@ -98,7 +99,7 @@ class SourceOptions:
         if unknown:
             raise InvalidInputError(f"unknown option(s) {', '.join(unknown)} for format 'ignis'; known: store, "
                                     "clientId, farmId, queue, magazine, since, until, slotsPerPartition, "
-                                    "maxMessagesPerTrigger, chunkSize, maxMessagesPerSecondPerTask")
+                                    "maxMessagesPerTrigger, chunkSize, maxMessagesPerSecondPerTask, delay")
         settings = load_settings()
         store = str(given.get("store") or settings.store)
         if _CREDENTIALS.search(store):
@@ -128,6 +129,7 @@ class SourceOptions:
                                                       DEFAULT_MAX_MESSAGES_PER_TRIGGER),
                    chunk_size=_positive(given, "chunksize", DEFAULT_CHUNK),
                    rate_per_task=_float_or_none(given, "maxmessagespersecondpertask"),
+                   delay_seconds=_float_or_none(given, "delay"),
                    planner_host=socket.gethostname())
 
     def single_queue(self, what: str) -> str:

@@ -16,6 +16,7 @@ records into Arrow record batches.
 | attempts | int | deliveries so far |
 | reason | string | why it left main (sideline and dead) |
 | history | array<struct<reason,at,attempt>> | failures so far, oldest first |
+| due_at | timestamp | when a delayed (or retried) message became due (null when it was not delayed) |
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ignis.envelope import Envelope
 
 DDL = ("queue string, magazine string, shard int, slot bigint, id string, payload binary, codec string, "
        "key string, headers map<string,string>, loaded_at timestamp, fired_at timestamp, attempts int, "
-       "reason string, history array<struct<reason:string,at:timestamp,attempt:int>>")
+       "reason string, history array<struct<reason:string,at:timestamp,attempt:int>>, due_at timestamp")
 
 # Spark takes timestamps from Arrow as microseconds in UTC.
 _TS = pa.timestamp("us", tz="UTC")
@@ -38,7 +39,7 @@ ARROW_SCHEMA = pa.schema([
     ("queue", pa.string()), ("magazine", pa.string()), ("shard", pa.int32()), ("slot", pa.int64()),
     ("id", pa.string()), ("payload", pa.binary()), ("codec", pa.string()), ("key", pa.string()),
     ("headers", pa.map_(pa.string(), pa.string())), ("loaded_at", _TS), ("fired_at", _TS),
-    ("attempts", pa.int32()), ("reason", pa.string()), ("history", pa.list_(_HISTORY)),
+    ("attempts", pa.int32()), ("reason", pa.string()), ("history", pa.list_(_HISTORY)), ("due_at", _TS),
 ])
 COLUMNS = tuple(ARROW_SCHEMA.names)
 
@@ -76,6 +77,7 @@ def to_batch(queue: str, magazine: str, shard: int, records: Sequence[tuple[Any,
         pa.array([e.attempts for e in envelopes], pa.int32()),
         _optional([e.reason for e in envelopes], pa.string()),
         _optional([_history(e.history) for e in envelopes], ARROW_SCHEMA.field("history").type),
+        _optional([None if e.due_at is None else e.due_at * 1000 for e in envelopes], _TS),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 

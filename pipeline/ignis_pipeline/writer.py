@@ -1,7 +1,9 @@
 """Batch write of the `ignis` format: `df.write.format("ignis").option("queue", "orders").mode("append").save()`.
 
-Columns: `payload` (binary or string; required), optional `id`, `key`, `headers` (map<string,string>) and
-`codec` (bytes | str | json: how consumers decode the payload; default bytes for binary, str for string).
+Columns: `payload` (binary or string; required), optional `id`, `key`, `headers` (map<string,string>),
+`codec` (bytes | str | json: how consumers decode the payload; default bytes for binary, str for string) and
+`due_at` (timestamp: a row due later is delivered no sooner, one due already at once). Option `delay`
+(seconds) delays every row by that much from when its task writes it (with `due_at`: the later of the two).
 The other columns of the read schema (queue, magazine, shard, slot, loaded_at, ...) are ignored, so an
 export can be written back as it is; any other column is an error.
 
@@ -28,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
-from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType, TimestampNTZType, TimestampType
 
 from ignis.client import Ignis
 from ignis.envelope import CODEC_BYTES, CODEC_STR, now_ms
@@ -39,7 +41,7 @@ from ignis_pipeline.stores import open_driver_store, task_store
 
 log = logging.getLogger(__name__)
 
-WRITABLE = {"payload", "id", "key", "headers", "codec"}
+WRITABLE = {"payload", "id", "key", "headers", "codec", "due_at"}
 IGNORED = set(schema.COLUMNS) - WRITABLE
 
 
@@ -65,6 +67,8 @@ def check_schema(df_schema: StructType) -> tuple[bool, list[str]]:
     for name in ("id", "key", "codec"):
         if name in fields and not isinstance(fields[name], StringType):
             raise InvalidInputError(f"column {name} is {fields[name].simpleString()}: it must be string")
+    if "due_at" in fields and not isinstance(fields["due_at"], TimestampType | TimestampNTZType):
+        raise InvalidInputError(f"column due_at is {fields['due_at'].simpleString()}: it must be timestamp")
     headers = fields.get("headers")
     if headers is not None and not (isinstance(headers, MapType) and isinstance(headers.keyType, StringType)
                                     and isinstance(headers.valueType, StringType)):
@@ -72,8 +76,9 @@ def check_schema(df_schema: StructType) -> tuple[bool, list[str]]:
     unknown = sorted(set(fields) - WRITABLE - IGNORED)
     if unknown:
         raise InvalidInputError(f"unknown column(s) {', '.join(unknown)}: format 'ignis' writes payload, id, key, "
-                                "headers and codec (drop or rename the others)")
-    return isinstance(fields["payload"], StringType), [n for n in ("id", "key", "headers", "codec") if n in fields]
+                                "headers, codec and due_at (drop or rename the others)")
+    return isinstance(fields["payload"], StringType), [n for n in ("id", "key", "headers", "codec", "due_at")
+                                                       if n in fields]
 
 
 class IgnisWriter(DataSourceArrowWriter):
@@ -88,7 +93,9 @@ class IgnisWriter(DataSourceArrowWriter):
         self.string_payload, self.columns = check_schema(df_schema)
         store = open_driver_store(options)
         try:
-            Ignis(store).queue(self.queue)  # QueueNotFound / QueueInactive now, not in every task
+            queue = Ignis(store).queue(self.queue)  # QueueNotFound / QueueInactive now, not in every task
+            if options.delay_seconds is not None:
+                queue.delay_seconds(options.delay_seconds)  # longer than the queue's expiry: refused now
         finally:
             store.close()
         # 48 bits of time and 16 random bits: the id prefix of this write job's generated ids.
@@ -142,7 +149,22 @@ class IgnisWriter(DataSourceArrowWriter):
             columns["keys"] = chunk.column("key").to_pylist()
         if "headers" in self.columns:
             columns["headers"] = [None if h is None else dict(h) for h in chunk.column("headers").to_pylist()]
+        if "due_at" in self.columns or self.options.delay_seconds is not None:
+            columns["due"] = self._due(chunk)
         return columns
+
+    def _due(self, chunk: pa.RecordBatch) -> list[int | None]:
+        """Per row, when it is due (epoch ms; None: now): its due_at, or now + the delay option (the later)."""
+        n = chunk.num_rows
+        given: list[int | None] = [None] * n
+        if "due_at" in self.columns:
+            column = chunk.column("due_at")  # (Spark hands timestamps over in microseconds)
+            per_ms = {"s": 0.001, "ms": 1, "us": 1000, "ns": 1_000_000}[column.type.unit]
+            given = [None if v is None else int(v // per_ms) for v in pc.cast(column, pa.int64()).to_pylist()]
+        if self.options.delay_seconds is None:
+            return given
+        later = now_ms() + round(self.options.delay_seconds * 1000)
+        return [later if d is None else max(d, later) for d in given]
 
     def _ids(self, partition: int, row: int, count: int) -> list[str]:
         """Ids of rows row..row+count-1 of this partition: job prefix, partition, row (32 hex digits). The

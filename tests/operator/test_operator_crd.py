@@ -107,7 +107,7 @@ def test_every_cel_rule_compiles_and_has_a_message() -> None:
 
 
 # ---- the CRD agrees with QueueSpec ----------------------------------------------------------------------
-_TYPES = {int: "integer", str: "string", bool: "boolean"}
+_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}
 
 
 def _constraints(field: Any) -> dict[str, Any]:
@@ -288,6 +288,14 @@ INVALID = [
      [("spec", QUEUE_EXPIRY)]),
     ("queue expiry under the default message expiry", manifest(queueExpirySeconds=3600), None,
      [("spec", QUEUE_EXPIRY)]),
+    ("retry backoff min over max", manifest(retry={"minBackoffSeconds": 60, "maxBackoffSeconds": 10}), None,
+     [("spec.retry", "retry.minBackoffSeconds must be <= retry.maxBackoffSeconds")]),
+    ("retry backoff longer than the messages live",
+     manifest(messageExpirySeconds=60, queueExpirySeconds=60, retry={"maxBackoffSeconds": 120}), None,
+     [("spec", "retry.maxBackoffSeconds must be <= messageExpirySeconds: a retry may not wait longer than its "
+               "message lives")]),
+    ("retry multiplier under 1", manifest(retry={"multiplier": 0.5}), None,
+     [("spec.retry.multiplier", "0.5 is less than the minimum of 1")]),
     ("name over 63 characters", manifest(name="q" * 64), None,
      [("", "metadata.name is the queue name and may be at most 63 characters")]),
     ("shards shrink", manifest(shards=8), manifest(shards=16), [("spec.shards", SHRINK)]),

@@ -218,9 +218,11 @@ def test_stats_and_plot(spark: Any, store: dict[str, str], make_queue: Any, tmp_
     q.publish_many([b"a"] * 10, key="hot")
     q.publish_many([b"b"] * 5)
     q.nack(q.fire_many(3), "timeout")
+    q.publish_many([b"c"] * 4, delay=600)  # delayed: counted apart, in no magazine's depth
     doc = stats(spark, store, ["backlog"])
     rows = {r["magazine"]: r for r in doc["magazines"]}
     assert rows["main"]["stored"] == 12 and rows["sideline"]["stored"] == 3
+    assert rows["main"]["delayed"] == 4 == q.stats().delayed
     assert (rows["main"]["depth"], rows["main"]["inFlight"]) == (12, 0)  # the 3 fired were nacked: none in flight
     assert rows["main"]["depth"] == q.stats().depth and rows["sideline"]["depth"] == q.stats().sidelined
     assert rows["sideline"]["reasons"] == {"timeout": 3}

@@ -464,3 +464,28 @@ def test_the_readme_data_source_snippet_runs_with_the_venv_python_not_activated(
     assert sum(int(count) for _, count in shown) == 5, out
     assert out.strip().endswith("ROWS 15")  # every main message consumed into the sink
     assert ignis_stats(store_url, "orders-copy") == 20  # the snippet's write: every row of `df` published
+
+
+def test_write_delays_rows_by_the_delay_option_or_their_due_at_and_the_read_shows_due_at(
+        spark: Any, store_url: str, make_queue: Any, read: Any) -> None:
+    import datetime as dt
+
+    q = make_queue("later", shards=2)
+    rows = [("due-later", dt.datetime.now(dt.UTC) + dt.timedelta(minutes=10)),
+            ("due-already", dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)), ("no-due", None)]
+    spark.createDataFrame(rows, "payload string, due_at timestamp").write.format("ignis").option(
+        "store", store_url).option("queue", "later").mode("append").save()
+    assert sorted(m.payload for m in q.fire_many(10)) == ["due-already", "no-due"]
+    assert q.stats().delayed == 1  # due-later waits
+    spark.createDataFrame([("optioned",)], "payload string").write.format("ignis").option(
+        "store", store_url).option("queue", "later").option("delay", "1").mode("append").save()
+    assert q.stats().delayed == 2
+    got, deadline = [], time.monotonic() + 15
+    while not got and time.monotonic() < deadline:
+        got += q.fire_many(10, timeout=0.5)
+    assert [m.payload for m in got] == ["optioned"] and got[0].envelope.due_at is not None
+    exported = {r["payload"]: r["due_at"] for r in read(queue="later").collect()}  # (claimed, not acked: stored)
+    assert exported[b"optioned"] is not None and exported[b"no-due"] is None
+    with pytest.raises(Exception, match=r"delay 4e\+08 s is longer than queue later's messageExpirySeconds"):
+        spark.createDataFrame([("x",)], "payload string").write.format("ignis").option(
+            "store", store_url).option("queue", "later").option("delay", "400000000").mode("append").save()

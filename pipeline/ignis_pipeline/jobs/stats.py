@@ -16,7 +16,9 @@ from pyspark.sql.window import Window
 
 from ignis_pipeline.jobs.export import read_queues
 from ignis_pipeline.jobs.progress import spark_progress
+from ignis_pipeline.options import SourceOptions
 from ignis_pipeline.session import check_store_reachable
+from ignis_pipeline.stores import open_driver_store
 
 TOP_KEYS = 10
 AGE_BUCKETS = (1, 10, 60, 300, 1800, 3600, 6 * 3600, 86400, 7 * 86400)  # seconds: the histogram's edges
@@ -27,6 +29,16 @@ def _bucket(age: Any) -> Any:
     for i, edge in reversed(list(enumerate(AGE_BUCKETS))):
         expr = F.when(age < edge, F.lit(i)).otherwise(expr)
     return expr
+
+
+def _delayed(store: dict[str, str], queues: list[str]) -> dict[str, int]:
+    """Each queue's delayed messages (not due yet, so in no magazine): its delay record, read on the driver."""
+    options = SourceOptions.parse({**store, "queue": ",".join(queues)} if queues else store)
+    handle = open_driver_store(options)
+    try:
+        return {q: state.count for q, state in zip(queues, handle.delay_states(queues), strict=True)}
+    finally:
+        handle.close()
 
 
 def stats(spark: Any, store: dict[str, str], queues: list[str]) -> dict[str, Any]:
@@ -71,6 +83,9 @@ def stats(spark: Any, store: dict[str, str], queues: list[str]) -> dict[str, Any
         out[(r.queue, r.magazine)]["topKeys"].append({"key": r.key, "count": r["count"]})
     for r in ages:
         out[(r.queue, r.magazine)]["ageHistogram"][bucket_label(r.bucket)] = r["count"]
+    for queue, delayed in _delayed(store, sorted({k[0] for k in out})).items():  # apart from depth
+        if (queue, "main") in out:
+            out[(queue, "main")]["delayed"] = delayed
     rows = [out[k] for k in sorted(out, key=lambda k: (k[0], ("main", "sideline", "dead").index(k[1])))]
     for row in rows:
         row["shards"] = dict(sorted(row["shards"].items(), key=lambda kv: int(kv[0])))
