@@ -48,6 +48,7 @@ from ignis.metrics import (
 )
 from ignis.spec import QueueSpec
 from ignis.storage.base import Claimed, MessageRef, SlotRef, Storage
+from ignis.waiting import age_seconds, oldest_waiting_since
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,9 @@ class QueueStats:
     dead: int  # messages in the dead-letter magazine not claimed (redriven) yet
     in_flight: int | None = None  # claimed, still present in main (see Magazine.in_flight); None = not asked
     delayed: int = 0  # published (or retried) for later and not due yet: not in depth
+    # Seconds the oldest unclaimed, due message of main has waited (since its due time, else its publish),
+    # read at the head of each shard (ignis.waiting); None when none waits.
+    oldest_age_seconds: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -612,12 +616,15 @@ class Queue:
 
     # ---- inspection --------------------------------------------------------------------------------
     def stats(self, in_flight: bool = False) -> QueueStats:
-        """Pointer figures (one batch read per magazine); `in_flight=True` also counts delivered,
+        """Pointer figures (one batch read per magazine) and the oldest waiting message's age (a batch
+        read of each non-empty shard's head, ignis.waiting); `in_flight=True` also counts delivered,
         unsettled messages, which costs a scan of the newest claimed slots."""
         # Slots this handle reserved for its next publishes are no messages yet (another process's reserved
         # slots are, for the moment they last: RESERVATION_FRESH_MS, then written or sealed as holes).
         reserved = self.main.reserved()
-        main = self.main.pointers().values()
+        pointers = self.main.pointers()
+        main = pointers.values()
+        oldest = oldest_waiting_since(self.store, self.name, pointers)
         return QueueStats(
             name=self.name,
             shards=self.spec.shards,
@@ -628,6 +635,7 @@ class Queue:
             dead=self.dead.pending(),
             in_flight=self.main.in_flight(self._sweep_pointers()) if in_flight else None,
             delayed=self.store.delay_states([self.name])[0].count,
+            oldest_age_seconds=age_seconds(oldest, now_ms()),
         )
 
     def in_flight_summary(self) -> tuple[int, int | None]:

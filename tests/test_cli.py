@@ -6,8 +6,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +104,8 @@ def test_apply_directory_then_list_describe_and_stats(ignis: Run) -> None:
     assert orders["runtime"]["createdAt"] == listed["orders"]["createdAt"]  # kept across re-apply
     assert orders["runtime"]["sweepPointers"] == {}
     assert orders["stats"] == {"name": "orders", "shards": 16, "published": 0, "consumed": 0, "depth": 0,
-                               "sidelined": 0, "dead": 0, "in_flight": 0}
+                               "sidelined": 0, "dead": 0, "in_flight": 0, "delayed": 0,
+                               "oldest_age_seconds": None}
 
     stats = ignis("stats", "-o", "json").json()
     assert [(s["name"], s["shards"]) for s in stats] == [("audit", 8), ("events", 32), ("orders", 16)]
@@ -191,6 +194,34 @@ def test_consume_max_and_nack_then_sideline_list_shows_reason(ignis: Run, queue:
     assert len(ignis("sideline", "list", queue, "--limit", "1", "-o", "json").json()) == 1
     stats = ignis("stats", queue, "-o", "json").json()
     assert (stats["depth"], stats["sidelined"], stats["dead"]) == (1, 2, 0)
+
+
+def test_stats_show_delayed_and_the_oldest_waiting_age(ignis: Run, queue: str) -> None:
+    ok(ignis("publish", queue, "old"))
+    time.sleep(1.2)
+    ok(ignis("publish", queue, "new"))
+    stats = ignis("stats", queue, "-o", "json").json()
+    assert stats["delayed"] == 0 and 1.2 <= stats["oldest_age_seconds"] < 60
+    table = ok(ignis("stats", queue)).out
+    header = next(line for line in table.splitlines() if "queue" in line and "depth" in line)
+    assert "delayed" in header and "oldest age" in header
+    row = next(line for line in table.splitlines() if line.strip("│┃ ").startswith(queue))
+    assert re.search(r"│\s+\d+\.\ds\s+│$", row), row  # e.g. "1.4s" in the last column
+    assert len(ignis("consume", queue, "-o", "json").json()) == 2  # delivered and acked: nothing waits
+    assert ignis("stats", queue, "-o", "json").json()["oldest_age_seconds"] is None
+    everything = ignis("stats", "-o", "json").json()
+    assert [(s["name"], s["oldest_age_seconds"]) for s in everything] == [(queue, None)]
+    row = next(line for line in ok(ignis("stats")).out.splitlines() if line.strip("│┃ ").startswith(queue))
+    assert re.search(r"│\s+-\s+│$", row), row
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(None, "-"), (0.04, "0.0s"), (42.25, "42.2s"), (59.99, "60.0s"),
+                                               (60, "1m00s"), (185.9, "3m05s"), (7620, "2h07m"),
+                                               (3 * 86400 + 4 * 3600 + 59, "3d04h")])
+def test_age_text(seconds: float | None, text: str) -> None:
+    from ignis.cli.render import age_text
+
+    assert age_text(seconds) == text
 
 
 # ---- errors --------------------------------------------------------------------------------------------

@@ -58,6 +58,16 @@ def render(template: str, labels: dict[str, str]) -> str:
 
 
 NS = 'namespace="ignis"'
+
+# Thresholds the chart's values set (monitoring.prometheusRule.thresholds): the rules file carries each
+# default in a text that helm/ignismq/templates/prometheusrule.yaml replaces with the value (tests/deploy
+# render a changed value). The plain rules file in deploy/prometheus/ keeps the defaults.
+OLDEST_AGE_DEFAULT_SECONDS = 900
+
+
+def oldest_age_expr(threshold_seconds: int = OLDEST_AGE_DEFAULT_SECONDS) -> str:
+    return f"max by (queue) (ignis_queue_oldest_age_seconds) > {threshold_seconds}"
+
 SWEEPER_A = f'{NS},instance="sweeper-a:9090"'
 SWEEPER_B = f'{NS},instance="sweeper-b:9090"'
 OPERATOR = f'{NS},instance="operator:9090"'
@@ -157,6 +167,21 @@ ALERTS: list[Alert] = [
         Case({'ignis_queue_oldest_in_flight_seconds{namespace="ignis",queue="orders"}': "30x30",
               'ignis_queue_sweep_duration_seconds{namespace="ignis",queue="orders"}': "1200x30",
               f"ignis_sweep_interval_seconds{{{SWEEPER_A}}}": "60x30"}, "20m"),
+    ),
+    Alert(
+        "IgnisQueueOldestMessageTooOld",
+        oldest_age_expr(),
+        "5m", "warning",
+        "The oldest message waiting in {{ $labels.queue }} is older than the alert's threshold",
+        "A message of {{ $labels.queue }} has waited longer than the threshold (the chart's "
+        f"monitoring.prometheusRule.thresholds.queueOldestMessageAgeSeconds, {OLDEST_AGE_DEFAULT_SECONDS} s unless "
+        "set) to be delivered: consumers are down, too few or too slow for the publish rate, or failing every "
+        "message they get.",
+        Case({'ignis_queue_oldest_age_seconds{namespace="ignis",queue="orders"}': "600+60x30"}, "20m",
+             [{"queue": "orders"}]),
+        # A queue keeping up, and an empty one: NaN (nothing waits) never alerts.
+        Case({'ignis_queue_oldest_age_seconds{namespace="ignis",queue="orders"}': "5x30",
+              'ignis_queue_oldest_age_seconds{namespace="ignis",queue="audit"}': " ".join(["NaN"] * 31)}, "20m"),
     ),
     Alert(
         "IgnisSidelineGrowing",

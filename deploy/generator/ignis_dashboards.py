@@ -165,8 +165,11 @@ def overview() -> dict[str, Any]:
              description="Messages that failed maxDeliveries times."),
         stat(lay, "Leader", f"sum(ignis_sweeper_leader{{{NS}}})", thresholds=[(None, "red"), (1, "green")],
              description="Sweeper processes leading (must be 1)."),
+        stat(lay, "Oldest waiting", f"max(ignis_queue_oldest_age_seconds{{{NS}, {Q}}})", unit="s",
+             description="Age of the oldest message waiting for delivery (since its due time, else its publish); "
+                         "empty when none waits."),
         stat(lay, "Oldest in flight", f"max(ignis_queue_oldest_in_flight_seconds{{{NS}, {Q}}})", unit="s",
-             w=6, description="Age of the oldest delivered, unsettled message."),
+             description="Age of the oldest delivered, unsettled message."),
         stat(lay, "Publish/s", f"sum(rate(ignis_published_total{{{Q}}}{rates}))", unit="reqps", w=4),
         stat(lay, "Deliver/s", f"sum(rate(ignis_delivered_total{{{Q}}}{rates}))", unit="reqps", w=4),
         stat(lay, "Ack/s", f"sum(rate(ignis_acked_total{{{Q}}}{rates}))", unit="reqps", w=4),
@@ -177,9 +180,10 @@ def overview() -> dict[str, Any]:
     ]
     lay.newline()
     panels += [
-        timeseries(lay, "Messages: depth, in flight, sidelined, dead", [
+        timeseries(lay, "Messages: depth, in flight, delayed, sidelined, dead", [
             (f"sum(ignis_queue_depth{{{NS}, {Q}}})", "depth"),
             (f"sum(ignis_queue_in_flight{{{NS}, {Q}}})", "in flight"),
+            (f"sum(ignis_queue_delayed{{{NS}, {Q}}})", "delayed"),
             (f"sum(ignis_queue_sidelined{{{NS}, {Q}}})", "sidelined"),
             (f"sum(ignis_queue_dead{{{NS}, {Q}}})", "dead")]),
         timeseries(lay, "Message rates", [
@@ -229,6 +233,17 @@ def overview() -> dict[str, Any]:
         timeseries(lay, "Oldest in flight vs sweepDuration", [
             (f"max(ignis_queue_oldest_in_flight_seconds{{{NS}, {one}}})", "oldest in flight"),
             (f"max(ignis_queue_sweep_duration_seconds{{{NS}, {one}}})", "sweepDuration")], unit="s", w=8),
+        timeseries(lay, "Oldest waiting message", [
+            (f"max(ignis_queue_oldest_age_seconds{{{NS}, {one}}})", "oldest waiting")], unit="s", w=8,
+            description="How long the oldest message not delivered yet has waited, since its due time (a delayed "
+                        "message) or else its publish: what IgnisQueueOldestMessageTooOld compares with the "
+                        "chart's monitoring.prometheusRule.thresholds.queueOldestMessageAgeSeconds. A gap: nothing "
+                        "waits."),
+        timeseries(lay, "Delayed messages", [
+            (f"sum(ignis_queue_delayed{{{NS}, {one}}})", "delayed (not due yet)"),
+            (f"sum(ignis_queue_depth{{{NS}, {one}}})", "depth (due)")], w=8,
+            description="Messages published (or retried) for later and not due yet, beside the depth they join "
+                        "when due."),
     ]
 
     panels.append(row(lay, "Sweeper"))

@@ -579,7 +579,8 @@ def stats(
         metavar="[QUEUE]", show_default=False, help="one queue [default: every queue, active or not]")] = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
-    """Message counts per queue: published, consumed, depth, sidelined, dead.
+    """Message counts per queue: published, consumed, depth, in flight, delayed, sidelined, dead, and the
+    age of the oldest message waiting in main (oldest_age_seconds; null when none waits).
 
     With QUEUE, -o json prints one object; without, a list of every queue."""
     ignis = _state(ctx).ignis()

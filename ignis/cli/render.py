@@ -213,14 +213,29 @@ def describe_table(doc: Mapping[str, Any]) -> Table:
     return table
 
 
+def age_text(seconds: float | None) -> str:
+    """An age for a person: 0.4s, 42.0s, 3m05s, 2h07m, 3d04h; "-" for None (nothing waits)."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
 def stats_table(stats: list[QueueStats], title: str = "queue stats") -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("queue")
-    columns = ("shards", "published", "consumed", "depth", "in_flight", "sidelined", "dead")
+    columns = ("shards", "published", "consumed", "depth", "in_flight", "delayed", "sidelined", "dead")
     for column in columns:
         table.add_column(column.replace("_", " "), justify="right")
+    table.add_column("oldest age", justify="right")  # of the oldest message waiting in main
     for s in stats:
-        table.add_row(_cell(s.name), *(_cell(getattr(s, c)) for c in columns))
+        table.add_row(_cell(s.name), *(_cell(getattr(s, c)) for c in columns), Text(age_text(s.oldest_age_seconds)))
     return table
 
 

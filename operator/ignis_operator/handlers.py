@@ -162,7 +162,7 @@ class Retry:
 @dataclass(frozen=True, slots=True)
 class Outcome:
     result: SyncResult
-    figures: dict[str, int] | None
+    figures: dict[str, int | None] | None
 
 
 def _key(namespace: str | None, name: str) -> str:

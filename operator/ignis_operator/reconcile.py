@@ -174,12 +174,16 @@ def finalize_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_cli
     return Finalized(DEACTIVATED, f"queue {spec.name!r} deactivated, data kept (deletionPolicy Retain)")
 
 
-def queue_figures(store: Storage, spec: QueueSpec, *, default_client_id: str | None = None) -> dict[str, int]:
-    """Live figures for the status: depth, inFlight, sidelined, dead."""
+def queue_figures(store: Storage, spec: QueueSpec, *, default_client_id: str | None = None
+                  ) -> dict[str, int | None]:
+    """Live figures for the status: depth, inFlight, delayed, sidelined, dead, and oldestAgeSeconds (whole
+    seconds the oldest waiting message has waited; None when none waits)."""
     client_id = spec.client_id or default_client_id or store.client_id
     s = client_view(store, client_id)
     stats = Queue(s, spec).stats(in_flight=True)
-    return {"depth": stats.depth, "inFlight": stats.in_flight or 0, "sidelined": stats.sidelined, "dead": stats.dead}
+    age = stats.oldest_age_seconds
+    return {"depth": stats.depth, "inFlight": stats.in_flight or 0, "delayed": stats.delayed,
+            "sidelined": stats.sidelined, "dead": stats.dead, AGE_FIGURE: None if age is None else int(age)}
 
 
 # ---- status ------------------------------------------------------------------------------------------
@@ -237,25 +241,37 @@ def status_changes(current: Mapping[str, Any] | None, desired: Mapping[str, Any]
 
 
 # ---- figures -----------------------------------------------------------------------------------------
-FIGURES = ("depth", "inFlight", "sidelined", "dead")
+FIGURES = ("depth", "inFlight", "delayed", "sidelined", "dead")
+AGE_FIGURE = "oldestAgeSeconds"  # absent from the status while nothing waits (a merge patch of null removes it)
 FIGURES_CHANGE_PERCENT = 10.0
+# An age grows by itself between two passes: it is rewritten only when it also moved by this much, so a queue
+# that keeps up (ages of seconds, going up and down) is not rewritten every pass, nor a stuck one every 30 s.
+AGE_CHANGE_SECONDS = 60
 
 
-def figures_changed(written: Mapping[str, Any] | None, measured: Mapping[str, int],
+def figures_changed(written: Mapping[str, Any] | None, measured: Mapping[str, int | None],
                     percent: float = FIGURES_CHANGE_PERCENT) -> bool:
     """Whether measured figures are worth a status write: a figure was never written, became 0 or stopped
-    being 0, or moved by at least `percent` % of its written value (and by at least 1). So an idle queue is
-    never rewritten, and a busy one at most once per figures pass; Prometheus has the live figures."""
+    being 0, or moved by at least `percent` % of its written value (and by at least 1); the oldest age
+    appeared or went, or moved by `percent` % and AGE_CHANGE_SECONDS. So an idle queue is never rewritten,
+    and a busy one at most once per figures pass; Prometheus has the live figures."""
+    written = written or {}
     for key in FIGURES:
-        old, new = (written or {}).get(key), measured[key]
-        if old is None or (old == 0) != (new == 0) or abs(new - old) >= max(1.0, abs(old) * percent / 100):
+        old, new = written.get(key), measured[key]
+        if old is None or new is None or (old == 0) != (new == 0) or \
+                abs(new - old) >= max(1.0, abs(old) * percent / 100):
             return True
-    return False
+    old_age, age = written.get(AGE_FIGURE), measured.get(AGE_FIGURE)
+    if (old_age is None) != (age is None):
+        return True
+    return old_age is not None and age is not None and \
+        abs(age - old_age) >= max(AGE_CHANGE_SECONDS, abs(old_age) * percent / 100)
 
 
-def figures_status(measured: Mapping[str, int]) -> dict[str, Any]:
-    """The status fields of measured figures, with the time they were measured."""
-    return {**{k: measured[k] for k in FIGURES}, "figuresTime": now_rfc3339()}
+def figures_status(measured: Mapping[str, int | None]) -> dict[str, Any]:
+    """The status fields of measured figures, with the time they were measured (an oldest age of None
+    removes the field: nothing waits)."""
+    return {**{k: measured[k] for k in FIGURES}, AGE_FIGURE: measured.get(AGE_FIGURE), "figuresTime": now_rfc3339()}
 
 
 def invalid(name: str, exc: InvalidSpecError, client_id: str | None = None, source: str | None = None) -> SyncResult:

@@ -265,7 +265,7 @@ class Background:
                 await asyncio.sleep(max(0.0, 1.0 - (self.loop.time() - began)))
         return True
 
-    def _measure(self, entries: list[Declared]) -> list[tuple[Declared, dict[str, int]]]:
+    def _measure(self, entries: list[Declared]) -> list[tuple[Declared, dict[str, int | None]]]:
         out = []
         for entry in entries:
             try:

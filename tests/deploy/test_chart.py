@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -287,6 +290,30 @@ def test_runbook_base_url_is_configurable(chart: Any) -> None:
     rule = one(render(chart, values), "PrometheusRule")
     urls = {r["annotations"]["runbook_url"] for r in rule["spec"]["groups"][0]["rules"]}
     assert all(re.fullmatch(r"https://wiki\.example/ignis#ignis\w+", u) for u in urls), urls
+
+
+def test_the_oldest_message_age_threshold_is_set_in_the_values(chart: Any, tmp_path: Path) -> None:
+    """The PrometheusRule carries monitoring.prometheusRule.thresholds.queueOldestMessageAgeSeconds: the
+    template finds the generator's default text to replace (else a value would change nothing), promtool
+    accepts the result, and nothing else of the rules changes."""
+    import ignis_alerts
+
+    plain = yaml.safe_load((ROOT / "deploy/prometheus/ignismq-rules.yaml").read_text())
+    values = {"monitoring": {"prometheusRule": {"enabled": True, "thresholds": {"queueOldestMessageAgeSeconds": 60}}}}
+    spec = one(render(chart, values), "PrometheusRule")["spec"]
+    (rule,) = [r for r in spec["groups"][0]["rules"] if r["alert"] == "IgnisQueueOldestMessageTooOld"]
+    assert rule["expr"] == ignis_alerts.oldest_age_expr(60) != ignis_alerts.oldest_age_expr()
+    rule["expr"] = ignis_alerts.oldest_age_expr()
+    assert spec == plain
+    assert chart.values["monitoring"]["prometheusRule"]["thresholds"] == {
+        "queueOldestMessageAgeSeconds": ignis_alerts.OLDEST_AGE_DEFAULT_SECONDS}
+    rendered = tmp_path / "rules.yaml"
+    rendered.write_text(yaml.safe_dump(one(render(chart, values), "PrometheusRule")["spec"]))
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        result = subprocess.run([promtool, "check", "rules", str(rendered)], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_network_policy_opens_metrics_store_api_server_and_dns(chart: Any) -> None:

@@ -101,7 +101,8 @@ def test_rules_cover_what_the_issue_asks_and_are_annotated() -> None:
     assert {"IgnisSweeperNoLeader", "IgnisSweeperLeaderFlapping", "IgnisSweepFailing", "IgnisSweepNotRunning",
             "IgnisBacklogGrowingWithoutAcks", "IgnisInFlightOlderThanSweepDuration", "IgnisSidelineGrowing",
             "IgnisDeadLettersArriving", "IgnisStorageErrors", "IgnisStorageRetriesHigh",
-            "IgnisOperatorReconcileFailures", "IgnisQueueNotReady", "IgnisHoleBudgetExhausted"} <= names
+            "IgnisOperatorReconcileFailures", "IgnisQueueNotReady", "IgnisHoleBudgetExhausted",
+            "IgnisQueueOldestMessageTooOld"} <= names
     for rule in rule_docs():
         assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}, rule["alert"]
@@ -146,6 +147,18 @@ def test_every_query_uses_only_metrics_the_code_exports() -> None:
     assert len(used) >= 30  # the check saw the real queries
 
 
+def test_every_queue_gauge_of_the_sweeper_has_a_dashboard_panel() -> None:
+    from ignis_workers.metrics import QUEUE_GAUGES
+
+    shown: set[str] = set()
+    for doc in dashboard_docs().values():
+        for _, expr in ignis_dashboards.queries(doc):
+            shown |= metric_names(expr)
+    gauges = {gauge._name for gauge in QUEUE_GAUGES}
+    assert {"ignis_queue_delayed", "ignis_queue_oldest_age_seconds"} <= gauges
+    assert gauges - shown == set()
+
+
 def test_the_metric_check_catches_a_misspelt_name() -> None:
     assert metric_names('sum(rate(ignis_publishd_total{queue=~"$queue"}[$__rate_interval]))') == {
         "ignis_publishd_total"}
@@ -179,7 +192,7 @@ def test_dashboards_are_loadable_grafana_json() -> None:
     titles = {p["title"] for p in ignis_dashboards.all_panels(overview)}
     assert {"Queues", "Depth", "In flight", "Sidelined", "Dead", "Publish/s", "Deliver/s", "Ack/s",
             "Redeliveries/s", "Handler duration", "Batch size", "Sweep duration", "Storage calls by operation",
-            "Holes skipped and late writes"} <= titles
+            "Holes skipped and late writes", "Oldest waiting", "Oldest waiting message", "Delayed messages"} <= titles
     operator_titles = {p["title"] for p in ignis_dashboards.all_panels(docs["ignismq-operator"])}
     assert {"Reconciles by result", "Reconcile duration", "Queues by state", "Drift repairs"} <= operator_titles
 

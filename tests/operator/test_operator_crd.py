@@ -13,6 +13,7 @@ import cel
 import pytest
 import yaml
 from admission import ROOT, admit, apply_defaults, cel_errors, crd, rules, schema
+from ignis_operator.reconcile import AGE_FIGURE, FIGURES, SYNCED, SyncResult, figures_status, status_for
 from jsonschema import Draft7Validator
 from pydantic import BaseModel
 from pydantic.alias_generators import to_camel
@@ -55,7 +56,10 @@ def test_crd_names_scope_and_version() -> None:
 def test_printer_columns() -> None:
     (version,) = crd()["spec"]["versions"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Shards", "Concurrency", "Depth", "Sidelined", "Ready", "Reason", "Age"]
+    assert list(columns) == ["Shards", "Concurrency", "Depth", "Oldest", "Sidelined", "Delayed", "Ready", "Reason",
+                             "Age"]
+    assert columns["Oldest"]["jsonPath"] == ".status.oldestAgeSeconds" and "priority" not in columns["Oldest"]
+    assert columns["Delayed"]["priority"] == 1  # kubectl get -o wide
     assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     assert columns["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
@@ -64,9 +68,23 @@ def test_printer_columns() -> None:
         assert column["jsonPath"].startswith(".")
     # every column path points into the schema (a typo would show an empty column forever)
     props = schema()["properties"]
-    for path in (".spec.shards", ".spec.concurrency", ".status.depth", ".status.sidelined"):
-        _, part, field = path.split(".")
-        assert field in props[part]["properties"], path
+    for column in columns.values():
+        if column["jsonPath"].startswith((".spec.", ".status.")) and "[" not in column["jsonPath"]:
+            _, part, field = column["jsonPath"].split(".")
+            assert field in props[part]["properties"], column["jsonPath"]
+
+
+def test_every_status_field_the_operator_writes_is_in_the_schema() -> None:
+    """The API server prunes fields a structural schema does not declare: a status field missing there would be
+    dropped without an error, and its column would stay empty."""
+    status_schema = schema()["properties"]["status"]
+    result = SyncResult("orders", "shop", True, SYNCED, "queue record created", created=True)
+    status = {**status_for(result, None, 3),
+              **figures_status({**dict.fromkeys(FIGURES, 7), AGE_FIGURE: 42})}
+    assert set(status) <= set(status_schema["properties"]), set(status) - set(status_schema["properties"])
+    Draft7Validator(status_schema).validate(status)
+    for key in (*FIGURES, AGE_FIGURE):
+        assert status_schema["properties"][key]["type"] == "integer", key
 
 
 def _nodes(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:

@@ -90,6 +90,11 @@ async def test_figures_timer_fills_the_status(harness: Harness) -> None:
                                  and harness.obj("orders")["status"], what="figures in status")
     assert (status["depth"], status["inFlight"], status["sidelined"], status["dead"]) == (1, 1, 1, 0)
     assert status["figuresTime"].endswith("Z")
+    assert status["delayed"] == 0 and 0 <= status["oldestAgeSeconds"] < 30  # one message waits
+    queue.ack(queue.fire_many(10))  # nothing waits: the age leaves the status (a null in the merge patch)
+    status = await harness.until(lambda: (harness.obj("orders") or {}).get("status", {}).get("depth") == 0
+                                 and harness.obj("orders")["status"], what="depth 0 written")
+    assert "oldestAgeSeconds" not in status and status["inFlight"] == 1
 
 
 async def test_resync_restores_a_deleted_record_and_reverts_edits(harness: Harness) -> None:

@@ -6,13 +6,17 @@ from typing import Any
 
 import pytest
 from ignis_operator.reconcile import (
+    AGE_FIGURE,
     CONFLICT,
+    FIGURES,
     INVALID_SPEC,
     OWNER_BIN,
     SYNCED,
     Owner,
     SyncResult,
     config_drift,
+    figures_changed,
+    figures_status,
     finalize_queue,
     parse_k8s_time,
     queue_figures,
@@ -187,13 +191,46 @@ def test_config_drift() -> None:
 
 def test_queue_figures(store: Storage) -> None:
     sync_queue(store, spec(), OLD)
+    assert queue_figures(store, spec())[AGE_FIGURE] is None  # nothing waits
     queue = Queue(store.with_client("shop"), spec())
     queue.publish_many([b"1", b"2", b"3"])
     fired = queue.fire()
     assert fired is not None
-    assert queue_figures(store, spec()) == {"depth": 2, "inFlight": 1, "sidelined": 0, "dead": 0}
+    figures = queue_figures(store, spec())
+    assert 0 <= figures.pop(AGE_FIGURE) < 30  # whole seconds
+    assert figures == {"depth": 2, "inFlight": 1, "delayed": 0, "sidelined": 0, "dead": 0}
     fired.nack("x")
-    assert queue_figures(store, spec()) == {"depth": 2, "inFlight": 0, "sidelined": 1, "dead": 0}
+    figures = queue_figures(store, spec())
+    assert isinstance(figures.pop(AGE_FIGURE), int)
+    assert figures == {"depth": 2, "inFlight": 0, "delayed": 0, "sidelined": 1, "dead": 0}
+    queue.ack(queue.fire_many(10))
+    assert queue_figures(store, spec())[AGE_FIGURE] is None
+
+
+def figures(age: int | None = None, **counts: int) -> dict[str, int | None]:
+    return {**dict.fromkeys(FIGURES, 5), **counts, AGE_FIGURE: age}
+
+
+@pytest.mark.parametrize(("written", "measured", "changed"), [
+    (figures(None), figures(None), False),  # nothing waits, still: an idle queue is never rewritten
+    (figures(None), figures(0), True),  # a message waits now
+    (figures(40), figures(None), True),  # ... and no longer: the field goes
+    (figures(0), figures(59), False),  # an age moving by less than AGE_CHANGE_SECONDS
+    (figures(100), figures(160), True),
+    (figures(1000), figures(1090), False),  # ... or by less than the percentage
+    (figures(1000), figures(1100), True),
+    (figures(100, depth=100), figures(100, depth=105), False),
+    (figures(100, delayed=0), figures(100, delayed=1), True),  # delayed is a figure like the others
+    ({"depth": 5}, figures(None), True),  # a figure never written
+])
+def test_figures_changed(written: dict[str, Any], measured: dict[str, int | None], changed: bool) -> None:
+    assert figures_changed(written, measured) is changed
+
+
+def test_figures_status_removes_the_age_when_nothing_waits() -> None:
+    status = figures_status(figures(None))
+    assert status[AGE_FIGURE] is None and set(status) == {*FIGURES, AGE_FIGURE, "figuresTime"}
+    assert figures_status(figures(7))[AGE_FIGURE] == 7
 
 
 def test_conditions_keep_their_transition_time_while_unchanged() -> None:

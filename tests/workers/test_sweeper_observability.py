@@ -32,8 +32,10 @@ def test_leader_reports_gauges_and_passes_and_clears_them_when_it_stops(tmp_path
     store = open_store(f"lmdb://{tmp_path}/store?durability=fast")
     client = Ignis(store)
     client.apply(QueueSpec.build(name="gauged", handlerType="gauged", shards=2, sweepDurationSeconds=300))
+    client.apply(QueueSpec.build(name="idle", handlerType="idle", shards=2))
     queue = client.queue("gauged")
     queue.publish_many([b"m%d" % i for i in range(5)])
+    published = time.time()
     assert len(queue.fire_many(2)) == 2  # in flight, never settled
     settings = load_sweeper_settings(sweep_interval_seconds=0.2, threads=2, lease_duration_seconds=3,
                                      renew_deadline_seconds=2, retry_period_seconds=0.2, probe_port=-1)
@@ -49,6 +51,11 @@ def test_leader_reports_gauges_and_passes_and_clears_them_when_it_stops(tmp_path
         assert sample("ignis_queue_in_flight", queue="gauged") == 2
         assert sample("ignis_queue_sweep_duration_seconds", queue="gauged") == 300
         assert sample("ignis_queue_oldest_in_flight_seconds", queue="gauged") < 110
+        # The waiting age is on the wall clock (producers stamp by theirs), not on the sweeper's 100 s ahead.
+        assert 0 <= sample("ignis_queue_oldest_age_seconds", queue="gauged") <= time.time() - published + 1
+        assert sample("ignis_queue_delayed", queue="gauged") == 0
+        wait_for(lambda: sample("ignis_queue_depth", queue="idle") == 0)
+        assert math.isnan(sample("ignis_queue_oldest_age_seconds", queue="idle"))  # nothing waits: NaN, not 0
         assert sample("ignis_sweep_interval_seconds") == 0.2
         assert abs(time.time() - sample("ignis_sweep_last_pass_timestamp_seconds")) < 5
         wait_for(lambda: (sample("ignis_sweep_passes_total", outcome="ok") or 0) > passes_before)
@@ -60,8 +67,9 @@ def test_leader_reports_gauges_and_passes_and_clears_them_when_it_stops(tmp_path
     assert not runner.is_alive()
     # Only a leader reports queue figures: a stopped (or standby) process exports none.
     for gauge in ("ignis_queue_depth", "ignis_queue_in_flight", "ignis_queue_oldest_in_flight_seconds",
-                  "ignis_queue_sweep_duration_seconds"):
+                  "ignis_queue_sweep_duration_seconds", "ignis_queue_delayed", "ignis_queue_oldest_age_seconds"):
         assert sample(gauge, queue="gauged") is None, gauge
+        assert sample(gauge, queue="idle") is None, gauge
     assert math.isnan(sample("ignis_sweep_last_pass_timestamp_seconds"))
     (start,) = [r for r in caplog.records if getattr(r, "event", None) == "start"]
     assert start.levelno == logging.INFO

@@ -34,8 +34,16 @@ SWEEP_LAST_PASS.set(float("nan"))  # every process that imports this module expo
 SWEEP_INTERVAL = Gauge("ignis_sweep_interval_seconds", "Configured time between sweep passes")
 QUEUE_OLDEST_IN_FLIGHT = Gauge("ignis_queue_oldest_in_flight_seconds", "Age of the oldest delivered, unsettled "
                                "message (among the newest claims of each shard; 0 when none)", ["queue"])
+QUEUE_DELAYED = Gauge("ignis_queue_delayed", "Messages published (or retried) for later and not due yet: not in "
+                      "the depth", ["queue"])
+# NaN, not 0, when nothing waits: an empty queue is not one whose oldest message is brand new, and NaN never
+# alerts (as ignis_sweep_last_pass_timestamp_seconds on a standby), while the series still says "reported".
+QUEUE_OLDEST_AGE = Gauge("ignis_queue_oldest_age_seconds", "Age of the oldest unclaimed, due message in the main "
+                         "magazine, since its due time or else its publish (the head of each shard); NaN when "
+                         "none waits", ["queue"])
 QUEUE_SWEEP_DURATION = Gauge("ignis_queue_sweep_duration_seconds", "The queue's sweepDuration: a claim unsettled "
                              "this long is re-homed by the sweeper", ["queue"])
 SWEEPER_INFO = Info("ignis_sweeper", "This sweeper process: version, lease backend, candidate identity")
 # Set by the leader each pass; cleared when it stops leading, so only the leader reports them.
-QUEUE_GAUGES = (QUEUE_DEPTH, QUEUE_IN_FLIGHT, QUEUE_SIDELINED, QUEUE_DEAD, QUEUE_OLDEST_IN_FLIGHT, QUEUE_SWEEP_DURATION)
+QUEUE_GAUGES = (QUEUE_DEPTH, QUEUE_IN_FLIGHT, QUEUE_SIDELINED, QUEUE_DEAD, QUEUE_OLDEST_IN_FLIGHT, QUEUE_SWEEP_DURATION,
+                QUEUE_DELAYED, QUEUE_OLDEST_AGE)

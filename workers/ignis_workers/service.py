@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -46,9 +47,11 @@ from ignis_workers.election import (
 )
 from ignis_workers.metrics import (
     QUEUE_DEAD,
+    QUEUE_DELAYED,
     QUEUE_DEPTH,
     QUEUE_GAUGES,
     QUEUE_IN_FLIGHT,
+    QUEUE_OLDEST_AGE,
     QUEUE_OLDEST_IN_FLIGHT,
     QUEUE_SIDELINED,
     QUEUE_SWEEP_DURATION,
@@ -347,6 +350,10 @@ class SweeperService:
                 # The sweeper's clock: a demo's clock runs ahead, and its sweep judges ages by it too.
                 QUEUE_OLDEST_IN_FLIGHT.labels(name).set(max(0.0, (self.clock() - oldest) / 1000) if oldest else 0.0)
                 QUEUE_SWEEP_DURATION.labels(name).set(queue.spec.sweep_duration_seconds)
+                QUEUE_DELAYED.labels(name).set(stats.delayed)
+                # Wall-clock age (Queue.stats): producers stamp messages by theirs, not by the sweeper's clock.
+                age = stats.oldest_age_seconds
+                QUEUE_OLDEST_AGE.labels(name).set(math.nan if age is None else age)
             except StoreError:
                 raise  # the store failed: said once by the caller, not once per queue
             except Exception as exc:
