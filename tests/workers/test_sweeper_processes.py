@@ -373,3 +373,84 @@ def test_producers_consumers_and_the_leader_killed_together_strand_nothing(sweep
                     child.kill()
         print(f"\n{len(published)} published, all delivered; {sum(c.count('delivered') for c in consumers)} "
               f"deliveries (the rest are redeliveries); sweptCounter {ignis.record('crash').bins.get('sweptCounter')}")
+
+
+DELAYED_PRODUCER = """
+import sys, time
+from ignis import Ignis
+with Ignis(sys.argv[1]) as ignis:
+    q = ignis.queue("later")
+    for i in range(int(sys.argv[2])):
+        ref = q.publish(f"{sys.argv[3]}-{i}".encode(), delay=0.5 + (i % 4) * 0.5)
+        print("published", f"{ref.id}:{ref.slot}", flush=True)
+        time.sleep(0.002)
+"""
+
+DELAYED_CONSUMER = """
+import sys, threading, time
+from ignis import Ignis
+from ignis.envelope import now_ms
+lock = threading.Lock()
+with Ignis(sys.argv[1]) as ignis:
+    q = ignis.queue("later")
+
+    def work():
+        while True:
+            m = q.fire(timeout=0.5)
+            if m is None:
+                continue
+            with lock:
+                print("delivered", f"{m.id}:{now_ms()}", flush=True)
+            m.ack()
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(3600)
+"""
+
+
+@pytest.mark.timeout(CRASH_SWEEP_S + 180)
+def test_delayed_messages_survive_producer_consumer_and_leader_kills(sweepers: Sweepers, url: str):
+    """Issue 28: delayed messages falling due while a producer, a consumer (and its process's mover) and the
+    sweeper leader are SIGKILLed: every delayed publish that returned is delivered, none before its time."""
+    with Ignis(url) as ignis:
+        ignis.apply(QueueSpec.build(name="later", handlerType="later", shards=4, sweepDurationSeconds=CRASH_SWEEP_S,
+                                    shovel={"concurrency": 2, "intervalSeconds": 1}, maxDeliveries=0))
+        for who in ("d1", "d2"):
+            sweepers.start(who)
+        leader = wait_for(lambda: sweepers.holder(), what="a leader")
+        producers = [Lines(DELAYED_PRODUCER, url, "800", f"p{i}") for i in range(2)]
+        consumers = [Lines(DELAYED_CONSUMER, url) for _ in range(2)]
+        children = [*producers, *consumers]
+        try:
+            wait_for(lambda: producers[0].count("published") >= 200, timeout=60, what="a producer under way")
+            producers[0].kill()  # mid-publish, with its messages still to fall due
+            wait_for(lambda: sum(c.count("delivered") for c in consumers) >= 200, timeout=60,
+                     what="consumers under way")
+            sweepers.procs[leader].kill()  # mid-move, perhaps: its lease on the due messages must lapse
+            consumers[0].kill()  # its mover too
+            wait_for(lambda: producers[1].proc.poll() is not None, timeout=120, what="the other producer")
+            due = dict(v.split(":") for p in producers for v in p.values.get("published", []))
+            assert len(due) >= 800 + 200
+
+            def delivered() -> dict[str, int]:
+                out: dict[str, int] = {}
+                for c in consumers:
+                    for v in c.values.get("delivered", []):
+                        msg_id, at = v.split(":")
+                        out[msg_id] = min(out.get(msg_id, 1 << 62), int(at))
+                return out
+
+            deadline = time.monotonic() + CRASH_SWEEP_S + 60
+            while not set(due) <= set(delivered()) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            got = delivered()
+            missing = set(due) - set(got)
+            assert not missing, f"{len(missing)} of {len(due)} delayed messages never delivered"
+            early = {i: int(due[i]) - got[i] for i in due if got[i] < int(due[i])}
+            assert not early, f"{len(early)} delivered before their due time (ms early): {list(early.items())[:5]}"
+        finally:
+            for child in children:
+                if child.proc.poll() is None:
+                    child.kill()

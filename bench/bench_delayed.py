@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Delayed delivery at volume (issue 28): does a backlog of delayed messages slow publish and fire on the same
+queue, and what does moving due messages cost?
+
+    .venv/bin/python bench/bench_delayed.py                                  # lmdb (fsync), 1,000,000 delayed
+    .venv/bin/python bench/bench_delayed.py --server 127.0.0.1:3000/test     # and Aerospike
+
+For each store, side by side in one run:
+* two queues alike, one empty and one holding BACKLOG delayed messages due in an hour; publish (one call per
+  message) and fire+ack rates on each, in alternating rounds; the ratio backlog / empty (target: no slower);
+* MOVE messages published with a short delay and moved to main when due: the time from due to all moved, and
+  the store writes per delayed message (Aerospike: the server's own write and delete counters, read before and
+  after; lmdb: record puts and deletes counted in the store's transactions). Target: at most 2 besides the
+  delayed message's own write.
+Prints a table; `--json FILE` writes the figures. Every run uses fresh sets (Aerospike: truncated afterwards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from ignis import Ignis, QueueSpec
+from ignis.delay import move_due
+from ignis.envelope import now_ms
+
+PAYLOAD = b"x" * 256
+console = Console(stderr=True)
+
+
+def rate(fn: Any, seconds: float) -> float:
+    """Calls of fn() per second over about `seconds`."""
+    done, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        fn()
+        done += 1
+    return done / elapsed
+
+
+def fill_backlog(queue: Any, count: int, due_in_s: float) -> float:
+    started = time.perf_counter()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"backlog of {count:,} delayed messages", total=count)
+        for start in range(0, count, 1000):
+            n = min(1000, count - start)
+            queue.publish_many([PAYLOAD] * n, delay=due_in_s)
+            progress.advance(task, n)
+    return count / (time.perf_counter() - started)
+
+
+def server_writes(ignis: Ignis) -> int:
+    """Aerospike: record writes and deletes the namespace has done (single and batch), from its statistics."""
+    store = ignis.store
+    text = store.client.info_all(f"namespace/{store._ns}")  # type: ignore[attr-defined]
+    total = 0
+    for _, answer in text.values():
+        stats = dict(item.split("=", 1) for item in answer.strip().split(";") if "=" in item)
+        total += sum(int(stats.get(k, 0)) for k in ("client_write_success", "client_delete_success",
+                                                     "batch_sub_write_success", "batch_sub_delete_success",
+                                                     "client_udf_complete", "client_lang_write_success"))
+    return total
+
+
+class CountingTxn:
+    """lmdb: counts the puts and deletes of the store's write transactions (the record writes of a move)."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def install(self, ignis: Ignis) -> None:
+        env = ignis.store._env.env  # type: ignore[attr-defined]
+        counter = self
+        real_begin = env.begin
+
+        class Txn:
+            def __init__(self, txn: Any) -> None:
+                self._txn = txn
+
+            def put(self, *a: Any, **k: Any) -> Any:
+                counter.writes += 1
+                return self._txn.put(*a, **k)
+
+            def delete(self, *a: Any, **k: Any) -> Any:
+                counter.writes += 1
+                return self._txn.delete(*a, **k)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._txn, name)
+
+            def __enter__(self) -> Any:
+                self._txn.__enter__()
+                return self
+
+            def __exit__(self, *exc: Any) -> Any:
+                return self._txn.__exit__(*exc)
+
+        class Env:
+            def begin(self, *a: Any, **k: Any) -> Any:
+                write = (a[2] if len(a) > 2 else k.get("write", False))
+                txn = real_begin(*a, **k)
+                return Txn(txn) if write else txn
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(env, name)
+
+        ignis.store._env.env = Env()  # type: ignore[attr-defined]
+
+
+def one_store(url: str, backlog: int, moves: int, seconds: float, rounds: int, aerospike: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"store": "aerospike" if aerospike else "lmdb", "backlog": backlog}
+    with Ignis(url) as ignis:
+        for name in ("empty", "backlog", "moves"):
+            ignis.apply(QueueSpec.build(name=name, handlerType=name, shards=16))
+        empty, loaded, moving = (ignis.queue(n) for n in ("empty", "backlog", "moves"))
+        loaded.publish(b"warm", delay=0.01)  # the delay index (Aerospike) before anything is timed
+        time.sleep(2.0)
+        move_due(loaded.main)
+        while loaded.fire() is not None:
+            pass
+        out["backlog_publish_per_s"] = round(fill_backlog(loaded, backlog, 3600), 1)
+        console.print(f"{out['store']}: {backlog:,} delayed, {loaded.stats().delayed:,} counted")
+        samples: dict[str, list[float]] = {"publish": [], "fire_ack": []}
+        for r in range(rounds):
+            pair = {}
+            for queue in (empty, loaded) if r % 2 == 0 else (loaded, empty):
+                pub = rate(lambda q=queue: q.publish(PAYLOAD), seconds)
+
+                def fire_ack(q: Any = queue) -> None:
+                    m = q.fire()
+                    if m is not None:
+                        m.ack()
+
+                fire = rate(fire_ack, seconds)
+                pair[queue.name] = (pub, fire)
+            samples["publish"].append(pair["backlog"][0] / pair["empty"][0])
+            samples["fire_ack"].append(pair["backlog"][1] / pair["empty"][1])
+            out.setdefault("rounds", []).append({k: [round(v, 1) for v in vs] for k, vs in pair.items()})
+        out["publish_ratio"] = round(statistics.median(samples["publish"]), 3)
+        out["fire_ack_ratio"] = round(statistics.median(samples["fire_ack"]), 3)
+        # The move: MOVES messages due in 2 s, moved by one mover; writes counted around the move only.
+        moving.publish_many([PAYLOAD] * moves, delay=2)
+        time.sleep(2.2)
+        counter = None
+        if aerospike:
+            before = server_writes(ignis)
+        else:
+            counter = CountingTxn()
+            counter.install(ignis)
+        started = time.perf_counter()
+        moved = 0
+        while moved < moves and time.perf_counter() - started < 300:
+            moved += move_due(moving.main) or 0
+        out["move_seconds"] = round(time.perf_counter() - started, 3)
+        writes = server_writes(ignis) - before if aerospike else counter.writes  # type: ignore[union-attr]
+        out["moved"] = moved
+        out["moved_per_s"] = round(moved / max(out["move_seconds"], 1e-9), 1)
+        out["writes_per_moved_message"] = round(writes / max(moved, 1), 3)
+        out["fired_after_move"] = len(moving.fire_many(moves + 10))
+        if aerospike:
+            client = ignis.store.client  # type: ignore[attr-defined]
+            for set_name in (ignis.store._data_set, ignis.store._meta_set):  # type: ignore[attr-defined]
+                client.truncate(ignis.store._ns, set_name, 0)  # type: ignore[attr-defined]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server", help="Aerospike host:port/namespace (also measured)")
+    parser.add_argument("--backlog", type=int, default=1_000_000)
+    parser.add_argument("--moves", type=int, default=20_000)
+    parser.add_argument("--seconds", type=float, default=2.0, help="per rate sample")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-lmdb", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results = []
+    run = uuid.uuid4().hex[:6]
+    if not args.no_lmdb:
+        with tempfile.TemporaryDirectory(prefix="ignis-delayed-") as tmp:
+            results.append(one_store(f"lmdb://{tmp}/store", args.backlog, args.moves, args.seconds, args.rounds,
+                                     False))
+    if args.server:
+        results.append(one_store(f"aerospike://{args.server}?farm=bd{run}&client=bd{run}", args.backlog, args.moves,
+                                 args.seconds, args.rounds, True))
+    table = Table(title=f"a backlog of delayed messages vs none, same queue shape (16 shards, {len(PAYLOAD)} B)")
+    for column in ("store", "backlog", "publish backlog/none", "fire+ack backlog/none", "moved/s",
+                   "writes per moved message"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(r["store"], f"{r['backlog']:,}", f"{r['publish_ratio']:.2f}x", f"{r['fire_ack_ratio']:.2f}x",
+                      f"{r['moved_per_s']:,.0f}", f"{r['writes_per_moved_message']:.2f}")
+    Console().print(table)
+    if args.json:
+        args.json.write_text(json.dumps({"at": now_ms(), "results": results}, indent=2))
+    sys.exit(0 if all(r["moved"] == r["fired_after_move"] == args.moves for r in results) else 1)
+
+
+if __name__ == "__main__":
+    main()
