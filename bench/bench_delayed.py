@@ -11,7 +11,9 @@ For each store, side by side in one run:
 * MOVE messages published with a short delay and moved to main when due: the time from due to all moved, and
   the store writes per delayed message (Aerospike: the server's own write and delete counters, read before and
   after; lmdb: record puts and deletes counted in the store's transactions). Target: at most 2 besides the
-  delayed message's own write.
+  delayed message's own write;
+* lateness under a steady load on the backlogged queue: messages due 1 s after their publish, fired by a
+  waiting consumer: fire time minus due time, p50 / p99 / max (target: p99 under 1 s; none early).
 Prints a table; `--json FILE` writes the figures. Every run uses fresh sets (Aerospike: truncated afterwards).
 """
 
@@ -167,11 +169,47 @@ def one_store(url: str, backlog: int, moves: int, seconds: float, rounds: int, a
         out["moved_per_s"] = round(moved / max(out["move_seconds"], 1e-9), 1)
         out["writes_per_moved_message"] = round(writes / max(moved, 1), 3)
         out["fired_after_move"] = len(moving.fire_many(moves + 10))
+        out.update(lateness(ignis, loaded))
         if aerospike:
             client = ignis.store.client  # type: ignore[attr-defined]
             for set_name in (ignis.store._data_set, ignis.store._meta_set):  # type: ignore[attr-defined]
                 client.truncate(ignis.store._ns, set_name, 0)  # type: ignore[attr-defined]
     return out
+
+
+def lateness(ignis: Ignis, queue: Any, count: int = 2000, spread_s: float = 5.0) -> dict[str, Any]:
+    """Under a steady load, on the queue holding the backlog: `count` messages published with delays spread
+    over `spread_s` seconds, fired by a waiting consumer as they fall due; how late each was fired (fire time
+    minus due time), p50 / p99 / max in ms. Nothing may fire early."""
+    import threading
+
+    late: list[float] = []
+    early: list[float] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            for m in queue.fire_many(100, timeout=0.2):
+                if m.envelope.due_at is not None and m.payload == b"due":
+                    delta = now_ms() - m.envelope.due_at
+                    (late if delta >= 0 else early).append(delta)
+                m.ack()
+
+    worker = threading.Thread(target=consume)
+    worker.start()
+    started = time.monotonic()
+    for i in range(count):  # a steady publisher: one every spread_s / count seconds, each due 1 s later
+        time.sleep(max(0.0, started + i * spread_s / count - time.monotonic()))
+        queue.publish(b"due", delay=1.0)
+    deadline = time.monotonic() + 30
+    while len(late) + len(early) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop.set()
+    worker.join()
+    late.sort()
+    pick = (lambda q: round(late[min(len(late) - 1, int(q * len(late)))], 1)) if late else (lambda q: None)
+    return {"late_ms": {"p50": pick(0.5), "p99": pick(0.99), "max": late[-1] if late else None},
+            "fired_late": len(late), "fired_early": len(early)}
 
 
 def main() -> None:
@@ -195,15 +233,18 @@ def main() -> None:
                                  args.seconds, args.rounds, True))
     table = Table(title=f"a backlog of delayed messages vs none, same queue shape (16 shards, {len(PAYLOAD)} B)")
     for column in ("store", "backlog", "publish backlog/none", "fire+ack backlog/none", "moved/s",
-                   "writes per moved message"):
+                   "writes per moved message", "fired after due, ms p50 / p99 / max", "early"):
         table.add_column(column, justify="right")
     for r in results:
+        late = r["late_ms"]
         table.add_row(r["store"], f"{r['backlog']:,}", f"{r['publish_ratio']:.2f}x", f"{r['fire_ack_ratio']:.2f}x",
-                      f"{r['moved_per_s']:,.0f}", f"{r['writes_per_moved_message']:.2f}")
+                      f"{r['moved_per_s']:,.0f}", f"{r['writes_per_moved_message']:.2f}",
+                      f"{late['p50']} / {late['p99']} / {late['max']}", str(r["fired_early"]))
     Console().print(table)
     if args.json:
         args.json.write_text(json.dumps({"at": now_ms(), "results": results}, indent=2))
-    sys.exit(0 if all(r["moved"] == r["fired_after_move"] == args.moves for r in results) else 1)
+    sys.exit(0 if all(r["moved"] == r["fired_after_move"] == args.moves and not r["fired_early"] for r in results)
+             else 1)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 MOVE_BATCH = 1000  # due messages per query, copy and delete
 LEAD_MS = 10_000  # the mover's lease: another process takes over this long after a mover died
 DUE_POLL_SECONDS = 0.25  # a queue holding delayed messages whose next due time the store cannot tell
+MOVE_GAP_SECONDS = 0.05  # after a move: messages falling due one by one are moved in batches, not one each
 IDLE_POLL_SECONDS = 2.0  # a followed queue with none (a publish here, or a bumped beacon, wakes it sooner)
 KEEP_FOLLOWING_SECONDS = 30.0
 
@@ -172,8 +173,8 @@ class DelayMover:
         if state.next_due is not None and state.next_due > now_ms():
             return min((state.next_due - now_ms()) / 1000, DUE_POLL_SECONDS)
         main = f.main()
-        if main is not None:
-            move_due(main)
+        if main is not None and move_due(main):
+            return MOVE_GAP_SECONDS  # moved some: look again soon, and move what fell due meanwhile together
         return DUE_POLL_SECONDS
 
 

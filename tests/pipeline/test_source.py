@@ -410,7 +410,7 @@ def test_a_bad_read_fails_at_load_with_the_message_on_the_first_line(spark: Any,
     assert first_line(queue="real", bogus="1").endswith(
         "ignis.errors.InvalidInputError: unknown option(s) bogus for format 'ignis'; known: store, clientId, farmId, "
         "queue, magazine, since, until, slotsPerPartition, maxMessagesPerTrigger, chunkSize, "
-        "maxMessagesPerSecondPerTask")
+        "maxMessagesPerSecondPerTask, delay")
     assert first_line().endswith(
         "ignis.errors.InvalidInputError: option queue is missing: name one queue, a comma list, or * for every queue")
     data = spark.createDataFrame([(b"x",)], "payload binary")
