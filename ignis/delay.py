@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from ignis.envelope import Envelope, now_ms
 from ignis.errors import StoreError
 from ignis.outage import Backoff
+from ignis.per_store import PerStore
 from ignis.storage.base import DelayState, Storage
 
 if TYPE_CHECKING:
@@ -178,25 +179,18 @@ class DelayMover:
         return DUE_POLL_SECONDS
 
 
-_movers: weakref.WeakKeyDictionary[Storage, DelayMover] = weakref.WeakKeyDictionary()
-_movers_lock = threading.Lock()
+_movers: PerStore[DelayMover] = PerStore(DelayMover)
 
 
 def mover_for(store: Storage) -> DelayMover:
     """The process's delay mover of a store handle (started on first use)."""
-    found = _movers.get(store)
-    if found is None or found.stopped:
-        with _movers_lock:
-            found = _movers.get(store)
-            if found is None or found.stopped:
-                found = _movers[store] = DelayMover(store)
-    return found
+    return _movers.get(store)
 
 
 def stop_mover(store: Storage, timeout: float = 5.0) -> None:
     """Stop the store handle's mover and wait for it (before the handle closes: a store call must not be
     running when its environment or connection goes)."""
-    found = _movers.get(store)
+    found = _movers.find(store)
     if found is not None:
         found.stop()
         if found._thread is not threading.current_thread():
@@ -205,6 +199,6 @@ def stop_mover(store: Storage, timeout: float = 5.0) -> None:
 
 def wake_mover(store: Storage) -> None:
     """Have the store handle's mover look now, if it runs."""
-    found = _movers.get(store)
+    found = _movers.find(store)
     if found is not None:
         found.wake()

@@ -35,6 +35,7 @@ from ignis.activity import ShardActivity
 from ignis.delay import wake_mover
 from ignis.errors import StoreError
 from ignis.outage import Backoff
+from ignis.per_store import PerStore
 from ignis.storage.base import BEACON_SECONDS, Doorbell, Storage
 
 log = logging.getLogger(__name__)
@@ -190,16 +191,9 @@ class Watcher:
         w.due = now + w.interval
 
 
-_watchers: weakref.WeakKeyDictionary[Storage, Watcher] = weakref.WeakKeyDictionary()
-_watchers_lock = threading.Lock()
+_watchers: PerStore[Watcher] = PerStore(Watcher)
 
 
 def watcher_for(store: Storage) -> Watcher:
     """The process's watcher of a store handle (started on first use)."""
-    found = _watchers.get(store)
-    if found is None or found.stopped:
-        with _watchers_lock:
-            found = _watchers.get(store)
-            if found is None or found.stopped:
-                found = _watchers[store] = Watcher(store)
-    return found
+    return _watchers.get(store)
