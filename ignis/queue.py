@@ -476,6 +476,26 @@ class Queue:
                 return messages
         return []
 
+    def release(self, messages: Sequence[Message], delivered: bool = True) -> int:
+        """Hand claimed, unsettled messages back at once (to main's tail: copy, then delete, as every move),
+        without waiting for the sweeper: a consumer that stops or is cancelled before it settled them.
+        `delivered=False`: they never reached user code (prefetched), so their claim's attempt is not counted.
+        Returns how many went back; a failed copy leaves them to the sweeper (unsettled)."""
+        todo = [m for m in messages if not m._settled]
+        if not todo:
+            return 0
+        at = now_ms()
+        copies = []
+        for m in todo:
+            copy = m.envelope.for_transfer(None, at, attempts=m.attempts if delivered else max(m.attempts - 1, 0))
+            copy.reason = m.envelope.reason
+            copies.append(copy)
+        self.main.load(copies)
+        self.store.delete([m.ref for m in todo], ids=_ids(todo))  # after the copy landed
+        for m in todo:
+            m._settled = True
+        return len(todo)
+
     def take_kept(self, max_messages: int) -> list[Message]:
         """Up to `max_messages` messages this handle already claimed for later fires (see
         Magazine.take_kept), and no new claim: for a consumer that stops."""

@@ -1,0 +1,254 @@
+"""The asyncio API (issue 29, part 1) on every backend: publish, fire, the iterator and `process()`, the push
+consumer, and the cancellation cases aio-pika users report as bugs: nothing claimed and unsettled is left for
+the sweeper when an iterator is left or cancelled, when prefetched messages were never yielded, when a handler
+task is cancelled, or when a waiting fire is cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from ignis import QueueSpec
+from ignis.aio import AsyncConsumer, AsyncIgnis
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def opened(backend: Any) -> AsyncIgnis:
+    ig = AsyncIgnis(backend.url)
+    await ig.open()
+    return ig
+
+
+async def declare(ig: AsyncIgnis, name: str, **fields: Any) -> None:
+    fields.setdefault("handlerType", name)
+    fields.setdefault("shards", 2)
+    await ig.apply(QueueSpec.build(name=name, **fields))
+
+
+def counts(ig: AsyncIgnis, name: str) -> tuple[int, int]:
+    """(depth, in flight): what is deliverable and what is claimed and not settled."""
+    s = ig.sync.stats(name, in_flight=True)
+    return s.depth, s.in_flight or 0
+
+
+def test_publish_fire_ack_nack_and_stats(backend) -> None:
+    async def main() -> None:
+        async with AsyncIgnis(backend.url) as ig:
+            await declare(ig, "basic", shards=1)  # one shard: first in, first out
+            q = ig.queue("basic")
+            ref = await q.publish({"n": 1}, key="k", headers={"h": "v"})
+            refs = await q.publish_many([b"a", b"b"])
+            assert len(refs) == 2 and ref.id
+            m = await q.fire()
+            assert m is not None and m.payload == {"n": 1} and m.headers == {"h": "v"}
+            await m.ack()
+            batch = await q.fire_many(10)
+            assert sorted(x.payload for x in batch) == [b"a", b"b"]
+            await batch[0].nack("bad")
+            await q.ack(batch[1:])
+            s = await q.stats()
+            assert (s.depth, s.sidelined) == (0, 1)
+            assert await q.fire(timeout=0.2) is None
+
+    run(main())
+
+
+def test_a_waiting_fire_is_woken_by_a_publish_and_the_loop_is_never_blocked(backend) -> None:
+    async def main() -> None:
+        async with AsyncIgnis(backend.url) as ig:
+            await declare(ig, "wake")
+            q = ig.queue("wake")
+            ticks = 0
+
+            async def ticker() -> None:  # runs only while the loop is free
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0.01)
+
+            tick_task = asyncio.create_task(ticker())
+            waiter = asyncio.create_task(q.fire(timeout=5))
+            await asyncio.sleep(0.3)
+            await q.publish(b"now")
+            started = time.monotonic()
+            m = await waiter
+            assert m is not None and m.payload == b"now" and time.monotonic() - started < 1.0
+            await m.ack()
+            tick_task.cancel()
+            assert ticks >= 20  # the loop kept running while a thread waited for the message
+
+    run(main())
+
+
+def test_process_acks_on_exit_and_an_exception_nacks_and_propagates(backend) -> None:
+    async def main() -> None:
+        async with AsyncIgnis(backend.url) as ig:
+            await declare(ig, "proc")
+            q = ig.queue("proc")
+            await q.publish_many([b"ok", b"boom"])
+            handled = 0
+            async with q.iterator(prefetch=2, wait=0.2) as it:
+                async for message in it:
+                    handled += 1
+                    if message.payload == b"ok":
+                        async with message.process():
+                            pass
+                    else:
+                        with pytest.raises(ValueError):
+                            async with message.process():
+                                raise ValueError("handler failed")
+                    if handled == 2:
+                        break
+            s = await q.stats()
+            assert (s.depth, s.sidelined) == (0, 1)
+
+    run(main())
+
+
+def test_leaving_an_iterator_hands_back_the_unsettled_and_the_prefetched_at_once(backend) -> None:
+    async def main() -> None:
+        async with AsyncIgnis(backend.url) as ig:
+            await declare(ig, "limbo")
+            q = ig.queue("limbo")
+            await q.publish_many([f"m{i}".encode() for i in range(10)])
+            async with q.iterator(prefetch=5, wait=0.2) as it:
+                first = await it.__anext__()  # yielded, never settled; 4 more prefetched, never yielded
+                assert first.attempts == 1
+            assert counts(ig, "limbo") == (10, 0)  # all back in main, none left claimed for the sweeper
+            again = []
+            while batch := await q.fire_many(20):
+                again += batch
+            attempts = {m.payload: m.attempts for m in again}
+            assert len(again) == 10
+            assert attempts[first.payload] == 2  # it was delivered once
+            assert sorted(attempts.values()).count(1) == 9  # the prefetched ones: their claim not counted
+            await q.ack(again)
+
+    run(main())
+
+
+def test_a_cancelled_iterating_task_hands_its_messages_back(backend) -> None:
+    async def main() -> None:
+        async with AsyncIgnis(backend.url) as ig:
+            await declare(ig, "cancel")
+            q = ig.queue("cancel")
+            await q.publish_many([f"m{i}".encode() for i in range(6)])
+            inside = asyncio.Event()
+
+            async def consume() -> None:
+                async with q.iterator(prefetch=3, wait=0.2) as it:
+                    async for message in it:
+                        async with message.process():
+                            inside.set()
+                            await asyncio.sleep(60)  # cancelled here, mid-handle
+
+            task = asyncio.create_task(consume())
+            await inside.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert counts(ig, "cancel") == (6, 0)
+
+    run(main())
+
+
+def test_a_cancelled_fire_hands_back_what_its_thread_claimed(backend) -> None:
+    async def main() -> None:
+        async with AsyncIgnis(backend.url) as ig:
+            await declare(ig, "late")
+            q = ig.queue("late")
+            waiter = asyncio.create_task(q.fire_many(5, timeout=3))
+            await asyncio.sleep(0.2)  # the thread waits for a message
+            publisher = threading.Timer(0.05, lambda: ig.sync.queue("late").publish_many([b"x", b"y"]))
+            publisher.start()
+            waiter.cancel()  # cancelled while its thread may claim what comes
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            publisher.join()
+            deadline = time.monotonic() + 5
+            while counts(ig, "late") != (2, 0) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert counts(ig, "late") == (2, 0)
+
+    run(main())
+
+
+def test_the_async_push_consumer_settles_by_outcome_and_stops_gracefully(backend) -> None:
+    async def main() -> None:
+        async with AsyncIgnis(backend.url) as ig:
+            await declare(ig, "push", concurrency=3, handlerTimeoutSeconds=1)
+            q = ig.queue("push")
+            await q.publish_many([b"ok", b"reject", b"raise", b"ignore", b"slow", b"ok"])
+            consumer = AsyncConsumer(ig, queues=["push"], grace=5)
+            seen = asyncio.Event()
+
+            @consumer.handler("push", ignorable=(KeyError,))
+            async def handle(message: Any) -> bool | None:
+                if message.payload == b"reject":
+                    return False
+                if message.payload == b"raise":
+                    raise ValueError("no")
+                if message.payload == b"ignore":
+                    raise KeyError("ignorable")
+                if message.payload == b"slow":
+                    await asyncio.sleep(3)  # past the 1 s handler timeout: cancelled, nacked as timeout
+                if sum(consumer.outcomes.values()) >= 5:
+                    seen.set()
+                return None
+
+            task = asyncio.create_task(consumer.run())
+            deadline = time.monotonic() + 15
+            while sum(consumer.outcomes.values()) < 6 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            consumer.stop()
+            await asyncio.wait_for(task, 10)
+            assert consumer.outcomes == {"acked": 2, "rejected": 1, "failed": 1, "ignored": 1, "timeout": 1}
+            s = await q.stats()
+            assert (s.depth, s.sidelined) == (0, 3)
+
+    run(main())
+
+
+def test_a_handler_cancelled_by_the_stop_hands_its_message_back(backend) -> None:
+    async def main() -> None:
+        async with AsyncIgnis(backend.url) as ig:
+            await declare(ig, "stopped")
+            q = ig.queue("stopped")
+            await q.publish(b"long")
+            consumer = AsyncConsumer(ig, queues=["stopped"], grace=0.2)
+            started = asyncio.Event()
+
+            @consumer.handler("stopped")
+            async def handle(message: Any) -> None:
+                started.set()
+                await asyncio.sleep(60)
+
+            task = asyncio.create_task(consumer.run())
+            await asyncio.wait_for(started.wait(), 10)
+            consumer.stop()  # the handler outlives the grace: cancelled, and its message goes back
+            await asyncio.wait_for(task, 10)
+            assert consumer.outcomes.get("released") == 1
+            assert counts(ig, "stopped") == (1, 0)
+
+    run(main())
+
+
+def test_async_publish_of_a_delayed_message(backend) -> None:
+    async def main() -> None:
+        async with AsyncIgnis(backend.url) as ig:
+            await declare(ig, "later")
+            q = ig.queue("later")
+            ref = await q.publish(b"x", delay=0.3)
+            assert ref.magazine == "later_DELAYED"
+            m = await q.fire(timeout=10)
+            assert m is not None and m.envelope.due_at == ref.slot
+            await m.ack()
+
+    run(main())
