@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""The asyncio API against the blocking one, side by side in one run (issue 29, part 1):
+
+* publish throughput at the same concurrency: C asyncio tasks awaiting `AsyncQueue.publish` vs C threads
+  calling `Queue.publish` (target: async >= 0.8x sync);
+* end-to-end latency at a fixed rate: a publisher on an intended schedule, a consumer waiting for each message
+  (`async for` over `AsyncQueue.iterator` vs a thread in `Queue.fire(timeout=)`), handler entry - send time,
+  p50 / p99 from an HDR histogram (the latency issue's bounds).
+
+    .venv/bin/python bench/bench_aio.py [--server host:port/ns] [--concurrency 8] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import struct
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+from rich.console import Console
+from rich.table import Table
+
+from ignis import Ignis, QueueSpec
+from ignis.aio import AsyncIgnis
+
+PAYLOAD = b"x" * 1024
+STAMP = struct.Struct(">d")
+
+
+def sync_publish_rate(q: Any, concurrency: int, seconds: float) -> float:
+    stop = time.perf_counter() + seconds
+    counts = [0] * concurrency
+
+    def work(i: int) -> None:
+        while time.perf_counter() < stop:
+            q.publish(PAYLOAD)
+            counts[i] += 1
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(concurrency)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - started)
+
+
+async def async_publish_rate(q: Any, concurrency: int, seconds: float) -> float:
+    stop = time.perf_counter() + seconds
+    counts = [0] * concurrency
+
+    async def work(i: int) -> None:
+        while time.perf_counter() < stop:
+            await q.publish(PAYLOAD)
+            counts[i] += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(work(i) for i in range(concurrency)))
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def schedule(publish: Any, rate: int, seconds: float) -> None:
+    start = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        time.sleep(max(0.0, start + i / rate - time.perf_counter()))
+        publish(STAMP.pack(time.time()) + PAYLOAD)
+
+
+def sync_e2e(q: Any, rate: int, seconds: float) -> HdrHistogram:
+    hist = HdrHistogram(1, 60_000_000, 3)  # microseconds
+    expected = int(rate * seconds)
+    done = threading.Event()
+
+    def consume() -> None:
+        got = 0
+        while got < expected:
+            m = q.fire(timeout=1.0)
+            if m is None:
+                continue
+            hist.record_value(max(1, int((time.time() - STAMP.unpack_from(m.data)[0]) * 1e6)))
+            m.ack()
+            got += 1
+        done.set()
+
+    threading.Thread(target=consume, daemon=True).start()
+    time.sleep(0.5)
+    schedule(q.publish, rate, seconds)
+    done.wait(30)
+    return hist
+
+
+async def async_e2e(aq: Any, q: Any, rate: int, seconds: float) -> HdrHistogram:
+    hist = HdrHistogram(1, 60_000_000, 3)
+    expected = int(rate * seconds)
+
+    async def consume() -> None:
+        got = 0
+        async with aq.iterator(prefetch=1, wait=1.0) as it:
+            async for m in it:
+                hist.record_value(max(1, int((time.time() - STAMP.unpack_from(m.data)[0]) * 1e6)))
+                await m.ack()
+                got += 1
+                if got >= expected:
+                    return
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.5)
+    await asyncio.to_thread(schedule, q.publish, rate, seconds)  # the publisher: another process's stand-in
+    await asyncio.wait_for(task, 30)
+    return hist
+
+
+def ms(hist: HdrHistogram, q: float) -> float:
+    return round(hist.get_value_at_percentile(q) / 1000, 2)
+
+
+async def one_store(url: str, concurrency: int, seconds: float, rate: int, rounds: int) -> dict[str, Any]:
+    async with AsyncIgnis(url, threads=max(16, concurrency * 2)) as aig:
+        for name in ("pub", "e2e"):
+            await aig.apply(QueueSpec.build(name=name, handlerType=name, shards=16))
+        ig: Ignis = aig.sync
+        sync_q, async_q = ig.queue("pub"), aig.queue("pub")
+        ratios, sync_rates, async_rates = [], [], []
+        for r in range(rounds):
+            if r % 2 == 0:
+                s = sync_publish_rate(sync_q, concurrency, seconds)
+                a = await async_publish_rate(async_q, concurrency, seconds)
+            else:
+                a = await async_publish_rate(async_q, concurrency, seconds)
+                s = sync_publish_rate(sync_q, concurrency, seconds)
+            sync_rates.append(s)
+            async_rates.append(a)
+            ratios.append(a / s)
+        e2e_q = ig.queue("e2e")
+        sync_hist = sync_e2e(e2e_q, rate, seconds * 2)
+        async_hist = await async_e2e(aig.queue("e2e"), e2e_q, rate, seconds * 2)
+        return {"store": url.split(":")[0], "concurrency": concurrency,
+                "sync_publish_per_s": round(statistics.median(sync_rates)),
+                "async_publish_per_s": round(statistics.median(async_rates)),
+                "async_over_sync": round(statistics.median(ratios), 3),
+                "rate": rate,
+                "sync_e2e_ms": {"p50": ms(sync_hist, 50), "p99": ms(sync_hist, 99)},
+                "async_e2e_ms": {"p50": ms(async_hist, 50), "p99": ms(async_hist, 99)}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server", help="Aerospike host:port/namespace (also measured)")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rate", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="ignis-aio-") as tmp:
+        results.append(asyncio.run(one_store(f"lmdb://{tmp}/store", args.concurrency, args.seconds, args.rate,
+                                             args.rounds)))
+    if args.server:
+        run = uuid.uuid4().hex[:6]
+        results.append(asyncio.run(one_store(f"aerospike://{args.server}?farm=ba{run}&client=ba{run}",
+                                             args.concurrency, args.seconds, args.rate, args.rounds)))
+    table = Table(title="asyncio API vs the blocking API, same run")
+    for column in ("store", "publish/s sync", "publish/s async", "async/sync (target >= 0.8)",
+                   "e2e ms p50/p99 sync", "e2e ms p50/p99 async"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(r["store"], f"{r['sync_publish_per_s']:,}", f"{r['async_publish_per_s']:,}",
+                      f"{r['async_over_sync']:.2f}x", f"{r['sync_e2e_ms']['p50']} / {r['sync_e2e_ms']['p99']}",
+                      f"{r['async_e2e_ms']['p50']} / {r['async_e2e_ms']['p99']}")
+    Console().print(table)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
