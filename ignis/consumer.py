@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ignis import tracing
 from ignis.acks import AckBatcher
 from ignis.client import Ignis
 from ignis.errors import HoleBudgetExceeded, IgnisError, StoreError
@@ -434,25 +435,30 @@ class Consumer:
               messages: list[Message]) -> None:
         started = time.perf_counter()
         outcome = "success"
+        error: BaseException | str | None = None  # for the trace
+        span = tracing.start_process(queue, messages, batch=isinstance(arg, list))  # None when tracing is off
         try:
-            result = self._pool.call(fn, arg, queue.spec.effective_handler_timeout_seconds)
+            result = self._pool.call(fn if span is None else tracing.within(span, fn), arg,
+                                     queue.spec.effective_handler_timeout_seconds)
         except HandlerTimeout as exc:
-            outcome = "timeout"
+            outcome, error = "timeout", exc
             self._settle_failure(queue, handler, messages, TIMEOUT, exc)
         except HandlerSaturated as exc:
-            outcome = "saturated"
+            outcome, error = "saturated", exc
             self._settle_failure(queue, handler, messages, SATURATED, exc)
         except Exception as exc:
-            outcome = "failure"
+            outcome, error = "failure", exc
             self._settle_failure(queue, handler, messages, EXCEPTION, exc)
         else:
             if result is False:
-                outcome = "rejected"
+                outcome = error = "rejected"
                 self._settle(queue, messages, REJECTED)
             else:
                 self._ack(queue, messages)
         finally:
             HANDLER_DURATION.labels(queue.name, outcome).observe(time.perf_counter() - started)
+            if span is not None:
+                tracing.end_process(span, error)
 
     def _ack(self, queue: Queue, messages: list[Message]) -> None:
         """Ack handled messages: with the others of the same few milliseconds, again and again (backing off)

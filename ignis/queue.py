@@ -11,12 +11,13 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ignis import names
+from ignis import names, tracing
 from ignis.delay import wake_mover
 from ignis.envelope import (
     CODEC_BYTES,
@@ -155,6 +156,21 @@ class Message:
         retry policy says, else moved to the sideline; past maxDeliveries to the dead letters."""
         self.queue.nack([self], reason, delay=delay)
 
+    @contextmanager
+    def process(self) -> Iterator[Message]:
+        """`with message.process():` acks the message when the block ends, nacks it (reason `exception`) when
+        the block raises, and lets the exception propagate; a block that settled it itself is left as it is.
+        With tracing on, a `process {queue}` span covers the block (ignis.tracing)."""
+        with tracing.processing(self.queue, (self,)):
+            try:
+                yield self
+            except Exception:
+                if not self._settled:
+                    self.nack(EXCEPTION)
+                raise
+            if not self._settled:
+                self.ack()
+
     def __repr__(self) -> str:
         return f"Message({self.ref}, id={self.id}, attempts={self.attempts})"
 
@@ -266,6 +282,7 @@ class Queue:
         magazine = self.name + names.DELAYED_SUFFIX
         return [MessageRef(env.msg_id, magazine, 0, due) for env in envelopes]
 
+    @tracing.traced_send
     def publish(self, payload: Any, *, id: str | None = None, key: str | None = None,
                 headers: Mapping[str, str] | None = None, delay: float | timedelta | None = None) -> MessageRef:
         """Store one message durably (per the store's durability mode) and return its reference.
@@ -290,6 +307,7 @@ class Queue:
         self._published_tick()
         return ref
 
+    @tracing.traced_send
     def publish_many(self, payloads: Iterable[Any], *, key: str | None = None,
                      headers: Mapping[str, str] | None = None,
                      delay: float | timedelta | None = None) -> list[MessageRef]:
@@ -316,6 +334,7 @@ class Queue:
         self._published.inc(len(refs))
         return refs
 
+    @tracing.traced_send
     def publish_each(self, payloads: Sequence[bytes], *, ids: Sequence[str | None] | None = None,
                      codecs: Sequence[str] | None = None, keys: Sequence[str | None] | None = None,
                      headers: Sequence[Mapping[str, str] | None] | None = None,
