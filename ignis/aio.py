@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from ignis import tracing
 from ignis.client import Ignis
 from ignis.queue import EXCEPTION, REJECTED, TIMEOUT, Message, Queue, QueueStats
 from ignis.spec import QueueSpec
@@ -180,9 +181,10 @@ class AsyncMessage:
     @contextlib.asynccontextmanager
     async def process(self, reason: str = EXCEPTION) -> AsyncIterator[AsyncMessage]:
         """Acks on a normal exit; an exception nacks with `reason` and propagates; a cancellation hands the
-        message back at once and propagates."""
+        message back at once and propagates. With tracing on, a `process {queue}` span covers it."""
         try:
-            yield self
+            with tracing.processing(self._queue, (self.message,)):
+                yield self
         except asyncio.CancelledError:
             if not self.message.settled:
                 await asyncio.shield(self.release())
@@ -325,7 +327,10 @@ class AsyncConsumer:
     async def _handle(self, message: AsyncMessage, fn: AsyncHandler, ignorable: tuple[type[BaseException], ...],
                       timeout: float) -> None:
         try:
-            result = await asyncio.wait_for(fn(message), timeout)
+            with tracing.processing(message._queue, (message.message,)) as span:
+                result = await asyncio.wait_for(fn(message), timeout)
+                if result is False and span is not None:
+                    tracing.end_outcome(span, REJECTED)
         except asyncio.CancelledError:
             await asyncio.shield(message.release())  # stopped mid-handle: back at once
             self._count("released")

@@ -221,6 +221,11 @@ def end_process(span: Span, error: BaseException | str | None = None) -> None:
     span.end()
 
 
+def end_outcome(span: Span, outcome: str) -> None:
+    """Mark a process span failed by a handler's outcome (e.g. `rejected`) before it ends."""
+    _error(span, outcome)
+
+
 def within(span: Span, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """`fn` run with `span` current (the handler runs on a pool thread, which does not inherit the context)."""
     ctx = _trace.set_span_in_context(span)

@@ -300,3 +300,39 @@ def test_the_readme_tracing_example_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert '"name": "send orders"' in done.stdout and '"name": "process orders"' in done.stdout
     assert "00-" in done.stdout.splitlines()[0]  # the traceparent the block printed
+
+
+def test_async_publish_process_and_push_handler_are_traced(tmp_path: Path, exporter: InMemorySpanExporter) -> None:
+    import asyncio
+
+    from ignis.aio import AsyncConsumer, AsyncIgnis
+
+    async def main() -> None:
+        async with AsyncIgnis(f"lmdb://{tmp_path}/async?durability=fast") as ig:
+            await ig.apply(QueueSpec.build(name="atrace", handlerType="atrace", shards=1))
+            q = ig.queue("atrace")
+            await q.publish(b"one")
+            m = await q.fire()
+            async with m.process():
+                pass
+            await q.publish(b"no")
+            consumer = AsyncConsumer(ig, queues=["atrace"], grace=1)
+
+            @consumer.handler("atrace")
+            async def handle(message: Any) -> bool:
+                return False
+
+            task = asyncio.create_task(consumer.run())
+            while not consumer.outcomes:
+                await asyncio.sleep(0.02)
+            consumer.stop()
+            await task
+
+    asyncio.run(main())
+    sends, processes = spans(exporter, "send atrace"), spans(exporter, "process atrace")
+    assert len(sends) == 2 and len(processes) == 2
+    for send, process in zip(sends, processes, strict=True):
+        assert process.parent is not None and process.parent.span_id == send.context.span_id
+        assert process.kind == SpanKind.CONSUMER and process.context.trace_id == send.context.trace_id
+    assert processes[0].status.status_code != StatusCode.ERROR
+    assert processes[1].status.status_code == StatusCode.ERROR and processes[1].attributes["error.type"] == "rejected"
