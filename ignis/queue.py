@@ -270,17 +270,19 @@ class Queue:
         seconds = self.delay_seconds(delay)
         return None if seconds == 0 else (now_ms() if at is None else at) + math.ceil(seconds * 1000)
 
-    def _publish_delayed(self, envelopes: list[Envelope], due: int) -> list[MessageRef]:
-        """Store messages for later (ignis.delay); their refs name the `{queue}_DELAYED` records, slot = due."""
-        for env in envelopes:
-            env.due_at = due
+    def _publish_delayed(self, envelopes: list[Envelope], due: int | None = None) -> list[MessageRef]:
+        """Store messages for later (ignis.delay), each due at `due` or its own due_at; their refs name the
+        `{queue}_DELAYED` records, slot = the due time."""
+        if due is not None:
+            for env in envelopes:
+                env.due_at = due
         self.store.load_delayed(self.name, envelopes, self.spec.message_expiry_seconds)
         self._published.inc(len(envelopes))
         DELAYED_PUBLISHED.labels(self.name).inc(len(envelopes))
         self.main.ring()  # an idle watcher elsewhere reads the beacon; this process's mover looks now
         wake_mover(self.store)
         magazine = self.name + names.DELAYED_SUFFIX
-        return [MessageRef(env.msg_id, magazine, 0, due) for env in envelopes]
+        return [MessageRef(env.msg_id, magazine, 0, env.due_at or 0) for env in envelopes]
 
     @tracing.traced_send
     def publish(self, payload: Any, *, id: str | None = None, key: str | None = None,
@@ -397,7 +399,6 @@ class Queue:
         if len(due) != len(payloads):
             raise InvalidInputError(f"publish_each: due has {len(due)} entries for {len(payloads)} payloads")
         at = now_ms()
-        expiry = self.spec.message_expiry_seconds
         later = [i for i, d in enumerate(due) if d is not None and d > at]
         for i in later:
             self.delay_seconds((due[i] - at) / 1000)  # (beyond the expiry: refused before anything is written)
@@ -422,14 +423,7 @@ class Queue:
                                      codecs=pick(codecs, now_rows), keys=pick(keys, now_rows),
                                      headers=pick(headers, now_rows))
             refs.update(zip(now_rows, done, strict=True))
-        self.store.load_delayed(self.name, envelopes, expiry)
-        self._published.inc(len(envelopes))
-        DELAYED_PUBLISHED.labels(self.name).inc(len(envelopes))
-        self.main.ring()
-        wake_mover(self.store)
-        magazine = self.name + names.DELAYED_SUFFIX
-        refs.update((i, MessageRef(env.msg_id, magazine, 0, env.due_at or 0)) for i, env in zip(later, envelopes,
-                                                                                             strict=True))
+        refs.update(zip(later, self._publish_delayed(envelopes), strict=True))
         return [refs[i] for i in range(len(payloads))]
 
     # ---- pull consume ----------------------------------------------------------------------------
