@@ -80,12 +80,29 @@ def move_due(main: Magazine, now: int | None = None, limit: int = MOVE_BATCH) ->
         lock.release()
 
 
+_held: dict[tuple[int, str, str, str], int] = {}  # (pid, store, client, queue): the lease held, until when (ms)
+
+
+def _lead(main: Magazine, at: int) -> bool:
+    """Hold the queue's move lease. A lease held for more than half of LEAD_MS yet is not written again: no other
+    process can take it before it runs out, and a batch of moves saves a write."""
+    store = main.store
+    key = (os.getpid(), store.location, store.client_id, main.name)  # a forked child holds nothing yet
+    if _held.get(key, 0) - at > LEAD_MS // 2:
+        return True
+    if store.lead_delayed(main.name, holder(), at, LEAD_MS):
+        _held[key] = at + LEAD_MS
+        return True
+    _held.pop(key, None)
+    return False
+
+
 def _move(main: Magazine, now: int | None, limit: int) -> int | None:
     store, queue = main.store, main.name
     moved = 0
     while True:
         at = now_ms() if now is None else now
-        if not store.lead_delayed(queue, holder(), at, LEAD_MS):
+        if not _lead(main, at):
             return moved if moved else None
         due = store.due_delayed(queue, at, limit)
         if not due:

@@ -152,6 +152,32 @@ def test_the_move_lease_lets_one_process_move_at_a_time(ignis, store) -> None:
     assert moved == 3 and q.stats().depth == 3 and q.stats().delayed == 0
 
 
+def test_a_held_lease_is_not_written_again_for_each_batch(ignis, monkeypatch) -> None:
+    """The move lease is written when taken and again only once half of it has run out: batches of moves in
+    between save the write (issue 28: at most 2 extra writes per delayed message)."""
+    ignis.apply(QueueSpec.build(name="batched", handlerType="b", shards=2))
+    q = ignis.queue("batched")
+    store = q.main.store
+    leads: list[int] = []
+    real = store.lead_delayed
+    monkeypatch.setattr(store, "lead_delayed", lambda *a: leads.append(a[2]) or real(*a))
+    q.publish_many([b"a", b"b"], delay=0.05)
+    time.sleep(0.1)
+    at = now_ms()
+    moved = 0
+    deadline = time.monotonic() + 10
+    while moved < 2 and time.monotonic() < deadline:  # (a new delay index may take a moment to answer)
+        moved += move_due(q.main, now=at) or 0
+    assert moved == 2 and len(leads) >= 1
+    written = len(leads)
+    q.publish_many([b"c"], delay=0.05)
+    assert move_due(q.main, now=at + 1000) == 1 and len(leads) == written  # held: not written again
+    assert not real("batched", "another-process", at + 1000, 1000)  # and still held in the store
+    q.publish_many([b"d"], delay=0.05)
+    assert move_due(q.main, now=at + 6000) == 1 and len(leads) == written + 1  # past half: renewed
+    assert q.stats().depth == 4
+
+
 def test_deleting_the_queue_removes_its_delayed_messages(ignis, make_queue, store) -> None:
     q = make_queue("purged")
     q.publish_many([b"a", b"b"], delay=30)
