@@ -42,18 +42,20 @@ def _ts(ms: int | None) -> datetime | None:
 def mixed_queue(make_queue: Any) -> Any:
     """A queue holding every kind of record the reader meets: bytes, str and JSON payloads, keys, headers,
     delivered (stamped) messages, a sideline with a reason and history, a dead letter with a history of
-    three failures, and a record that is no IgnisMQ message (unreadable)."""
+    three failures that was due later than it was loaded (due_at), a message delayed for ten minutes (in no
+    magazine yet: not read), and a record that is no IgnisMQ message (unreadable)."""
     q = make_queue("mixed", shards=3, maxDeliveries=2)
     q.publish(b"\x00raw\xff", id="raw-1", key="cust-7", headers={"trace": "t1"})
     q.publish("text \u00e9", id="text-1")
     q.publish({"n": 1, "s": "x"}, id="json-1", headers={"a": "b", "c": "d"})
     refs = q.publish_many([b"m%d" % i for i in range(30)])
     q.publish_many([f"s{i}" for i in range(20)], key="cust-1", headers={"h": "v"})
+    q.publish(b"later", id="delayed-1", delay=600)
     fired = q.fire_many(12)  # delivered once, unsettled: fired_at and attempts set
     q.nack(fired[:3], "timeout")  # attempts 1 < maxDeliveries 2: the sideline, history of one
     at = now_ms()
     q.dead.load([Envelope(b"dead", "dead-1", at - 5000, headers={"x": "y"}, key="cust-9", fire_ts=at - 1000,
-                          attempts=3, reason="rejected",
+                          attempts=3, reason="rejected", due_at=at - 4000,
                           history=[[at - 3000, "timeout", 1], [at - 2000, "timeout", 2], [at - 1000, "rejected", 3]])])
     forged = next(r.ref for r in refs if r.id not in {m.id for m in fired})
     if hasattr(q.store, "client"):  # another tool overwrote a record: the raw client, the lmdb internals
@@ -81,7 +83,7 @@ def stored_rows(q: Any) -> list[dict[str, Any]]:
                     "loaded_at": _ts(env.loaded_at), "fired_at": _ts(env.fire_ts), "attempts": env.attempts,
                     "reason": env.reason,
                     "history": [{"reason": r, "at": _ts(t), "attempt": a} for t, r, a in env.history]
-                    if env.history else None})
+                    if env.history else None, "due_at": _ts(env.due_at)})
     return sorted(rows, key=lambda r: (r["magazine"], r["shard"], r["slot"]))
 
 
@@ -123,6 +125,8 @@ def test_reader_batches_carry_every_field_of_a_mixed_queue(ignis: Ignis, store: 
     assert [(h["reason"], h["attempt"]) for h in dead["history"]] == [("timeout", 1), ("timeout", 2),
                                                                       ("rejected", 3)]
     assert dead["history"][0]["at"] == dead["fired_at"] - timedelta(seconds=2)
+    assert dead["due_at"] == dead["loaded_at"] + timedelta(seconds=1)
+    assert [r["id"] for r in rows if r["due_at"] is not None] == ["dead-1"]  # delayed-1 is not due: unread
     unreadable = [r for r in rows if r["codec"] == "unreadable"]
     assert len(unreadable) == 1 and unreadable[0]["reason"] == "unreadable"
     assert "ignis-unreadable" in dict(unreadable[0]["headers"])
@@ -199,6 +203,37 @@ def test_a_failed_arrow_export_leaves_nothing(spark: Any, store: dict[str, str],
     with pytest.raises(Exception, match="the store went away"):
         arrow_export.export(spark, Failing(reader), out, False, (), ())
     assert not out.exists()
+
+
+def test_a_task_still_running_when_the_export_fails_leaves_nothing(spark: Any, store: dict[str, str],
+                                                                  make_queue: Any, tmp_path: Path) -> None:
+    # The first task fails at once; the other starts writing later, after the driver cleaned up (Spark lets
+    # a task of an aborted job run on for its kill timeout, 2 s): it must not make the directory again.
+    make_queue("orders", shards=4).publish_many([b"m%d" % i for i in range(40)])
+    reader = IgnisReader(SourceOptions.parse(read_options(store, ["orders"])))
+
+    class FirstFailsOthersLate:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def partitions(self) -> Any:
+            return self.inner.partitions()
+
+        def read(self, partition: Any) -> Any:
+            import time
+
+            from pyspark import TaskContext
+
+            if TaskContext.get().partitionId() == 0:
+                raise RuntimeError("the store went away")
+            time.sleep(1)
+            yield from self.inner.read(partition)
+
+    out = tmp_path / "e"
+    with pytest.raises(Exception, match="the store went away"):
+        arrow_export.export(spark, FirstFailsOthersLate(reader), out, False, (), ())
+    time.sleep(3)  # the late task has written (or failed) by now
+    assert not out.exists(), sorted(out.rglob("*"))
 
 
 def test_a_retried_task_writes_its_rows_once(store: dict[str, str], make_queue: Any, tmp_path: Path) -> None:

@@ -84,6 +84,16 @@ class BatchFile:
         self.writer.close()
 
 
+def make_dirs_under(base: Path, relative: str) -> None:
+    """The directories of `relative`'s parent under `base`, made level by level and never `base` itself nor
+    anything above it: a task whose job's staging directory was taken away (a failed job's task that still
+    runs) fails here instead of making the export's directory again after the driver removed it."""
+    at = base
+    for part in Path(relative).parent.parts:
+        at = at / part
+        at.mkdir(exist_ok=True)
+
+
 def write_partitions(reader: Any, root: str, name: str, groups: Iterable[Sequence[Any]],
                      no_dictionary: Sequence[str], no_statistics: Sequence[str]) -> tuple[str, list[tuple[str, int]]]:
     """In a Spark task: read each input partition of `groups` and write its batches, one file per queue and
@@ -94,6 +104,7 @@ def write_partitions(reader: Any, root: str, name: str, groups: Iterable[Sequenc
     context = TaskContext.get()
     own = f"attempt-{context.taskAttemptId() if context is not None else 0}"
     attempt = Path(root) / own
+    attempt.mkdir(exist_ok=True)  # no parents: see make_dirs_under
     files: dict[tuple[str, str], tuple[str, BatchFile]] = {}
     current: BatchFile | None = None
     try:
@@ -104,7 +115,7 @@ def write_partitions(reader: Any, root: str, name: str, groups: Iterable[Sequenc
                     found = files.get(where)
                     if found is None:
                         relative = f"queue={escape(where[0])}/magazine={escape(where[1])}/{name}"
-                        (attempt / relative).parent.mkdir(parents=True, exist_ok=True)
+                        make_dirs_under(attempt, relative)
                         found = (relative, BatchFile(parquet_writer(attempt / relative, FILE_SCHEMA, no_dictionary,
                                                                     no_statistics)))
                         files[where] = found
@@ -197,9 +208,19 @@ def export(spark: Any, reader: Any, out: Path, overwrite: bool, no_dictionary: S
         (out / "_SUCCESS").touch()
         return exported
     except BaseException:
+        retire(staging)
         if not existed:  # nothing half-written: the directory was this job's
             shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
+        retire(staging)
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(out / TEMPORARY)
+
+
+def retire(staging: Path) -> None:
+    """Take the job's staging directory away in one rename before anything is removed: a task attempt that
+    still runs (of a failed job, a speculative or zombie attempt) then finds no path to write under (it
+    makes no parent directory), so it cannot write into, or make again, what the driver removes next."""
+    with contextlib.suppress(FileNotFoundError):
+        staging.rename(staging.with_name(f"{staging.name}.retired"))
