@@ -58,6 +58,9 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from ignis import Ignis, QueueSpec
 
 READ_TARGET, WRITE_TARGET = 1.0, 0.7
+# The export's CPU per row (driver and executors, every process of the Spark side) against the loop's: at most
+# this much more. A target any machine can measure, whatever its cores (bench/README.md).
+CPU_TARGET = 1.2
 CLUSTER_TARGET = 1.5  # --server: the export on a two-worker standalone cluster against the raw-client loop
 PUBLISH_CHUNK = 10_000
 PEEK_WINDOW = 4_096
@@ -99,23 +102,51 @@ def plain_read(ignis: Ignis, path: Path) -> int:
 
 
 def spark_cpu_seconds() -> float:
-    """CPU time so far of this process's descendants (the JVM and its Python workers): what they cost,
-    whichever core ran them. A process that ended meanwhile is not counted."""
-    total = 0.0
+    """CPU time so far of this process's descendants (the JVM, a standalone cluster's daemons and executors,
+    their Python workers): what they cost, whichever core ran them. A descendant that ended and was waited
+    for still counts, in its parent's children times (pyspark's daemon reaps the workers it forks)."""
+    me = psutil.Process().cpu_times()
+    total = me.children_user + me.children_system
     for child in psutil.Process().children(recursive=True):
         try:
             times = child.cpu_times()
         except psutil.Error:  # gone meanwhile
             continue
-        total += times.user + times.system
+        total += times.user + times.system + times.children_user + times.children_system
     return total
 
 
 def cpu_timed(fn: Any, *args: Any) -> tuple[float, float, Any]:
-    """(wall seconds, CPU seconds of this process and its descendants, result)."""
+    """(wall seconds, CPU seconds of this process and its descendants, result): a Spark job's driver and
+    executors."""
     cpu = time.process_time() + spark_cpu_seconds()
     wall, result = timed(fn, *args)
     return wall, time.process_time() + spark_cpu_seconds() - cpu, result
+
+
+def loop_timed(fn: Any, *args: Any) -> tuple[float, float, Any]:
+    """(wall seconds, CPU seconds of this process alone, result): a single-process loop (the idle JVM's
+    background work is not the loop's)."""
+    cpu = time.process_time()
+    wall, result = timed(fn, *args)
+    return wall, time.process_time() - cpu, result
+
+
+def spark_writer_export(spark: Any, store: dict[str, str], queues: list[str], to: str) -> dict[str, Any]:
+    """The export through Spark's Parquet writer (what it was before jobs/arrow_export.py): the "before" of
+    each round, in the same run."""
+    from ignis_pipeline.jobs.arrow_export import ARROW_CONF
+
+    spark.conf.set(ARROW_CONF, "false")
+    try:
+        return export_job.export(spark, store, queues, to)
+    finally:
+        spark.conf.unset(ARROW_CONF)
+
+
+def per_100k(cpu_seconds: float, rows: int) -> float:
+    """CPU-seconds per 100,000 rows."""
+    return cpu_seconds * 100_000 / rows
 
 
 def plain_write(ignis: Ignis, path: Path, queue: str) -> int:
@@ -262,7 +293,15 @@ def drop_sets(url: str) -> None:
     host, _, port = parts.netloc.rpartition(":")
     query = dict(parse_qsl(parts.query))
     namespace, farm, client_id = parts.path.strip("/"), query["farm"], query["client"]
-    client = aerospike.client({"hosts": [(host, int(port))]}).connect()
+    for wait in (5, 10, 20, 30, 0):  # a server restarted meanwhile (it is shared): its sets are still ours
+        try:
+            client = aerospike.client({"hosts": [(host, int(port))]}).connect()
+            break
+        except aerospike.exception.AerospikeError:
+            if not wait:
+                raise
+            log(f"cannot reach {host}:{port} to drop this run's sets (farm {farm}); again in {wait} s")
+            time.sleep(wait)
     try:
         for set_name in (names.queue_set(farm, client_id), names.system_set(farm), names.data_set(client_id),
                          names.meta_set(client_id)):
@@ -321,6 +360,7 @@ def server_main(args: argparse.Namespace) -> int:
                 for w in range(args.warmup):
                     log(f"warm-up round {w + 1}/{args.warmup}")
                     export(spark, store, ["bench"], str(work / f"export-warm-{w}"))
+                    spark_writer_export(spark, store, ["bench"], str(work / f"before-warm-{w}"))
                     floor_export(spark, ignis, n, work / f"floor-warm-{w}")
                 # What reading alone costs (peek + Arrow through the storage interface, no Spark, no Parquet):
                 # the export's tasks do this work too.
@@ -331,18 +371,25 @@ def server_main(args: argparse.Namespace) -> int:
                 for r in range(args.rounds):
                     log(f"round {r + 1}/{args.rounds}")
                     server = server_cpu_seconds()
-                    loop_s, loop_cpu, loop_rows = cpu_timed(raw_scan_export, url, "bench", work / f"loop-{r}.parquet")
+                    loop_s, loop_cpu, loop_rows = loop_timed(raw_scan_export, url, "bench", work / f"loop-{r}.parquet")
                     loop_server = server_cpu_seconds() - server
                     export_s, export_cpu, result = cpu_timed(export, spark, store, ["bench"], str(work / f"export-{r}"))
                     export_server = server_cpu_seconds() - server - loop_server
+                    before_s, before_cpu, before = cpu_timed(spark_writer_export, spark, store, ["bench"],
+                                                             str(work / f"before-{r}"))
                     floor_s, floor_cpu, _ = cpu_timed(floor_export, spark, ignis, n, work / f"floor-{r}")
                     written = pq.ParquetFile(work / f"loop-{r}.parquet").metadata.num_rows
                     floor_rows = spark.read.parquet(str(work / f"floor-{r}")).count()
-                    counts |= {loop_rows, result["exported"], written, floor_rows}
+                    counts |= {loop_rows, result["exported"], before["exported"], written, floor_rows}
                     log(f"  loop {loop_s:.2f} s ({loop_cpu:.2f} CPU-s, server {loop_server:.2f}), export on the "
-                        f"cluster {export_s:.2f} s ({export_cpu:.2f} CPU-s, server {export_server:.2f}): "
-                        f"{loop_s / export_s:.2f}x; floor {floor_s:.2f} s ({floor_cpu:.2f} CPU-s)")
+                        f"cluster {export_s:.2f} s ({export_cpu:.2f} CPU-s: {export_cpu / loop_cpu:.2f}x the loop's; "
+                        f"server {export_server:.2f}): {loop_s / export_s:.2f}x; through Spark's writer "
+                        f"{before_s:.2f} s ({before_cpu:.2f} CPU-s: {before_cpu / loop_cpu:.2f}x); floor "
+                        f"{floor_s:.2f} s ({floor_cpu:.2f} CPU-s)")
                     for key, value in (("loop", loop_s), ("export", export_s), ("ratio", loop_s / export_s),
+                                       ("loop_client_cpu", loop_cpu), ("export_client_cpu", export_cpu),
+                                       ("cpu_ratio", export_cpu / loop_cpu), ("before", before_s),
+                                       ("before_cpu", before_cpu), ("before_cpu_ratio", before_cpu / loop_cpu),
                                        ("loop_cpu", loop_cpu + loop_server), ("export_cpu", export_cpu + export_server),
                                        ("floor", floor_s), ("floor_cpu", floor_cpu)):
                         samples.setdefault(key, []).append(value)
@@ -366,14 +413,35 @@ def server_main(args: argparse.Namespace) -> int:
            "floorSeconds": round(med["floor"], 2), "floorCpuSeconds": round(med["floor_cpu"], 2),
            "readCpuSeconds": round(read_cpu, 2), "bestPossibleRatio": round(med["loop"] / best_s, 2),
            # The export's own measured CPU (its reads' server CPU included) spread perfectly over every core.
-           "cpuBoundRatio": round(med["loop"] / (med["export_cpu"] / cores), 2)}
+           "cpuBoundRatio": round(med["loop"] / (med["export_cpu"] / cores), 2),
+           # CPU-seconds per 100,000 rows: the loop's process, and the export's driver and cluster (master, workers,
+           # executors, their Python workers); the server's apart.
+           "loopCpuPer100kRows": round(per_100k(med["loop_client_cpu"], n), 3),
+           "exportCpuPer100kRows": round(per_100k(med["export_client_cpu"], n), 3),
+           "loopCpuPer100kRowsWithServer": round(per_100k(med["loop_cpu"], n), 3),
+           "exportCpuPer100kRowsWithServer": round(per_100k(med["export_cpu"], n), 3),
+           "cpuRatio": round(med["cpu_ratio"], 2), "cpuRatioPerRound": [round(x, 2) for x in samples["cpu_ratio"]],
+           "cpuTarget": CPU_TARGET,
+           "loopSeconds": round(med["loop"], 2), "exportSeconds": round(med["export"], 2),
+           # The same export through Spark's writer (spark.ignis.export.arrowWriter=false), in the same rounds.
+           "sparkWriterSeconds": round(med["before"], 2),
+           "sparkWriterCpuPer100kRows": round(per_100k(med["before_cpu"], n), 3),
+           "sparkWriterCpuRatio": round(med["before_cpu_ratio"], 2)}
     doc["verdict"] = "PASS" if doc["ratio"] >= CLUSTER_TARGET else "FAIL"
+    doc["cpuVerdict"] = "PASS" if doc["cpuRatio"] <= CPU_TARGET else "FAIL"
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         print(f"export from Aerospike: raw-client loop {doc['loopRowsPerSecond']:>9,} rows/s   standalone cluster "
               f"({args.workers} workers) {doc['clusterRowsPerSecond']:>9,} rows/s   ratio {doc['ratio']:.2f}x "
               f"(rounds {doc['ratioPerRound']})   target >= {CLUSTER_TARGET}x: {doc['verdict']}")
+        print(f"CPU-s per 100,000 rows: loop {doc['loopCpuPer100kRows']:.3f}, export (driver and cluster) "
+              f"{doc['exportCpuPer100kRows']:.3f}   ratio {doc['cpuRatio']:.2f}x (rounds {doc['cpuRatioPerRound']})   "
+              f"target <= {CPU_TARGET}x: {doc['cpuVerdict']}   (with the server's: loop "
+              f"{doc['loopCpuPer100kRowsWithServer']:.3f}, export {doc['exportCpuPer100kRowsWithServer']:.3f})")
+        print(f"wall: loop {doc['loopSeconds']} s, export {doc['exportSeconds']} s; through Spark's writer (before) "
+              f"{doc['sparkWriterSeconds']} s, {doc['sparkWriterCpuPer100kRows']:.3f} CPU-s per 100,000 rows "
+              f"({doc['sparkWriterCpuRatio']:.2f}x the loop's)")
         print(f"CPU-s (with the server's): loop {doc['loopCpuSeconds']}, export {doc['exportCpuSeconds']}; floor "
               f"(Spark writing these rows, reading nothing) {doc['floorSeconds']} s, {doc['floorCpuSeconds']} CPU-s; "
               f"reading alone {doc['readCpuSeconds']} CPU-s: on {cores} cores the export can be at best "
@@ -446,23 +514,30 @@ def main() -> int:
             for w in range(args.warmup):
                 log(f"warm-up round {w + 1}/{args.warmup}")
                 export(spark, store, ["bench"], str(work / f"export-warm-{w}"))
+                spark_writer_export(spark, store, ["bench"], str(work / f"before-warm-{w}"))
                 floor_export(spark, ignis, args.messages, work / f"floor-warm-{w}")
                 spark_write("spark-first")
             counts = set()
             for r in rounds:  # loop and Spark side by side in each round: they share its load
                 log(f"round {r + 1}/{args.rounds}")
-                loop_read_s, loop_rows = timed(plain_read, ignis, work / "loop.parquet")
+                loop_read_s, loop_cpu, loop_rows = loop_timed(plain_read, ignis, work / "loop.parquet")
                 export_s, export_cpu, result = cpu_timed(export, spark, store, ["bench"], str(work / f"export-{r}"))
+                before_s, before_cpu, before = cpu_timed(spark_writer_export, spark, store, ["bench"],
+                                                         str(work / f"before-{r}"))
                 floor_s, floor_cpu, _ = cpu_timed(floor_export, spark, ignis, args.messages, work / f"floor-{r}")
                 loop_write_s, loop_written = timed(plain_write, ignis, work / "loop.parquet", f"loop-target-{r}")
                 write_s, _ = timed(spark_write, f"spark-target-{r}")
-                counts |= {loop_rows, result["exported"], loop_written,
+                counts |= {loop_rows, result["exported"], before["exported"], loop_written,
                            ignis.queue(f"spark-target-{r}").stats().published,
                            spark.read.parquet(str(work / f"floor-{r}")).count()}
-                log(f"  read: loop {loop_read_s:.2f} s, export {export_s:.2f} s ({export_cpu:.2f} CPU-s), floor "
+                log(f"  read: loop {loop_read_s:.2f} s ({loop_cpu:.2f} CPU-s), export {export_s:.2f} s "
+                    f"({export_cpu:.2f} CPU-s: {export_cpu / loop_cpu:.2f}x the loop's), through Spark's writer "
+                    f"{before_s:.2f} s ({before_cpu:.2f} CPU-s: {before_cpu / loop_cpu:.2f}x), floor "
                     f"{floor_s:.2f} s ({floor_cpu:.2f} CPU-s); write: loop {loop_write_s:.2f} s, "
                     f"df.write {write_s:.2f} s")
-                sample(loop_read=loop_read_s, export=export_s, export_cpu=export_cpu, floor=floor_s,
+                sample(loop_read=loop_read_s, loop_cpu=loop_cpu, cpu_ratio=export_cpu / loop_cpu, before=before_s,
+                       before_cpu=before_cpu, before_cpu_ratio=before_cpu / loop_cpu,
+                       export=export_s, export_cpu=export_cpu, floor=floor_s,
                        floor_cpu=floor_cpu, loop_write=loop_write_s, write=write_s,
                        read_ratio=loop_read_s / export_s, write_ratio=loop_write_s / write_s)
             spark.stop()
@@ -491,7 +566,17 @@ def main() -> int:
                  "floorRowsPerSecond": round(n / floor_s), "floorRatio": round(loop_read_s / floor_s, 2),
                  "exportCpuSeconds": round(export_cpu, 2), "floorCpuSeconds": round(floor_cpu, 2),
                  "readCpuSeconds": round(read_cpu, 2), "cores": cores,
-                 "bestPossibleRatio": round(loop_read_s / best_s, 2)},
+                 "bestPossibleRatio": round(loop_read_s / best_s, 2),
+                 # CPU-seconds per 100,000 rows: the loop (one process) and the export (driver and executors).
+                 "loopCpuPer100kRows": round(per_100k(med["loop_cpu"], n), 3),
+                 "exportCpuPer100kRows": round(per_100k(export_cpu, n), 3),
+                 "cpuRatio": round(med["cpu_ratio"], 2),
+                 "cpuRatioPerRound": [round(x, 2) for x in samples["cpu_ratio"]], "cpuTarget": CPU_TARGET,
+                 "loopSeconds": round(loop_read_s, 2), "exportSeconds": round(export_s, 2),
+                 # The same export through Spark's writer (spark.ignis.export.arrowWriter=false), same rounds.
+                 "sparkWriterSeconds": round(med["before"], 2),
+                 "sparkWriterCpuPer100kRows": round(per_100k(med["before_cpu"], n), 3),
+                 "sparkWriterCpuRatio": round(med["before_cpu_ratio"], 2)},
         "write": {"loopRowsPerSecond": round(n / loop_write_s), "sparkRowsPerSecond": round(n / write_s),
                   "sparkRowsPerSecondWithStartup": round(n / (first_write_s + startup_s)),
                   "ratio": round(med["write_ratio"], 2), "ratioPerRound": [round(x, 2) for x in samples["write_ratio"]],
@@ -499,6 +584,7 @@ def main() -> int:
     }
     for part in ("read", "write"):
         doc[part]["verdict"] = "PASS" if doc[part]["ratio"] >= doc[part]["target"] else "FAIL"
+    doc["read"]["cpuVerdict"] = "PASS" if doc["read"]["cpuRatio"] <= CPU_TARGET else "FAIL"
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -508,6 +594,12 @@ def main() -> int:
                   f"({d['sparkRowsPerSecondWithStartup']:,} with start-up)   ratio {d['ratio']:.2f}x "
                   f"({d['ratioWithStartup']:.2f}x with start-up)   target >= {d['target']}x: {d['verdict']}")
         d = doc["read"]
+        print(f"cpu    CPU-s per 100,000 rows: loop {d['loopCpuPer100kRows']:.3f}, export (driver and executors) "
+              f"{d['exportCpuPer100kRows']:.3f}   ratio {d['cpuRatio']:.2f}x (rounds {d['cpuRatioPerRound']})   "
+              f"target <= {CPU_TARGET}x: {d['cpuVerdict']}")
+        print(f"wall   loop {d['loopSeconds']} s, export {d['exportSeconds']} s; through Spark's writer (before) "
+              f"{d['sparkWriterSeconds']} s, {d['sparkWriterCpuPer100kRows']:.3f} CPU-s per 100,000 rows "
+              f"({d['sparkWriterCpuRatio']:.2f}x the loop's)")
         print(f"floor  a source that reads nothing: {d['floorRowsPerSecond']:>9,} rows/s "
               f"({d['floorRatio']:.2f}x the read loop), {d['floorCpuSeconds']} CPU-s; reading alone "
               f"{d['readCpuSeconds']} CPU-s; on {cores} cores the "

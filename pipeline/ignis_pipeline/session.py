@@ -14,7 +14,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import shutil
+import socket
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +27,10 @@ DEFAULT_MASTER = "local[*]"
 JAVA_MISSING = ("Spark needs Java 17 or newer and no `java` was found on PATH (nor JAVA_HOME set): install one, "
                 "e.g. apt-get install openjdk-17-jre-headless")
 SPARK_MISSING = "the pipeline needs the spark extra: pip install 'ignismq[spark]' (and Java 17+)"
+# How long the master may take to accept a TCP connection before a job gives up on it. Spark itself would
+# retry for about a minute and then fail with "Cannot call methods on a stopped SparkContext".
+MASTER_ANSWER_SECONDS = 5.0
+STANDALONE_PORT = 7077
 
 
 def parse_conf(pairs: Sequence[str] | None) -> dict[str, str]:
@@ -69,8 +75,61 @@ def effective_master(master: str | None = None, conf: dict[str, str] | None = No
     return DEFAULT_MASTER
 
 
+def master_addresses(master: str) -> list[tuple[str, int]]:
+    """The host:port addresses a master URL connects to: each of a standalone master's (HA) list, or a
+    Kubernetes API server; [] for masters without one (local, yarn)."""
+    master = master.strip()
+    if master.startswith("spark://"):
+        found = []
+        for address in master[len("spark://"):].split(","):
+            host, sep, port = address.strip().rpartition(":")
+            if sep and port.isdigit():
+                found.append((host.strip("[]"), int(port)))
+            elif address.strip():
+                found.append((address.strip().strip("[]"), STANDALONE_PORT))
+        return found
+    if master.startswith("k8s://"):
+        from urllib.parse import urlsplit
+
+        rest = master[len("k8s://"):]
+        parts = urlsplit(rest if "://" in rest else f"https://{rest}")
+        try:
+            port = parts.port
+        except ValueError:
+            return []
+        if not parts.hostname:
+            return []
+        return [(parts.hostname, port or (80 if parts.scheme == "http" else 443))]
+    return []
+
+
+def check_master_answers(master: str, within: float = MASTER_ANSWER_SECONDS) -> None:
+    """Bad input, one line, unless the master accepts a TCP connection (one address of an HA list is
+    enough) within `within` seconds: checked before a session starts."""
+    addresses = master_addresses(master)
+    if not addresses:
+        return
+    deadline = time.monotonic() + within
+    problems = []
+    for host, port in addresses:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            problems.append(f"{host}:{port}: not tried, out of time")
+            continue
+        try:
+            socket.create_connection((host, port), timeout=left).close()
+            return
+        except TimeoutError:
+            problems.append(f"{host}:{port}: no answer within {within:.0f} s")
+        except OSError as exc:
+            problems.append(f"{host}:{port}: {exc.strerror or exc}")
+    raise InvalidInputError(f"Spark master {master} does not answer ({'; '.join(problems)}): start it, or "
+                            "give another --master")
+
+
 def build_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None) -> Any:
-    """A SparkSession with the `ignis` format registered."""
+    """A SparkSession with the `ignis` format registered. A master that does not answer is bad input, found
+    before the session starts (check_master_answers)."""
     try:
         from pyspark.sql import SparkSession
     except ImportError:
@@ -81,6 +140,8 @@ def build_session(app_name: str, master: str | None = None, conf: dict[str, str]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     active = SparkSession.getActiveSession()
+    if active is None:
+        check_master_answers(effective_master(master, conf))
     if active is None and master is None and "spark.master" not in (conf or {}) and not under_spark_submit():
         master = DEFAULT_MASTER  # spark-submit sets spark.master itself: never override it
     if master is not None:

@@ -1,5 +1,8 @@
 """`ignis pipeline export QUEUE... --to PATH`: a snapshot of queue magazines in Parquet (or JSON),
-partitioned by queue and magazine. Reading is non-destructive: nothing is claimed or acked."""
+partitioned by queue and magazine. Reading is non-destructive: nothing is claimed or acked.
+
+Parquet to a local path with executors on this host is written by the read tasks with pyarrow
+(arrow_export.py: no rows in Spark's JVM); anything else goes through Spark's writer (`df.write`)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from typing import Any
 from ignis.client import Ignis
 from ignis.errors import InvalidInputError
 from ignis_pipeline import schema
+from ignis_pipeline.jobs import arrow_export
 from ignis_pipeline.jobs.progress import spark_progress
 from ignis_pipeline.session import check_store_reachable
 
@@ -18,7 +22,8 @@ FORMATS = ("parquet", "json")
 # bytes: hashing and comparing every payload for a dictionary was the largest single cost of Spark's
 # Parquet writer in the export, measured; compression still catches repeated payloads), and no min/max
 # statistics for payloads (no query ranges over them; computing them compares every payload). Per-column
-# parquet-mr settings ("#column"), passed as write options (Spark hands them to the Parquet writer).
+# parquet-mr settings ("#column"), passed as write options (Spark hands them to the Parquet writer); the
+# pyarrow writer (arrow_export.py) takes the same column lists.
 NO_DICTIONARY = ("id", "slot", "payload")
 NO_STATISTICS = ("payload",)
 PARQUET_OPTIONS = {**{f"parquet.enable.dictionary#{c}": "false" for c in NO_DICTIONARY},
@@ -33,15 +38,18 @@ PARQUET_OPTIONS = {**{f"parquet.enable.dictionary#{c}": "false" for c in NO_DICT
 SESSION_CONF = {"spark.sql.optimizer.plannedWrite.enabled": "false", "spark.sql.maxConcurrentOutputFileWriters": "4"}
 
 
+def read_options(store: dict[str, str], queues: list[str], magazine: str = "main", since: str | None = None,
+                 until: str | None = None) -> dict[str, str]:
+    """The `ignis` format's options for `queues` (empty = every queue of the client)."""
+    given = {**store, "queue": ",".join(queues) if queues else "*", "magazine": magazine, "since": since,
+             "until": until}
+    return {key: value for key, value in given.items() if value is not None}
+
+
 def read_queues(spark: Any, store: dict[str, str], queues: list[str], magazine: str = "main",
                 since: str | None = None, until: str | None = None) -> Any:
     """The `ignis` format over `queues` (empty = every queue of the client)."""
-    reader = spark.read.format("ignis").option("queue", ",".join(queues) if queues else "*").option(
-        "magazine", magazine)
-    for key, value in {**store, "since": since, "until": until}.items():
-        if value is not None:
-            reader = reader.option(key, value)
-    return reader.load()
+    return spark.read.format("ignis").options(**read_options(store, queues, magazine, since, until)).load()
 
 
 def require_queues(store: dict[str, str], queues: list[str]) -> None:
@@ -60,6 +68,15 @@ def export(spark: Any, store: dict[str, str], queues: list[str], to: str, *, mag
     require_queues(store, queues)  # before Spark creates anything at `to`
     if not overwrite and path_exists(spark, to):
         raise InvalidInputError(f"--to {to} already exists: add --overwrite to replace it, or choose another path")
+    if fmt == "parquet" and (out := arrow_export.usable(spark, to)) is not None:
+        # The data source's own read, its Arrow batches written by its tasks with pyarrow (arrow_export.py).
+        from ignis_pipeline.options import SourceOptions
+        from ignis_pipeline.reader import IgnisReader
+
+        reader = IgnisReader(SourceOptions.parse(read_options(store, queues, magazine, since, until)))
+        with spark_progress(spark, f"exporting to {to}"):
+            exported = arrow_export.export(spark, reader, out, overwrite, NO_DICTIONARY, NO_STATISTICS)
+        return {"path": to, "format": fmt, "queues": queues or ["*"], "magazine": magazine, "exported": exported}
     df = read_queues(spark, store, queues, magazine, since, until)
     # As many write tasks as the cluster runs at once, each reading several slot ranges in turn (a
     # coalesce, no shuffle): a Python task and a committed output file cost Spark about a tenth of a
