@@ -346,9 +346,13 @@ class _Environment:
             # of the machine that undoes one only delivers a message again (at least once).
             sync=durability == "fsync",
             metasync=False,
-            # Dirty pages are written in place in the shared map: about twice the write rate. The data file
-            # then shows map_size as its apparent size; it is sparse, disk use is what is written.
-            writemap=True,
+            # durability=fast: dirty pages are written in place in the shared map, about twice the write rate
+            # (bench_lmdb.py). Not with fsync: a commit then msyncs the whole map, so each durable commit costs
+            # time in proportion to the store's size (1,000,000 messages stored: 12 ms a publish instead of
+            # 1.2 ms, bench_delayed.py); written pages go out with pwrite and one fdatasync instead. Every
+            # process of a store must use the same durability: LMDB's docs warn that "processes with and
+            # without MDB_WRITEMAP on the same environment do not cooperate well" (mdb_env_open).
+            writemap=durability != "fsync",
             lock=True,
         )
         self.dbs: dict[str, Any] = {}

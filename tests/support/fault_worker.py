@@ -1,10 +1,12 @@
 """A producer or consumer process for the fault suite (tests/test_aerospike_faults.py).
 
-    fault_worker.py produce URL QUEUE SECONDS RATE     # publish for SECONDS at about RATE/s
+    fault_worker.py produce URL QUEUE SECONDS RATE [DELAYED_EVERY]
+                                                       # publish for SECONDS at about RATE/s; every
+                                                       # DELAYED_EVERY-th message with a delay of DELAY_S
     fault_worker.py consume URL QUEUE                  # a Consumer until SIGTERM
 
 stdout (flushed, one line per step, each with the time it happened, epoch ms):
-    published <ms> <id>                 a publish that returned (confirmed)
+    published <ms> <id> [<due ms>]      a publish that returned (confirmed); a delayed one with its due time
     handled <ms> <id> <attempts>        the handler got the message
     acked <ms> <id>                     its ack returned
 The process's logs (ignis.logs, text) go to stderr. A producer whose publish fails waits (backing off) and
@@ -33,20 +35,24 @@ def say(*words: object) -> None:
         sys.stdout.flush()
 
 
-def produce(ignis: Ignis, queue_name: str, seconds: float, rate: float) -> None:
+DELAY_S = 2.0
+
+
+def produce(ignis: Ignis, queue_name: str, seconds: float, rate: float, delayed_every: int = 0) -> None:
     queue = ignis.queue(queue_name)
     backoff = Backoff()
     deadline = time.monotonic() + seconds
     i = 0
     while time.monotonic() < deadline:
         started = time.monotonic()
+        delayed = delayed_every > 0 and i % delayed_every == delayed_every - 1
         try:
-            ref = queue.publish(f"m-{i}".encode())
+            ref = queue.publish(f"m-{i}".encode(), delay=DELAY_S if delayed else None)
         except StoreError as exc:
             time.sleep(backoff.failed(f"publish {queue_name}", exc))
             continue
         backoff.ok()
-        say("published", now_ms(), ref.id)
+        say("published", now_ms(), ref.id, *([ref.slot] if delayed else []))  # (a delayed ref's slot: its due time)
         i += 1
         time.sleep(max(0.0, 1 / rate - (time.monotonic() - started)))
 
@@ -77,7 +83,8 @@ def main() -> None:
     with Ignis(url) as ignis:
         say("ready", now_ms())
         if action == "produce":
-            produce(ignis, queue_name, float(sys.argv[4]), float(sys.argv[5]))
+            produce(ignis, queue_name, float(sys.argv[4]), float(sys.argv[5]),
+                    int(sys.argv[6]) if len(sys.argv) > 6 else 0)
         elif action == "consume":
             consume(ignis, queue_name)
         else:
