@@ -158,15 +158,54 @@ class Magazine:
     # A reserved slot is written within RESERVATION_FRESH_MS or sealed (by the next publish, a timer, close),
     # so a consumer that claims it first awaits it within the store's write grace like any publish in
     # flight, and nothing but a dead process leaves a reserved slot empty (then the claimer seals it).
-    def _reservation_size(self, now: float) -> int:
-        """Slots the allocation made `now` takes: one, and the reserve for the publishes expected next.
-        (Unlocked: two threads allocating at once may each size from the other's numbers; both are
+    def _reservation_size(self, now: float, needed: int = 1) -> int:
+        """Slots the allocation made `now` takes: those `needed`, and the reserve for the publishes expected
+        next. (Unlocked: two threads allocating at once may each size from the other's numbers; both are
         recent, which is all the estimate needs.)"""
         elapsed = now - self._allocated_at
         self._allocated_at = now
         ahead = RESERVE_MAX if elapsed <= 0 else int(self._allocated / elapsed * RESERVE_AHEAD_SECONDS)
-        self._allocated = 1 + min(ahead, RESERVE_MAX)
+        self._allocated = needed + min(ahead, RESERVE_MAX)
         return self._allocated
+
+    def publish_plain(self, payloads: Sequence[bytes], ids: Sequence[str], loaded_at: int) -> list[MessageRef]:
+        """Publish new keyless messages of plain bytes, each as `publish_one` would, together: an async
+        publisher's batch (ignis.aio). Two-step backends write them into reserved slots with one round trip
+        (reserving what is missing in one allocation); others in one group commit (load_new)."""
+        store, name, ttl = self.store, self.name, self.ttl_seconds
+        count = len(payloads)
+        if not count:
+            return []
+        if not self._reserves:
+            return self.load_new(_new_tuple(NewMessages, (payloads, ids, None, loaded_at, None, None)))
+        refs: list[SlotRef] = []
+        while len(refs) < count and self._reserved:
+            ref = self._take_reserved()
+            if ref is None:
+                break
+            refs.append(ref)
+        if len(refs) < count:
+            reserved_at = time.monotonic()
+            missing = count - len(refs)
+            size = self._reservation_size(reserved_at, missing)
+            shard = int(_random() * self.shards)
+            first = store.reserve(name, shard, size)
+            refs += [_new_tuple(SlotRef, (name, shard, slot)) for slot in range(first, first + missing)]
+            if size > missing:
+                self._reserved.extend([(reserved_at, _new_tuple(SlotRef, (name, shard, slot)))
+                                       for slot in range(first + missing, first + size)])
+                if not self._reaping:
+                    self._arm_reaper()
+        written = store.load_reserved_many(refs, payloads, ids, loaded_at, ttl)
+        out: list[MessageRef] = []
+        for ref, ok, payload, msg_id in zip(refs, written, payloads, ids, strict=True):
+            if not ok:  # sealed meanwhile (a consumer gave the slot up): publish it again, as publish_one does
+                shard = int(_random() * self.shards)
+                ref = _new_tuple(SlotRef, (name, shard, store.load_one(name, shard, payload, msg_id, loaded_at,
+                                                                           ttl)))
+            out.append(_new_message_ref((msg_id, name, ref.shard, ref.slot)))
+        self._mark_active({ref.shard for ref in out})
+        return out
 
     def _allocate_and_publish(self, payload: bytes, msg_id: str, loaded_at: int) -> tuple[int, int]:
         """Allocate a slot on a random shard, with the reserve for the next publishes, and write into it."""

@@ -963,6 +963,19 @@ class AerospikeStore:
         except ex.AerospikeError as exc:
             raise self._fail(exc, "load", self._data_set) from None
 
+    def load_reserved_many(self, refs: Sequence[SlotRef], payloads: Sequence[bytes], ids: Sequence[str],
+                           loaded_at: int, ttl_seconds: int) -> list[bool]:
+        bins_list = [{PAYLOAD: payload, MSG_ID: msg_id, LOADED_AT: loaded_at, CODEC: CODEC_BYTES, ATTEMPTS: 0}
+                     for payload, msg_id in zip(payloads, ids, strict=True)]
+        limit = self._shared.settings.max_record_bytes
+        for ref, bins in zip(refs, bins_list, strict=True):
+            if len(bins[PAYLOAD]) + len(bins[MSG_ID]) + RECORD_OVERHEAD > limit:
+                self._check_size(ref.magazine, bins)  # near the limit: the exact estimate, and its clear error
+        try:
+            return self._write_new("load", refs, bins_list, self._ttl(ttl_seconds))
+        except ex.AerospikeError as exc:
+            raise self._fail(exc, "load", self._data_set) from None
+
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
                  ) -> list[Sequence[int]]:
         # One record object per message either way: the envelope path costs nothing extra here.

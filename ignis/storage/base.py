@@ -387,6 +387,12 @@ class Storage(Protocol):
         (a consumer gave it up): nothing was written, publish the message again."""
         ...
 
+    def load_reserved_many(self, refs: Sequence[SlotRef], payloads: Sequence[bytes], ids: Sequence[str],
+                           loaded_at: int, ttl_seconds: int) -> list[bool]:
+        """`load_reserved` of many slots in one round trip (an async publisher's batch); per slot, False when it
+        was sealed meanwhile (nothing written there: publish that message again)."""
+        ...
+
     def resolve_claim(self, ticket: ClaimTicket, now_ms: int) -> list[Claimed] | None:
         """What a claim that raised ClaimInDoubt took: its slots, stamped and read as `claim` does (None when
         it was not applied, or can no longer be told: then the sweeper finds whatever it took). Raises

@@ -1101,6 +1101,10 @@ class LmdbStore:
                       ) -> bool:
         raise NotImplementedError("lmdb has no reserved slots (see reserve)")
 
+    def load_reserved_many(self, refs: Sequence[SlotRef], payloads: Sequence[bytes], ids: Sequence[str],
+                           loaded_at: int, ttl_seconds: int) -> list[bool]:
+        raise NotImplementedError("lmdb has no reserved slots (see reserve)")
+
     def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
         # A delete leaves no trace here; nor is one needed: a publish writes its slot in the transaction
         # that allocates it, so no slot below a fire pointer waits for its write (write_grace_ms = 0).

@@ -252,3 +252,49 @@ def test_async_publish_of_a_delayed_message(backend) -> None:
             await m.ack()
 
     run(main())
+
+
+def test_concurrent_plain_publishes_go_to_the_store_together_and_each_is_its_own_message(backend,
+                                                                                          monkeypatch) -> None:
+    """The publishes a loop's tasks make at once are one `publish_plain` call (one hand-off, one round trip
+    on Aerospike), and each stays its own message with its own reference; a store error reaches every
+    publisher of its batch, and the next batch goes through."""
+    from ignis.errors import StoreUnavailable
+    from ignis.queue import Queue
+
+    calls: list[int] = []
+    real = Queue.publish_plain
+
+    def counted(self: Queue, payloads: list[bytes]) -> Any:
+        calls.append(len(payloads))
+        return real(self, payloads)
+
+    monkeypatch.setattr(Queue, "publish_plain", counted)
+
+    async def main() -> None:
+        async with AsyncIgnis(backend.url) as ig:
+            await declare(ig, "gathered", shards=4)
+            q = ig.queue("gathered")
+            payloads = [b"m-%d" % i for i in range(200)]
+            refs = await asyncio.gather(*(q.publish(p) for p in payloads))
+            assert len({r.id for r in refs}) == 200 and sum(calls) == 200
+            assert len(calls) < 200 and max(calls) > 1  # gathered, not one call each
+            got = []
+            while batch := await q.fire_many(100, timeout=0.5):
+                got += batch
+                await q.ack(batch)
+            assert sorted(m.payload for m in got) == sorted(payloads)  # each once
+            assert {m.id for m in got} == {r.id for r in refs}
+            assert {(m.id, m.envelope.attempts) for m in got} == {(r.id, 1) for r in refs}
+
+            def failing(self: Queue, payloads: list[bytes]) -> Any:
+                raise StoreUnavailable("store down (test)")
+
+            monkeypatch.setattr(Queue, "publish_plain", failing)
+            outcomes = await asyncio.gather(*(q.publish(b"x") for _ in range(5)), return_exceptions=True)
+            assert all(isinstance(o, StoreUnavailable) for o in outcomes)
+            monkeypatch.setattr(Queue, "publish_plain", counted)
+            again = await asyncio.gather(*(q.publish(b"y") for _ in range(5)))
+            assert len({r.id for r in again}) == 5 and (await q.stats()).depth == 5
+
+    run(main())

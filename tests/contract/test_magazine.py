@@ -190,6 +190,41 @@ def test_reserved_slots_are_written_one_call_each_or_sealed(store: Storage) -> N
         store.load_reserved(SlotRef("q", 0, 3), b"x" * 9_000_000, "big", now_ms(), 60)
 
 
+def test_reserved_slots_written_together_in_one_call_and_a_sealed_one_refused(store: Storage) -> None:
+    if not store.write_grace_ms:
+        pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing to reserve")
+    first = store.reserve("q", 0, 4)
+    refs = [SlotRef("q", 0, first + i) for i in range(4)]
+    calls = sample("ignis_storage_calls_total", operation="load")
+    assert store.load_reserved_many(refs[:2], [b"a", b"b"], ["ma", "mb"], now_ms(), 60) == [True, True]
+    assert sample("ignis_storage_calls_total", operation="load") - calls == 1  # one round trip for both
+    assert store.seal([refs[2]], 60) == [True]  # a consumer gave slot 3 up
+    assert store.load_reserved_many(refs[2:], [b"c", b"d"], ["mc", "md"], now_ms(), 60) == [False, True]
+    claimed = store.claim("q", 0, 4, now_ms())
+    assert [(c.ref.slot, c.envelope.msg_id if c.envelope else None) for c in claimed] == [
+        (1, "ma"), (2, "mb"), (3, None), (4, "md")]
+    with pytest.raises(InvalidInputError, match="max-record-size"):
+        store.load_reserved_many([SlotRef("q", 0, 9)], [b"x" * 9_000_000], ["big"], now_ms(), 60)
+
+
+def test_a_plain_batch_takes_reserved_slots_and_republishes_what_reached_a_seal(make_queue) -> None:
+    q = make_queue("plain", shards=2)
+    main = q.main
+    refs = q.publish_plain([b"p-%d" % i for i in range(5)])
+    refs += q.publish_plain([b"r-%d" % i for i in range(5)])  # soon after the first: reserves ahead as well
+    assert len({r.id for r in refs}) == 10
+    if main._reserves:  # the next batch writes into what the first reserved, a sealed one elsewhere
+        taken = list(main._reserved)
+        assert taken, "a batch reserves ahead for the next publishes"
+        main.store.seal([taken[0][1]], 60)
+        more = q.publish_plain([b"q-%d" % i for i in range(3)])
+        assert (more[0].shard, more[0].slot) != (taken[0][1].shard, taken[0][1].slot)
+        refs += more
+    got = q.fire_many(20)
+    assert sorted(m.id for m in got) == sorted(r.id for r in refs)  # each once, none lost to the seal
+    assert all(m.attempts == 1 for m in got)
+
+
 def test_move_copies_then_deletes_and_skips_a_record_that_changed_or_went(store: Storage) -> None:
     from ignis.storage.base import Move
 
