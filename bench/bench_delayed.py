@@ -87,63 +87,52 @@ class CountingTxn:
         counter = self
         real_begin = env.begin
 
-        class Txn:
-            def __init__(self, txn: Any) -> None:
-                self._txn = txn
+        class Counted:
+            """A write transaction or cursor whose record writes are counted (publish_many writes with a
+            cursor's putmulti; purges delete through a cursor)."""
+
+            def __init__(self, inner: Any) -> None:
+                self._inner = inner
+
+            def _one(self, name: str, *a: Any, **k: Any) -> Any:
+                counter.writes += 1
+                return getattr(self._inner, name)(*a, **k)
 
             def put(self, *a: Any, **k: Any) -> Any:
-                counter.writes += 1
-                return self._txn.put(*a, **k)
+                return self._one("put", *a, **k)
 
             def delete(self, *a: Any, **k: Any) -> Any:
-                counter.writes += 1
-                return self._txn.delete(*a, **k)
+                return self._one("delete", *a, **k)
 
             def pop(self, *a: Any, **k: Any) -> Any:
-                counter.writes += 1
-                return self._txn.pop(*a, **k)
-
-            def cursor(self, *a: Any, **k: Any) -> Any:
-                return Cursor(self._txn.cursor(*a, **k))
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(self._txn, name)
-
-            def __enter__(self) -> Any:
-                self._txn.__enter__()
-                return self
-
-            def __exit__(self, *exc: Any) -> Any:
-                return self._txn.__exit__(*exc)
-
-        class Cursor:  # publish_many writes with a cursor's putmulti; purges delete through a cursor
-            def __init__(self, cursor: Any) -> None:
-                self._cursor = cursor
+                return self._one("pop", *a, **k)
 
             def putmulti(self, items: Any, *a: Any, **k: Any) -> Any:
-                consumed, added = self._cursor.putmulti(items, *a, **k)
+                consumed, added = self._inner.putmulti(items, *a, **k)
                 counter.writes += consumed
                 return consumed, added
 
-            def put(self, *a: Any, **k: Any) -> Any:
-                counter.writes += 1
-                return self._cursor.put(*a, **k)
-
-            def delete(self, *a: Any, **k: Any) -> Any:
-                counter.writes += 1
-                return self._cursor.delete(*a, **k)
+            def cursor(self, *a: Any, **k: Any) -> Any:
+                return Counted(self._inner.cursor(*a, **k))
 
             def __getattr__(self, name: str) -> Any:
-                return getattr(self._cursor, name)
+                return getattr(self._inner, name)
 
             def __iter__(self) -> Any:
-                return iter(self._cursor)
+                return iter(self._inner)
+
+            def __enter__(self) -> Any:
+                self._inner.__enter__()
+                return self
+
+            def __exit__(self, *exc: Any) -> Any:
+                return self._inner.__exit__(*exc)
 
         class Env:
             def begin(self, *a: Any, **k: Any) -> Any:
                 write = (a[2] if len(a) > 2 else k.get("write", False))
                 txn = real_begin(*a, **k)
-                return Txn(txn) if write else txn
+                return Counted(txn) if write else txn
 
             def __getattr__(self, name: str) -> Any:
                 return getattr(env, name)

@@ -205,6 +205,21 @@ def test_a_failed_arrow_export_leaves_nothing(spark: Any, store: dict[str, str],
     assert not out.exists()
 
 
+def reader_with(inner: Any, read: Any) -> Any:
+    """A reader with `inner`'s partitions whose read is `read(inner, partition)` (a test's failing task). The
+    class is made here, not at module level: cloudpickle sends a local class to the Python workers by value,
+    where this test module cannot be imported."""
+
+    class Wrapped:
+        def partitions(self) -> Any:
+            return inner.partitions()
+
+        def read(self, partition: Any) -> Any:
+            return read(inner, partition)
+
+    return Wrapped()
+
+
 def test_a_task_still_running_when_the_export_fails_leaves_nothing(spark: Any, store: dict[str, str],
                                                                   make_queue: Any, tmp_path: Path) -> None:
     # The first task fails at once; the other starts writing later, after the driver cleaned up (Spark lets
@@ -212,26 +227,19 @@ def test_a_task_still_running_when_the_export_fails_leaves_nothing(spark: Any, s
     make_queue("orders", shards=4).publish_many([b"m%d" % i for i in range(40)])
     reader = IgnisReader(SourceOptions.parse(read_options(store, ["orders"])))
 
-    class FirstFailsOthersLate:
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
+    def first_fails_others_late(inner: Any, partition: Any) -> Any:
+        import time
 
-        def partitions(self) -> Any:
-            return self.inner.partitions()
+        from pyspark import TaskContext
 
-        def read(self, partition: Any) -> Any:
-            import time
-
-            from pyspark import TaskContext
-
-            if TaskContext.get().partitionId() == 0:
-                raise RuntimeError("the store went away")
-            time.sleep(1)
-            yield from self.inner.read(partition)
+        if TaskContext.get().partitionId() == 0:
+            raise RuntimeError("the store went away")
+        time.sleep(1)
+        yield from inner.read(partition)
 
     out = tmp_path / "e"
     with pytest.raises(Exception, match="the store went away"):
-        arrow_export.export(spark, FirstFailsOthersLate(reader), out, False, (), ())
+        arrow_export.export(spark, reader_with(reader, first_fails_others_late), out, False, (), ())
     time.sleep(3)  # the late task has written (or failed) by now
     assert not out.exists(), sorted(out.rglob("*"))
 
@@ -246,19 +254,12 @@ def test_a_retried_task_writes_its_rows_once(store: dict[str, str], make_queue: 
     q.publish_many([b"m%d" % i for i in range(400)])
     reader = IgnisReader(SourceOptions.parse(read_options(store, ["orders"])))
 
-    class FirstAttemptDies:
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
+    def first_attempt_dies(inner: Any, partition: Any) -> Any:
+        from pyspark import TaskContext
 
-        def partitions(self) -> Any:
-            return self.inner.partitions()
-
-        def read(self, partition: Any) -> Any:
-            from pyspark import TaskContext
-
-            yield from self.inner.read(partition)
-            if TaskContext.get().attemptNumber() == 0:
-                raise RuntimeError("first attempt")
+        yield from inner.read(partition)
+        if TaskContext.get().attemptNumber() == 0:
+            raise RuntimeError("first attempt")
 
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -268,7 +269,7 @@ def test_a_retried_task_writes_its_rows_once(store: dict[str, str], make_queue: 
     session.sparkContext.setLogLevel("FATAL")
     try:
         out = tmp_path / "e"
-        assert arrow_export.export(session, FirstAttemptDies(reader), out, False, (), ()) == 400
+        assert arrow_export.export(session, reader_with(reader, first_attempt_dies), out, False, (), ()) == 400
         ids = pa.concat_tables([pq.read_table(f, columns=["id"]) for f in out.rglob("*.parquet")]).column("id")
         assert len(ids) == 400 and len(set(ids.to_pylist())) == 400
         assert not (out / arrow_export.TEMPORARY).exists()

@@ -180,3 +180,41 @@ def test_spark_submit_of_a_job_runs_on_the_cluster(spark_cluster: Any, cluster_s
 def test_cluster_status_lists_the_tests_application(spark_cluster: Any, cluster_spark: Any) -> None:
     running = spark_cluster.status()["activeapps"]
     assert [a["name"] for a in running] == ["ignis-cluster-tests"]
+
+
+def test_delayed_writes_and_due_at_reads_on_the_cluster(cluster_spark: Any, store_url: str,
+                                                        make_queue: Any) -> None:
+    """Issue 28 on executors: rows written with a `due_at` column and with the `delay` option are stored as
+    delayed messages by the executors' writers (none fireable before its due time), and the reader's `due_at`
+    column shows a moved message's due time."""
+    import datetime as dt
+    import time
+
+    from ignis.envelope import now_ms
+
+    q = make_queue("later", shards=3)
+    now = dt.datetime.now(dt.UTC)
+    rows = [(f"later-{i}", now + dt.timedelta(minutes=10)) for i in range(40)] + \
+        [(f"now-{i}", None) for i in range(40)]
+    cluster_spark.createDataFrame(rows, "payload string, due_at timestamp").repartition(4).write.format(
+        "ignis").option("store", store_url).option("queue", "later").mode("append").save()
+    assert q.stats().delayed == 40 and q.stats().depth == 40
+    cluster_spark.createDataFrame([(f"soon-{i}",) for i in range(20)], "payload string").repartition(2).write \
+        .format("ignis").option("store", store_url).option("queue", "later").option("delay", "2").mode("append") \
+        .save()
+    assert q.stats().delayed == 60
+    first = q.fire_many(100)
+    assert sorted(m.payload for m in first) == sorted(f"now-{i}".encode() for i in range(40))
+    q.ack(first)
+    got: list[tuple[Any, int]] = []
+    deadline = time.monotonic() + 20
+    while len(got) < 20 and time.monotonic() < deadline:
+        batch = q.fire_many(100, timeout=0.5)
+        got += [(m, now_ms()) for m in batch]
+    assert sorted(m.payload for m, _ in got) == sorted(f"soon-{i}".encode() for i in range(20))
+    assert all(m.envelope.due_at - m.envelope.loaded_at >= 2000 for m, _ in got)  # due 2 s after its write
+    assert all(fired >= m.envelope.due_at for m, fired in got)  # and none fired before it
+    df = cluster_spark.read.format("ignis").option("store", store_url).option("queue", "later").load()
+    dues = {r.payload: r.due_at for r in df.select("payload", "due_at").collect()}  # claimed, not acked: stored
+    assert set(dues) == {f"soon-{i}".encode() for i in range(20)} and all(d is not None for d in dues.values())
+    assert q.stats().delayed == 40  # the ten-minute ones wait, in no magazine the reader reads
