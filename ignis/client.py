@@ -13,6 +13,7 @@ from ignis.settings import IgnisSettings, load_settings
 from ignis.spec import QueueSpec
 from ignis.storage import Storage, open_store
 from ignis.storage.base import QueueRecord, client_view
+from ignis.watch import stop_watcher
 
 
 class Ignis:
@@ -54,8 +55,9 @@ class Ignis:
             queues = list(self._queues.values())
         for queue in queues:  # slots reserved for publishes that will not come: consumers pass them at once
             queue.main.release_reserved()
-        if self._owns_store:
+        if self._owns_store:  # the background threads first: no store call may run while the handle closes
             stop_mover(self.store)
+            stop_watcher(self.store)
             self.store.close()
 
     def _store_for(self, client_id: str | None) -> Storage:

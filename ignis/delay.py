@@ -199,19 +199,14 @@ class DelayMover:
 _movers: PerStore[DelayMover] = PerStore(DelayMover)
 
 
-def mover_for(store: Storage) -> DelayMover:
-    """The process's delay mover of a store handle (started on first use)."""
+def mover_for(store: Storage) -> DelayMover | None:
+    """The process's delay mover of a store handle (started on first use; None once the handle is closing)."""
     return _movers.get(store)
 
 
 def stop_mover(store: Storage, timeout: float = 5.0) -> None:
-    """Stop the store handle's mover and wait for it (before the handle closes: a store call must not be
-    running when its environment or connection goes)."""
-    found = _movers.find(store)
-    if found is not None:
-        found.stop()
-        if found._thread is not threading.current_thread():
-            found._thread.join(timeout)
+    """Stop the store handle's mover for good and wait for it (before the handle closes)."""
+    _movers.retire(store, timeout)
 
 
 def wake_mover(store: Storage) -> None:

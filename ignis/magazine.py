@@ -387,9 +387,12 @@ class Magazine:
     def watch(self) -> None:
         """Have the process's watcher follow this magazine (for the next ignis.watch.KEEP_WATCHING_SECONDS), and
         its delay mover move the queue's due messages into it (ignis.delay)."""
-        watcher_for(self.store).watch(self.name, self.shards, self._activity)
-        if self._count_attempt:
-            mover_for(self.store).follow(self)
+        watcher = watcher_for(self.store)
+        if watcher is not None:  # (None: the handle is closing)
+            watcher.watch(self.name, self.shards, self._activity)
+        mover = mover_for(self.store) if self._count_attempt else None
+        if mover is not None:
+            mover.follow(self)
 
     def ring(self) -> None:
         """Bump the beacon (at most once a second): watchers of the idle queue elsewhere read it (a delayed

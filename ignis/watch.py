@@ -194,6 +194,11 @@ class Watcher:
 _watchers: PerStore[Watcher] = PerStore(Watcher)
 
 
-def watcher_for(store: Storage) -> Watcher:
-    """The process's watcher of a store handle (started on first use)."""
+def watcher_for(store: Storage) -> Watcher | None:
+    """The process's watcher of a store handle (started on first use; None once the handle is closing)."""
     return _watchers.get(store)
+
+
+def stop_watcher(store: Storage, timeout: float = 5.0) -> None:
+    """Stop the store handle's watcher for good and wait for it (before the handle closes)."""
+    _watchers.retire(store, timeout)

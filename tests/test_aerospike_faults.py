@@ -193,7 +193,9 @@ class RawControl:
 
 def _report(run: FaultRun, codes: dict[str, int | None], alive_before_stop: dict[str, bool]) -> dict[str, Any]:
     published = {e[2]: int(e[1]) for _, e in run.events("published")}
-    # Deliverable from: its publish, or a delayed message's due time (never delivered before it).
+    # Deliverable from: its publish, or a delayed message's due time (never delivered before it). (A message
+    # without a delay may be handled before its producer logs the publish that returned: not early.)
+    delayed = {e[2] for _, e in run.events("published") if len(e) > 3}
     due = {e[2]: int(e[3]) if len(e) > 3 else int(e[1]) for _, e in run.events("published")}
     handled: dict[str, list[tuple[int, int]]] = defaultdict(list)  # id -> [(at, attempts)]
     for _, e in run.events("handled"):
@@ -207,7 +209,9 @@ def _report(run: FaultRun, codes: dict[str, int | None], alive_before_stop: dict
     resurrected = sorted(i for i, d in duplicates.items() if acked.get(i) and min(acked[i]) < sorted(d)[-1][0])
     final_settle_ms = int(time.time() * 1000 - (time.monotonic() - run.outages[-1][2]) * 1000)
     delays = [min(at for at, _ in handled[i]) - max(due[i], final_settle_ms) for i in published if i in handled]
-    early = sorted(i for i in published if i in handled and min(at for at, _ in handled[i]) < due[i])
+    # (id, published, due, first delivered, its attempts) of a delayed message delivered before its due time
+    early = sorted((i, published[i], due[i], *min(handled[i])) for i in delayed
+                   if i in handled and min(at for at, _ in handled[i]) < due[i])
     logs = {c.name: c.logs for c in run.children}
     during = {what: {name: len([1 for at, _ in lines if started <= at <= settled]) for name, lines in logs.items()}
               for what, started, settled in run.outages}
@@ -224,7 +228,8 @@ def _report(run: FaultRun, codes: dict[str, int | None], alive_before_stop: dict
     return {
         "confirmed": len(published), "delivered": len(handled), "lost": len(lost), "lost_ids": lost[:10],
         "unconfirmed_delivered": len(set(handled) - set(published)),
-        "delayed": sum(due[i] != published[i] for i in published), "delivered_before_due": early[:10],
+        "delayed": len(delayed), "delivered_before_due": early[:10],
+        "delivered_before_due_count": len(early),
         "duplicates": len(duplicates), "resurrected_acks": resurrected,
         "duplicate_attempts": Counter(max(a for _, a in d) for d in duplicates.values()),
         "max_delay_after_settle_s": round(max(delays, default=0) / 1000, 2),

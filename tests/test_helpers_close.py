@@ -1,0 +1,42 @@
+"""The background helpers of a store handle (ignis.watch's watcher, ignis.delay's mover) stop for good before
+the handle closes: a late fire() between their stop and the close starts no new one, since a store call in
+flight when the Aerospike client closes crashes the process (seen: consumers exiting with SIGSEGV at SIGTERM in
+the fault runs, once delayed messages kept their movers busy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ignis import Ignis, QueueSpec
+from ignis.delay import _movers, mover_for, stop_mover
+from ignis.watch import _watchers, stop_watcher, watcher_for
+
+
+def test_a_closing_handle_gets_no_new_helper_and_its_old_ones_have_ended(tmp_path: Path) -> None:
+    ig = Ignis(f"lmdb://{tmp_path}/store")
+    try:
+        ig.apply(QueueSpec.build(name="q", handlerType="q", shards=2))
+        q = ig.queue("q")
+        assert q.fire(timeout=0.05) is None  # a consumer waited: the watcher and the mover run
+        store = ig.store
+        watcher, mover = _watchers.find(store), _movers.find(store)
+        assert watcher is not None and mover is not None and not watcher.stopped and not mover.stopped
+        stop_mover(store)  # what close() does first ...
+        stop_watcher(store)
+        q.main.watch()  # ... and a late fire() meanwhile, before the handle closes
+        assert q.fire(timeout=0.05) is None
+        assert watcher_for(store) is None and mover_for(store) is None
+        assert _watchers.find(store) is watcher and _movers.find(store) is mover  # none made anew
+        assert not watcher._thread.is_alive() and not mover._thread.is_alive()
+    finally:
+        ig.close()
+
+
+def test_close_stops_both_helpers(tmp_path: Path) -> None:
+    ig = Ignis(f"lmdb://{tmp_path}/store")
+    ig.apply(QueueSpec.build(name="q", handlerType="q", shards=2))
+    ig.queue("q").fire(timeout=0.05)
+    store = ig.store
+    ig.close()
+    threads = [h._thread for h in (_watchers.find(store), _movers.find(store)) if h is not None]
+    assert len(threads) == 2 and not any(t.is_alive() for t in threads)
