@@ -80,35 +80,34 @@ def move_due(main: Magazine, now: int | None = None, limit: int = MOVE_BATCH) ->
         lock.release()
 
 
-_held: dict[tuple[int, str, str, str], int] = {}  # (pid, store, client, queue): the lease held, until when (ms)
-
-
-def _lead(main: Magazine, at: int) -> bool:
-    """Hold the queue's move lease. A lease held for more than half of LEAD_MS yet is not written again: no other
-    process can take it before it runs out, and a batch of moves saves a write."""
-    store = main.store
-    key = (os.getpid(), store.location, store.client_id, main.name)  # a forked child holds nothing yet
-    if _held.get(key, 0) - at > LEAD_MS // 2:
-        return True
-    if store.lead_delayed(main.name, holder(), at, LEAD_MS):
-        _held[key] = at + LEAD_MS
-        return True
-    _held.pop(key, None)
-    return False
+# Copied into main, their delayed records not deleted yet (the delete failed: a store outage). Deleted before
+# anything else is moved, and never copied again meanwhile: without this, the next move copied every message of
+# that batch a second time, and each was delivered twice.
+_unsettled: dict[tuple[str, str, str], list[Envelope]] = {}
 
 
 def _move(main: Magazine, now: int | None, limit: int) -> int | None:
     store, queue = main.store, main.name
+    key = (store.location, store.client_id, queue)
+    pending = _unsettled.get(key)
+    if pending:
+        store.settle_delayed(queue, pending)  # (an outage still: raises, and this move waits for the next)
+        del _unsettled[key]
     moved = 0
     while True:
         at = now_ms() if now is None else now
-        if not _lead(main, at):
-            return moved if moved else None
-        due = store.due_delayed(queue, at, limit)
+        if not store.lead_delayed(queue, holder(), at, LEAD_MS):  # renewed for every batch: a lease the
+            return moved if moved else None                       # store lost (a node restarted) is told soon
+        # (Should a query answer a record twice, it is copied once.)
+        due = list({(env.due_at, env.msg_id): env for env in store.due_delayed(queue, at, limit)}.values())
         if not due:
             return moved
         main.load([as_delivered(env) for env in due])  # copy, then delete: a crash between delivers it twice
-        store.settle_delayed(queue, due)
+        try:
+            store.settle_delayed(queue, due)
+        except StoreError:
+            _unsettled[key] = due
+            raise
         moved += len(due)
         if len(due) < limit:
             return moved

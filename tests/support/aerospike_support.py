@@ -42,6 +42,11 @@ def run_sets(farm: str, client: str, registered: Iterable[str] = ()) -> list[str
     return sets
 
 
+# The info command's own timeout (the client's default is 1 s): a server busy deleting millions of records of an
+# earlier truncate (a benchmark's) answered later than that, and every real-server test of a file errored.
+TRUNCATE_POLICY = {"timeout": 15_000}
+
+
 def _client_for(url: str) -> tuple[Any, str, dict[str, str]]:
     import aerospike
 
@@ -55,8 +60,8 @@ def empty_shared_sets(url: str) -> None:
     client, namespace, _ = _client_for(url)
     try:
         for c in OTHER_CLIENTS:
-            client.truncate(namespace, names.data_set(c), 0)
-            client.truncate(namespace, names.meta_set(c), 0)
+            client.truncate(namespace, names.data_set(c), 0, TRUNCATE_POLICY)
+            client.truncate(namespace, names.meta_set(c), 0, TRUNCATE_POLICY)
     finally:
         client.close()
 
@@ -73,7 +78,7 @@ def clean_up_run(url: str, run: str) -> None:
         except aerospike.exception.RecordNotFound:
             registered = []
         for set_name in run_sets(query["farm"], query["client"], registered):
-            client.truncate(namespace, set_name, 0)
+            client.truncate(namespace, set_name, 0, TRUNCATE_POLICY)
         for c in {query["client"], *OTHER_CLIENTS, *registered}:
             with contextlib.suppress(aerospike.exception.AerospikeError):  # never created for this client
                 client.index_remove(namespace, names.active_index(query["farm"], c))
