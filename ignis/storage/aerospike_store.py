@@ -170,6 +170,7 @@ ROLLBACK_SEAL_TTL = 30 * 86400  # seals of slots left by an allocation that met 
 SIZE_CHECK_MARGIN = 64 * 1024  # a payload this far below the limit skips the estimate (the server refuses the rest)
 
 _LIVE = exp.Not(exp.Or(exp.BinExists(TOMBSTONE), exp.BinExists(PURGED)))
+_READ_ALL_COPIES = {"read_mode_ap": aerospike.POLICY_READ_MODE_AP_ALL}
 _NOT_TOMBSTONED = _LIVE.compile()
 # A claim stamps every record but a deletedAt tombstone: a purge leftover is stamped (harmlessly) and
 # reported awaiting, since the slot's new message may be on its way.
@@ -1697,11 +1698,32 @@ class AerospikeStore:
             self._delay_index()
             with self._query_running():
                 self._call("due_delayed", run)
+            if found:
+                found = self._still_delayed(queue, found)
         except (ex.IndexNotFound, ex.IndexNotReadable):
             return []  # the index is still being built: nothing is known to be due yet
         except ex.AerospikeError as exc:
             raise self._fail(exc, "due_delayed", self._data_set) from None
         return sorted(found, key=lambda env: env.due_at or 0)
+
+    def _still_delayed(self, queue: str, found: list[Envelope]) -> list[Envelope]:
+        """Those of a query's answers that are still delayed records (not settled), by a batch read that consults
+        every copy of a record: while partitions migrate, a query can answer from a copy that has not seen the
+        settle yet, and the message would be moved twice. ("How duplicates should be consulted in a read
+        operation. Only makes a difference during migrations": read_mode_ap ALL, Aerospike client policies.)
+        Aerospike errors raw."""
+        keys = [self.key(self._data_set, names.delayed_key(queue, env.due_at or 0, env.msg_id)) for env in found]
+        live: list[bool] = []
+        for start in range(0, len(keys), BATCH_CHUNK):
+            chunk = keys[start:start + BATCH_CHUNK]
+            done = self._call("due_delayed", self._client.batch_read, chunk, [DELAY_QUEUE_BIN, TOMBSTONE, PURGED],
+                              _READ_ALL_COPIES)
+            for record in self._answers("due_delayed", done, len(chunk), self._data_set):
+                if record.result not in (0, NOT_FOUND):
+                    raise self._record_failure("due_delayed", record, self._data_set)
+                bins = record.record[2] if record.result == 0 and record.record is not None else None
+                live.append(record.result == 0 and not self._tombstoned(bins))
+        return [env for env, ok in zip(found, live, strict=True) if ok]
 
     def settle_delayed(self, queue: str, envelopes: Sequence[Envelope]) -> int:
         if not envelopes:
