@@ -208,7 +208,13 @@ def test_a_query_answer_from_a_copy_that_missed_the_settle_is_not_moved_again(ig
                 return
             self.real.foreach(lambda record: answered.append(record) or callback(record), policy)
 
-    monkeypatch.setattr(client, "query", Replay)
+    class Client:  # the store's client with that query (the real client's attributes are read-only)
+        query = Replay
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(client, name)
+
+    monkeypatch.setattr(store, "_client", Client())
     deadline = time.monotonic() + 10
     while not (move_due(q.main) or 0):  # (a new delay index may take a moment to answer)
         assert time.monotonic() < deadline, "never moved"
