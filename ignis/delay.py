@@ -102,6 +102,11 @@ def _move(main: Magazine, now: int | None, limit: int) -> int | None:
         due = list({(env.due_at, env.msg_id): env for env in store.due_delayed(queue, at, limit)}.values())
         if not due:
             return moved
+        # The lease again, now: if the query (and the store's retries of it) outlasted it, another process may
+        # have taken over and be moving these very messages (a cluster fault run moved a batch twice while
+        # migrations slowed the store). Renewed here, it covers the copy and the delete that follow.
+        if not store.lead_delayed(queue, holder(), now_ms() if now is None else now, LEAD_MS):
+            return moved if moved else None
         main.load([as_delivered(env) for env in due])  # copy, then delete: a crash between delivers it twice
         try:
             store.settle_delayed(queue, due)

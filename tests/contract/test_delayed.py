@@ -223,6 +223,32 @@ def test_a_query_answer_from_a_copy_that_missed_the_settle_is_not_moved_again(ig
     assert [m.payload for m in q.fire_many(10)] == [b"once"]
 
 
+def test_a_mover_whose_lease_ran_out_during_its_query_copies_nothing(ignis, monkeypatch) -> None:
+    """Another process took the lease over while this one's query ran (it outlasted the lease): the lease is
+    checked again before the copy, and this one copies nothing, so nothing is moved twice."""
+    from ignis.delay import LEAD_MS
+
+    ignis.apply(QueueSpec.build(name="overtaken", handlerType="o", shards=2))
+    q = ignis.queue("overtaken")
+    store = q.main.store
+    q.publish(b"x", delay=0.05)
+    time.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while not store.due_delayed("overtaken", now_ms(), 10):  # (a new delay index may take a moment to answer)
+        assert time.monotonic() < deadline, "never due"
+    at = now_ms()
+    real = store.due_delayed
+
+    def slow_query(queue: str, now: int, limit: int) -> Any:
+        found = real(queue, now, limit)
+        assert store.lead_delayed(queue, "another-process", at + 2 * LEAD_MS, LEAD_MS)  # ours ran out meanwhile
+        return found
+
+    monkeypatch.setattr(store, "due_delayed", slow_query)
+    assert move_due(q.main, now=at) is None
+    assert (q.stats().depth, q.stats().delayed) == (0, 1)  # not copied: the other process moves it
+
+
 def test_deleting_the_queue_removes_its_delayed_messages(ignis, make_queue, store) -> None:
     q = make_queue("purged")
     q.publish_many([b"a", b"b"], delay=30)
