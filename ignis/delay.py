@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from ignis.envelope import Envelope, now_ms
 from ignis.errors import StoreError
+from ignis.logs import Reachability
 from ignis.outage import Backoff
 from ignis.per_store import PerStore
 from ignis.storage.base import DelayState, Storage
@@ -108,6 +109,8 @@ def _move(main: Magazine, now: int | None, limit: int) -> int | None:
         if not store.lead_delayed(queue, holder(), now_ms() if now is None else now, LEAD_MS):
             return moved if moved else None
         main.load([as_delivered(env) for env in due])  # copy, then delete: a crash between delivers it twice
+        log.debug("moved %d due message(s) of %s into main (%s .. %s)", len(due), queue, due[0].msg_id,
+                  due[-1].msg_id)
         try:
             store.settle_delayed(queue, due)
         except StoreError:
@@ -159,7 +162,8 @@ class DelayMover:
         self._changed.set()
 
     def _run(self) -> None:
-        backoff = Backoff()
+        backoff = Backoff()  # the delay records' batch read: the store's own health
+        moving = Backoff(health=MOVES_HEALTH)  # the moves, once that read answered
         while not self.stopped:
             store = self._store()
             if store is None or store.closed:
@@ -173,15 +177,24 @@ class DelayMover:
             wait = self._idle_poll
             try:
                 states = store.delay_states([name for name, _ in followed]) if followed else []
-                for (_, f), state in zip(followed, states, strict=True):
+            except StoreError as exc:
+                if store.closed:
+                    break
+                wait = backoff.failed("read the delay records", exc)
+                states = []
+            else:
+                backoff.ok()
+            try:
+                for (_, f), state in zip(followed, states, strict=False):
                     f.state = state
                     wait = min(wait, self._serve(f, state))
             except StoreError as exc:
                 if store.closed:
                     break
-                wait = backoff.failed("move due delayed messages", exc)
+                wait = moving.failed("move due delayed messages", exc)
             else:
-                backoff.ok()
+                if states:
+                    moving.ok()
             del store
             if wait > 0:
                 self._changed.wait(wait)
@@ -199,6 +212,14 @@ class DelayMover:
             return MOVE_GAP_SECONDS  # moved some: look again soon, and move what fell due meanwhile together
         return DUE_POLL_SECONDS
 
+
+# The moves' own health: while partitions migrate, the delay index's queries time out now and then for a minute
+# or two although the store answers every other call; one WARNING for that stretch, and one INFO once they have
+# answered for MOVES_SETTLE_SECONDS, rather than a pair for each time-out (an outage of the store itself is
+# reported by the read of the delay records, and by every other loop).
+MOVES_SETTLE_SECONDS = 30.0
+MOVES_HEALTH = Reachability("store (moving delayed messages)", logging.getLogger("ignis.store"),
+                            settle_seconds=MOVES_SETTLE_SECONDS)
 
 _movers: PerStore[DelayMover] = PerStore(DelayMover)
 

@@ -40,3 +40,39 @@ def test_close_stops_both_helpers(tmp_path: Path) -> None:
     ig.close()
     threads = [h._thread for h in (_watchers.find(store), _movers.find(store)) if h is not None]
     assert len(threads) == 2 and not any(t.is_alive() for t in threads)
+
+
+def test_moves_failing_while_the_store_answers_log_one_warning(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Queries of the delay index that time out while every other call answers (partitions migrating) are
+    one WARNING for the stretch, not one per failure, and not the store's own outage."""
+    import logging
+    import time
+
+    import ignis.delay as delay
+    from ignis.errors import StoreUnavailable
+    from ignis.logs import Reachability
+
+    monkeypatch.setattr(delay, "MOVES_HEALTH", Reachability("store (moving delayed messages)",
+                                                            logging.getLogger("ignis.store"), settle_seconds=30))
+    ig = Ignis(f"lmdb://{tmp_path}/store")
+    try:
+        ig.apply(QueueSpec.build(name="q", handlerType="q", shards=2))
+        q = ig.queue("q")
+        q.publish(b"x", delay=0.05)
+        calls: list[float] = []
+        started = time.monotonic()
+
+        def timing_out_by_turns(*args: object) -> list:  # fails, answers for 1.3 s (nothing due), fails again
+            calls.append(time.monotonic() - started)
+            if 0.3 < calls[-1] < 1.6:
+                return []
+            raise StoreUnavailable("aerospike due_delayed: timed out [9] (test)")
+
+        monkeypatch.setattr(ig.store, "due_delayed", timing_out_by_turns)
+        with caplog.at_level(logging.DEBUG, logger="ignis.store"):
+            q.fire(timeout=2.5)  # the process's mover follows the queue and keeps trying to move
+        assert min(calls) < 0.3 and any(0.3 < c < 1.6 for c in calls) and max(calls) > 1.6
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "moving delayed messages" in warnings[0].getMessage()
+    finally:
+        ig.close()

@@ -14,6 +14,7 @@ publishes a new message: an unconfirmed one may still have been stored, and may 
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -80,6 +81,7 @@ def consume(ignis: Ignis, queue_name: str) -> None:
 def main() -> None:
     action, url, queue_name = sys.argv[1:4]
     configure("text", "INFO")
+    logging.getLogger("ignis.delay").setLevel(logging.DEBUG)  # which process moved which delayed messages
     with Ignis(url) as ignis:
         say("ready", now_ms())
         if action == "produce":
