@@ -138,6 +138,7 @@ class DelayMover:
         self._idle_poll = DUE_POLL_SECONDS if store.doorbell() is not None else IDLE_POLL_SECONDS
         self._lock = threading.Lock()
         self._changed = threading.Event()
+        self._mark: int | None = None  # the store's change mark when the delay states were last read
         self.stopped = False
         self._thread = threading.Thread(target=self._run, name="ignis-delay", daemon=True)
         self._thread.start()
@@ -175,8 +176,13 @@ class DelayMover:
                     del self._followed[name]
                 followed = list(self._followed.items())
             wait = self._idle_poll
+            mark = store.change_mark()
+            if (mark is not None and mark == self._mark and followed
+                    and all(f.state is not None and not f.state.count for _, f in followed)):
+                followed = []  # nothing written since every followed queue was seen without delayed messages
             try:
                 states = store.delay_states([name for name, _ in followed]) if followed else []
+                self._mark = mark  # (taken before the read: a write during it is read next time)
             except StoreError as exc:
                 if store.closed:
                     break

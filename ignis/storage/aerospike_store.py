@@ -1751,6 +1751,9 @@ class AerospikeStore:
         except ex.AerospikeError as exc:
             raise self._fail(exc, "lead_delayed", self._meta_set) from None
 
+    def change_mark(self) -> int | None:
+        return None  # (a server's writes are not counted where a client could read them for free)
+
     def delay_states(self, queues: Sequence[str]) -> list[DelayState]:
         if not queues:
             return []

@@ -510,6 +510,11 @@ class Storage(Protocol):
         """Each queue's DelayState, in one store call."""
         ...
 
+    def change_mark(self) -> int | None:
+        """A number that changes whenever anything was written to the store (by any process), read without a
+        store call; None where there is none (then the delay states are read every time)."""
+        ...
+
     def doorbell(self) -> Doorbell | None:
         """How publishers wake consumers in other processes, or None where consumers poll the pointers
         instead (ignis.watch)."""

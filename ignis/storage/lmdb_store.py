@@ -1239,6 +1239,11 @@ class LmdbStore:
 
         return self._grouped("lead_delayed", write)
 
+    def change_mark(self) -> int | None:
+        # The last committed transaction's id, from the environment's meta pages (mdb_env_info): every commit of
+        # every process moves it.
+        return int(self._env.env.info()["last_txnid"])
+
     def delay_states(self, queues: Sequence[str]) -> list[DelayState]:
         now = now_ms()
 
