@@ -191,21 +191,22 @@ class Magazine:
             shard = int(_random() * self.shards)
             first = store.reserve(name, shard, size)
             refs += [_new_tuple(SlotRef, (name, shard, slot)) for slot in range(first, first + missing)]
-            if size > missing:
-                self._reserved.extend([(reserved_at, _new_tuple(SlotRef, (name, shard, slot)))
-                                       for slot in range(first + missing, first + size)])
-                if not self._reaping:
-                    self._arm_reaper()
+            self._keep_reserved(shard, range(first + missing, first + size), reserved_at)
         written = store.load_reserved_many(refs, payloads, ids, loaded_at, ttl)
         out: list[MessageRef] = []
         for ref, ok, payload, msg_id in zip(refs, written, payloads, ids, strict=True):
-            if not ok:  # sealed meanwhile (a consumer gave the slot up): publish it again, as publish_one does
-                shard = int(_random() * self.shards)
-                ref = _new_tuple(SlotRef, (name, shard, store.load_one(name, shard, payload, msg_id, loaded_at,
-                                                                           ttl)))
-            out.append(_new_message_ref((msg_id, name, ref.shard, ref.slot)))
+            # (sealed meanwhile, a consumer gave the slot up: published again, as publish_one does)
+            shard, slot = (ref.shard, ref.slot) if ok else self._allocate_and_publish(payload, msg_id, loaded_at)
+            out.append(_new_message_ref((msg_id, name, shard, slot)))
         self._mark_active({ref.shard for ref in out})
         return out
+
+    def _keep_reserved(self, shard: int, slots: range, reserved_at: float) -> None:
+        """Keep slots an allocation reserved ahead for the next publishes (sealed by the reaper if unwritten)."""
+        if slots:
+            self._reserved.extend([(reserved_at, _new_tuple(SlotRef, (self.name, shard, slot))) for slot in slots])
+            if not self._reaping:
+                self._arm_reaper()
 
     def _allocate_and_publish(self, payload: bytes, msg_id: str, loaded_at: int) -> tuple[int, int]:
         """Allocate a slot on a random shard, with the reserve for the next publishes, and write into it."""
@@ -216,10 +217,7 @@ class Magazine:
         if count == 1:
             return shard, store.load_one(self.name, shard, payload, msg_id, loaded_at, ttl)
         first = store.reserve(self.name, shard, count)
-        self._reserved.extend([(reserved_at, _new_tuple(SlotRef, (self.name, shard, slot)))
-                               for slot in range(first + 1, first + count)])
-        if not self._reaping:
-            self._arm_reaper()
+        self._keep_reserved(shard, range(first + 1, first + count), reserved_at)
         if store.load_reserved(_new_tuple(SlotRef, (self.name, shard, first)), payload, msg_id, loaded_at, ttl):
             return shard, first
         return shard, store.load_one(self.name, shard, payload, msg_id, loaded_at, ttl)  # sealed at once: rare

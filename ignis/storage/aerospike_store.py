@@ -953,11 +953,16 @@ class AerospikeStore:
         except ex.AerospikeError as exc:
             raise self._fail(exc, "reserve", self._meta_set) from None
 
-    def load_reserved(self, ref: SlotRef, payload: bytes, msg_id: str, loaded_at: int, ttl_seconds: int
-                      ) -> bool:
+    def _plain_bins(self, magazine: str, payload: bytes, msg_id: str, loaded_at: int) -> dict[str, Any]:
+        """The bins of a new plain message, checked against the record size limit."""
         bins = {PAYLOAD: payload, MSG_ID: msg_id, LOADED_AT: loaded_at, CODEC: CODEC_BYTES, ATTEMPTS: 0}
         if len(payload) + len(msg_id) + RECORD_OVERHEAD > self._shared.settings.max_record_bytes:
-            self._check_size(ref.magazine, bins)  # near the limit: the exact estimate, and its clear error
+            self._check_size(magazine, bins)  # near the limit: the exact estimate, and its clear error
+        return bins
+
+    def load_reserved(self, ref: SlotRef, payload: bytes, msg_id: str, loaded_at: int, ttl_seconds: int
+                      ) -> bool:
+        bins = self._plain_bins(ref.magazine, payload, msg_id, loaded_at)
         try:
             return self._write_plain(names.data_key(ref.magazine, ref.shard, ref.slot), bins,
                                      self._plain_policies(ttl_seconds))
@@ -966,12 +971,8 @@ class AerospikeStore:
 
     def load_reserved_many(self, refs: Sequence[SlotRef], payloads: Sequence[bytes], ids: Sequence[str],
                            loaded_at: int, ttl_seconds: int) -> list[bool]:
-        bins_list = [{PAYLOAD: payload, MSG_ID: msg_id, LOADED_AT: loaded_at, CODEC: CODEC_BYTES, ATTEMPTS: 0}
-                     for payload, msg_id in zip(payloads, ids, strict=True)]
-        limit = self._shared.settings.max_record_bytes
-        for ref, bins in zip(refs, bins_list, strict=True):
-            if len(bins[PAYLOAD]) + len(bins[MSG_ID]) + RECORD_OVERHEAD > limit:
-                self._check_size(ref.magazine, bins)  # near the limit: the exact estimate, and its clear error
+        bins_list = [self._plain_bins(ref.magazine, payload, msg_id, loaded_at)
+                     for ref, payload, msg_id in zip(refs, payloads, ids, strict=True)]
         try:
             return self._write_new("load", refs, bins_list, self._ttl(ttl_seconds))
         except ex.AerospikeError as exc:
@@ -1463,14 +1464,16 @@ class AerospikeStore:
         fire = {key: int((bins or {}).get(FIRE_POINTER, 0)) for key, bins in zip(shards, found, strict=True)}
         return [ref for ref in refs if ref[2] > fire[(ref[0], ref[1])]]
 
-    def _batch_get(self, operation: str, keys: list[tuple[str, str, str]]) -> list[dict[str, Any] | None]:
-        """The bins of each key (None: the server said not found, or a tombstone). Any other answer, or
-        none, raises: an outage never reads as an empty slot."""
+    def _batch_get(self, operation: str, keys: list[tuple[str, str, str]], bins: list[str] | None = None,
+                   policy: dict[str, Any] | None = None) -> list[dict[str, Any] | None]:
+        """The bins of each key (only `bins`, when given; None: the server said not found, or a tombstone).
+        Any other answer, or none, raises: an outage never reads as an empty slot."""
         out: list[dict[str, Any] | None] = []
         set_name = keys[0][1] if keys else ""
         for start in range(0, len(keys), BATCH_CHUNK):
             chunk = keys[start:start + BATCH_CHUNK]
-            done = self._call(operation, self._client.batch_read, chunk)
+            done = (self._call(operation, self._client.batch_read, chunk) if bins is None and policy is None
+                    else self._call(operation, self._client.batch_read, chunk, bins, policy))
             for record in self._answers(operation, done, len(chunk), set_name):
                 if record.result == 0:
                     bins = record.record[2] if record.record is not None else None
@@ -1713,17 +1716,8 @@ class AerospikeStore:
         operation. Only makes a difference during migrations": read_mode_ap ALL, Aerospike client policies.)
         Aerospike errors raw."""
         keys = [self.key(self._data_set, names.delayed_key(queue, env.due_at or 0, env.msg_id)) for env in found]
-        live: list[bool] = []
-        for start in range(0, len(keys), BATCH_CHUNK):
-            chunk = keys[start:start + BATCH_CHUNK]
-            done = self._call("due_delayed", self._client.batch_read, chunk, [DELAY_QUEUE_BIN, TOMBSTONE, PURGED],
-                              _READ_ALL_COPIES)
-            for record in self._answers("due_delayed", done, len(chunk), self._data_set):
-                if record.result not in (0, NOT_FOUND):
-                    raise self._record_failure("due_delayed", record, self._data_set)
-                bins = record.record[2] if record.result == 0 and record.record is not None else None
-                live.append(record.result == 0 and not self._tombstoned(bins))
-        return [env for env, ok in zip(found, live, strict=True) if ok]
+        live = self._batch_get("due_delayed", keys, [DELAY_QUEUE_BIN, TOMBSTONE, PURGED], _READ_ALL_COPIES)
+        return [env for env, bins in zip(found, live, strict=True) if bins is not None]
 
     def settle_delayed(self, queue: str, envelopes: Sequence[Envelope]) -> int:
         if not envelopes:
