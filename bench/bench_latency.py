@@ -310,6 +310,33 @@ def _curve_points() -> list[float]:
     return [*points, 99.99, 100.0]
 
 
+def commit_floor(work: Path, rate: float | None, commits: int = 300) -> dict[str, float]:
+    """The disk's share of the lmdb figures: one durable commit of a 1 KiB message, made the way the store makes
+    them with durability=fsync (data pages flushed in the commit, the meta page by a second flush; see
+    ignis.storage.lmdb_store), spaced as the run's messages are. A message costs two of them (its publish,
+    its claim) whatever the code around them does. Spacing matters on a virtual machine: a flush that finds
+    the CPU idle waits for it to wake (here 0.6 ms back to back, 1.4 ms at 10 ms apart)."""
+    import lmdb
+
+    path = tempfile.mkdtemp(prefix="floor-", dir=work)
+    env = lmdb.open(path, map_size=1 << 28, sync=True, metasync=False, writemap=False)
+    h = histogram()
+    gap = 1 / rate if rate else 0.0
+    body = os.urandom(1024)
+    try:
+        for i in range(commits):
+            began = time.monotonic()
+            with env.begin(write=True) as txn:
+                txn.put(b"%08d" % i, body)
+            env.sync(True)
+            h.record_value(max(1, int((time.monotonic() - began) * 1e6)))
+            if gap:
+                time.sleep(max(0.0, gap - (time.monotonic() - began)))
+    finally:
+        env.close()
+    return summary(h)
+
+
 def ignis_trial(url: str, rate: float | None, label: str, args: argparse.Namespace) -> Trial:
     from ignis import Ignis, QueueSpec
 
@@ -367,7 +394,9 @@ def producers(rate: float | None, args: argparse.Namespace) -> int:
 
 
 def system_name(url: str) -> str:
-    return "ignis-aerospike" if url.startswith("aerospike") else "ignis-lmdb"
+    if url.startswith("aerospike"):
+        return "ignis-aerospike"
+    return "ignis-lmdb-fast" if "durability=fast" in url else "ignis-lmdb"
 
 
 def amqp_answers(url: str) -> str | None:
@@ -429,7 +458,7 @@ def plot(trials: list[Trial], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    styles = {"ignis-lmdb": "-", "ignis-aerospike": "--", "rabbitmq": ":"}
+    styles = {"ignis-lmdb": "-", "ignis-lmdb-fast": "-.", "ignis-aerospike": "--", "rabbitmq": ":"}
     for t in trials:
         if not t.e2e_by_percentile:
             continue
@@ -472,6 +501,8 @@ def main() -> None:
     parser.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/%2F",
                         help="RabbitMQ URL, measured when a broker answers there")
     parser.add_argument("--no-lmdb", action="store_true", help="skip the lmdb store")
+    parser.add_argument("--lmdb-durability", default="fsync",
+                        help="comma-separated lmdb durability modes to measure (fsync, fast), each its own store")
     parser.add_argument("--idle-queues", type=int, default=1000, help="queues of the idle phase (0: skip it)")
     parser.add_argument("--idle-only", action="store_true", help="only the idle phase")
     parser.add_argument("--idle-settle", type=float, default=10.0)
@@ -481,7 +512,8 @@ def main() -> None:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="ignis-latency-"))
-    urls = [] if args.no_lmdb else [f"lmdb://{work}/store"]
+    modes = [] if args.no_lmdb else [m.strip() for m in args.lmdb_durability.split(",") if m.strip()]
+    urls = [f"lmdb://{work}/store-{mode}?durability={mode}" for mode in modes]
     if args.server:
         hostport, _, namespace = args.server.partition("/")
         urls.append(f"aerospike://{hostport}/{namespace or 'test'}?farm=lat&client=lat{uuid.uuid4().hex[:6]}")
@@ -490,6 +522,7 @@ def main() -> None:
         console.print(f"RabbitMQ not measured: {broker}")
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     trials: list[Trial] = []
+    floors: dict[str, dict[str, float]] = {}
     if not args.idle_only:
         for label in rates:
             rate = None if label == "max" else float(label)
@@ -497,6 +530,10 @@ def main() -> None:
                 with console.status(f"{system_name(url)} at {label} msg/s"):
                     trials.append(ignis_trial(url, rate, label, args))
                 show(trials[-1:])
+            if modes:
+                floors[label] = commit_floor(work, rate)
+                console.print(f"lmdb durable commit alone at {label} msg/s spacing, ms: {fmt(floors[label])} "
+                              "(a message takes two: publish and claim)")
             if broker is None:
                 with console.status(f"rabbitmq at {label} msg/s"):
                     trials.append(amqp_trial(args.amqp, rate, label, args))
@@ -512,6 +549,7 @@ def main() -> None:
             console.print(idle[-1])
     if args.json:
         args.json.write_text(json.dumps({"trials": [t.as_dict() for t in trials], "idle": idle,
+                                         "lmdb_commit_floor_ms": floors,
                                          "args": {k: str(v) for k, v in vars(args).items()}}, indent=2))
 
 

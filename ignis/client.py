@@ -11,7 +11,7 @@ from ignis.errors import InvalidSpecError, QueueInactive, QueueNotFound
 from ignis.queue import Queue, QueueStats
 from ignis.settings import IgnisSettings, load_settings
 from ignis.spec import QueueSpec
-from ignis.storage import Storage, open_store
+from ignis.storage import Storage, open_store_waiting
 from ignis.storage.base import QueueRecord, client_view
 from ignis.watch import stop_watcher
 
@@ -26,11 +26,14 @@ class Ignis:
 
     def __init__(self, store: Storage | str | None = None, *, client_id: str | None = None,
                  farm_id: str | None = None, settings: IgnisSettings | None = None,
-                 purge_interval: float = 60.0) -> None:
+                 purge_interval: float = 60.0, connect_wait_seconds: float | None = None) -> None:
+        """`connect_wait_seconds`: how long to keep trying while the store does not answer (default: the
+        IGNIS_CONNECT_WAIT_SECONDS setting, else 0: a StoreUnavailable at once)."""
         self.settings = settings or load_settings()
         if store is None or isinstance(store, str):
-            self.store: Storage = open_store(
-                store or self.settings.store, farm_id=farm_id or self.settings.farm_id,
+            wait = connect_wait_seconds if connect_wait_seconds is not None else self.settings.connect_wait_seconds
+            self.store: Storage = open_store_waiting(
+                store or self.settings.store, wait or 0.0, farm_id=farm_id or self.settings.farm_id,
                 client_id=client_id or self.settings.client_id, purge_interval=purge_interval)
             self._owns_store = True
         else:

@@ -12,6 +12,9 @@ from ignis.errors import InvalidInputError
 DEFAULT_STORE = "lmdb://./.ignis-data"
 
 
+SERVICE_CONNECT_WAIT_SECONDS = 120.0  # a service pod that starts before its store waits this long for it
+
+
 class IgnisSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IGNIS_", extra="ignore")
 
@@ -26,6 +29,10 @@ class IgnisSettings(BaseSettings):
         10.0, gt=0, description="longest an idle consumer sleeps before it looks for work on its own (a publish "
         "wakes it at once: in this process directly, from another through the doorbell or the watcher)")
     queue_refresh_seconds: float = Field(5.0, gt=0, description="how often consumers re-read queue config")
+    connect_wait_seconds: float | None = Field(
+        None, ge=0, description="how long opening the store keeps trying while it does not answer; default: "
+        f"0 (fail at once) for the library and one-off commands, {SERVICE_CONNECT_WAIT_SECONDS:g} for the "
+        "long-running services (ignis sweeper, ignis up, ignis operator)")
 
 
 def load_settings(**overrides: Any) -> IgnisSettings:
@@ -37,3 +44,9 @@ def load_settings(**overrides: Any) -> IgnisSettings:
         problems = [f"IGNIS_{'_'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}"
                     for e in exc.errors(include_url=False)]
         raise InvalidInputError("invalid settings: " + "; ".join(problems)) from None
+
+
+def service_wait(settings: IgnisSettings) -> float:
+    """How long a long-running service keeps trying to open its store (IgnisSettings.connect_wait_seconds)."""
+    chosen = settings.connect_wait_seconds
+    return SERVICE_CONNECT_WAIT_SECONDS if chosen is None else chosen

@@ -7,6 +7,7 @@ OUTAGE_*), and the same cases run against a real server that is stopped (test_re
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from support.aerospike_emulator import NO_RESPONSE, OUTAGE_NO_NODE, OUTAGE_REFUSED, EmulatedServer
 
 from ignis import Ignis, QueueSpec
-from ignis.errors import StoreError, StoreUnavailable
+from ignis.errors import InvalidInputError, StoreError, StoreUnavailable
 from ignis.storage import aerospike_store
 from ignis.storage.base import SlotRef
 
@@ -185,3 +186,43 @@ def test_a_claim_whose_answer_was_lost_and_was_not_applied_claims_afresh(server:
     with pytest.raises(StoreUnavailable):
         queue.fire_many(2)
     assert {m.id for m in queue.fire_many(2)} == ids
+
+
+def test_a_store_that_answers_late_is_waited_for_with_one_warning(server: EmulatedServer,
+                                                                  caplog: pytest.LogCaptureFixture,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service started before its Aerospike (or on a machine too busy to connect in time) waits for it."""
+    attempts = []
+    connect = server.client
+
+    def counted(config: dict[str, Any]) -> Any:
+        attempts.append(time.monotonic())
+        return connect(config)
+
+    monkeypatch.setattr(aerospike_store, "client_factory", counted)
+    server.go_down()
+    threading.Timer(0.5, server.come_back).start()
+    with caplog.at_level("DEBUG", logger="ignis.store"), Ignis(URL, connect_wait_seconds=30) as ignis:
+        ignis.apply(QueueSpec.build(name="late", handlerType="late"))
+        assert ignis.queue("late").publish(b"x").id
+    assert len(attempts) >= 2, attempts  # it failed at least once before the server came back
+    warnings = [r for r in caplog.records if r.name == "ignis.store" and r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "unreachable" in warnings[0].getMessage(), [r.getMessage() for r in warnings]
+
+
+def test_opening_an_unreachable_store_gives_up_when_the_wait_is_over(server: EmulatedServer) -> None:
+    server.go_down()
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="connect"):
+        Ignis(URL)  # no wait by default: a one-off command fails at once
+    with pytest.raises(StoreUnavailable, match="connect"):
+        Ignis(URL, connect_wait_seconds=0.4)
+    assert time.monotonic() - started >= 0.4
+
+
+def test_bad_input_is_not_waited_for(server: EmulatedServer) -> None:
+    server.go_down()
+    with pytest.raises(InvalidInputError, match="nonsense"):
+        Ignis("aerospike://emulator:3000/test?nonsense=1", connect_wait_seconds=30)
+    with pytest.raises(StoreUnavailable, match="/proc/nope"):  # lmdb opens or not: never waited for
+        Ignis("lmdb:///proc/nope/store", connect_wait_seconds=30)

@@ -44,7 +44,7 @@ from ignis.errors import (
 )
 from ignis.manifest import load_manifests
 from ignis.queue import NACKED, Message, Queue
-from ignis.settings import DEFAULT_STORE, IgnisSettings, load_settings
+from ignis.settings import DEFAULT_STORE, IgnisSettings, load_settings, service_wait
 from ignis.spec import QueueSpec
 from ignis.version import package_version
 
@@ -101,9 +101,12 @@ class State:
                                        ("farm_id", self.farm_id)) if v}
         return load_settings(**overrides)
 
-    def ignis(self) -> Ignis:
+    def ignis(self, service: bool = False) -> Ignis:
+        """The connection; a long-running `service` waits for a store that does not answer yet (up to
+        IGNIS_CONNECT_WAIT_SECONDS, default SERVICE_CONNECT_WAIT_SECONDS), a one-off command fails at once."""
         if self._ignis is None:
-            self._ignis = Ignis(settings=self.settings())
+            settings = self.settings()
+            self._ignis = Ignis(settings=settings, connect_wait_seconds=service_wait(settings) if service else None)
         return self._ignis
 
     def close(self) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+import threading
+import time
 from urllib.parse import parse_qsl
 
-from ignis.errors import InvalidInputError
+from ignis.errors import InvalidInputError, StoreUnavailable
 from ignis.storage.base import Claimed, LeaseRecord, QueueRecord, ShardPointers, SlotRef, Storage
 
-__all__ = ["Claimed", "LeaseRecord", "QueueRecord", "ShardPointers", "SlotRef", "Storage", "open_store"]
+__all__ = ["Claimed", "LeaseRecord", "QueueRecord", "ShardPointers", "SlotRef", "Storage", "open_store",
+           "open_store_waiting"]
 
 _SIZE_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -69,3 +72,35 @@ def open_store(url: str, *, farm_id: str = "local", client_id: str = "default", 
 
         return open_aerospike(location, params, farm_id=farm_id, client_id=client_id)
     raise InvalidInputError(f"store URL {shown!r}: unknown scheme {scheme!r}; use lmdb:// or aerospike://")
+
+
+def open_store_waiting(url: str, wait_seconds: float, *, stop: threading.Event | None = None, **kwargs: object
+                       ) -> Storage:
+    """`open_store`, trying again while the store does not answer (StoreUnavailable: a server still starting,
+    a node restarting, a machine too busy to connect in time) for up to `wait_seconds`, backing off as every
+    store loop does (ignis.outage: capped, jittered; one WARNING line, not one per try). A bad URL or setting
+    fails at once; so does the last try once the time is up, or when `stop` is set. For the long-running
+    services: a sweeper or consumer pod that starts before its Aerospike should wait for it, not crash. The
+    embedded lmdb store opens at once or not at all (a path it cannot open stays so): no wait there."""
+    from ignis.outage import Backoff
+
+    if not url.startswith("aerospike:"):
+        return open_store(url, **kwargs)  # type: ignore[arg-type]
+    deadline = time.monotonic() + max(0.0, wait_seconds)
+    backoff = Backoff()
+    while True:
+        try:
+            store = open_store(url, **kwargs)  # type: ignore[arg-type]
+        except StoreUnavailable as exc:
+            left = deadline - time.monotonic()
+            if left <= 0 or (stop is not None and stop.is_set()):
+                raise
+            delay = min(backoff.failed("open the store", exc), left)
+            if stop is not None:
+                stop.wait(delay)
+            else:
+                time.sleep(delay)
+            continue
+        if backoff.failing:
+            backoff.ok()
+        return store

@@ -17,8 +17,9 @@ from ignis import logs
 from ignis.cli.render import OutputFormat, emit_json, emit_line
 from ignis.errors import InvalidInputError, StoreError
 from ignis.probes import ProbeServer
+from ignis.settings import service_wait
 from ignis.signals import set_on_signals
-from ignis.storage import Storage, open_store
+from ignis.storage import Storage, open_store_waiting
 from ignis.version import package_version
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,8 @@ def register(app: typer.Typer, groups: Mapping[str, typer.Typer]) -> None:
 def _open_store(ctx: typer.Context) -> tuple[Storage, str]:
     state: Any = ctx.find_root().obj  # ignis.cli.app.State (not imported: app imports this module)
     settings = state.settings()
-    store = open_store(settings.store, farm_id=settings.farm_id, client_id=settings.client_id)
+    store = open_store_waiting(settings.store, service_wait(settings), farm_id=settings.farm_id,
+                               client_id=settings.client_id)
     return store, settings.client_id
 
 

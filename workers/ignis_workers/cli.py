@@ -172,7 +172,7 @@ def sweeper(
                                      lease=lease, identity=identity)
     logs.configure(log_format, log_level)
     tune_collector()
-    store = ctx.obj.ignis().store
+    store = ctx.obj.ignis(service=True).store
     stop = threading.Event()
     set_on_signals(stop, announce=True)
     SweeperService(store, settings).run(stop)
@@ -228,7 +228,7 @@ def up(
         shovel_tick_seconds=0.5 if demo else None,
         clock_offset_seconds=journey.SWEEP_AHEAD_SECONDS if demo else None)
     tune_collector()
-    ignis = ctx.obj.ignis()
+    ignis = ctx.obj.ignis(service=True)
     stop = threading.Event()
     set_on_signals(stop)
     with contextlib.ExitStack() as resources:
