@@ -82,7 +82,8 @@ def main() -> None:
     action, url, queue_name = sys.argv[1:4]
     configure("text", "INFO")
     logging.getLogger("ignis.delay").setLevel(logging.DEBUG)  # which process moved which delayed messages
-    with Ignis(url) as ignis:
+    # Like a service (ignis sweeper): a worker started while the machine is too busy to connect in time waits.
+    with Ignis(url, connect_wait_seconds=60) as ignis:
         say("ready", now_ms())
         if action == "produce":
             produce(ignis, queue_name, float(sys.argv[4]), float(sys.argv[5]),
