@@ -1476,8 +1476,8 @@ class AerospikeStore:
                     else self._call(operation, self._client.batch_read, chunk, bins, policy))
             for record in self._answers(operation, done, len(chunk), set_name):
                 if record.result == 0:
-                    bins = record.record[2] if record.record is not None else None
-                    out.append(None if self._tombstoned(bins) else bins)
+                    found = record.record[2] if record.record is not None else None
+                    out.append(None if self._tombstoned(found) else found)
                 elif record.result == NOT_FOUND:
                     out.append(None)
                 else:

@@ -617,6 +617,8 @@ class EmulatedClient:
 
     def batch_read(self, keys: list[tuple], bins: list[str] | None = None, policy: dict | None = None
                    ) -> BatchRecords:
+        if bins is not None and not isinstance(bins, list):  # the real client refuses anything else
+            raise _err(ex.ParamError, "Bins argument should be a list.")
         with self.server.lock:
             failed = self._batch_outage("batch_read", keys)
             if failed is not None:
