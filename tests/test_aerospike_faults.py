@@ -6,7 +6,7 @@ processes against a real Aerospike cluster while its nodes are stopped, killed a
   restarted 5 s later, and the cluster settles again.
 * IGNIS_TEST_AEROSPIKE=h:p/ns — one node: SIGTERMed for 15 s; and SIGKILLed and restarted 5 s later. A
   single node acknowledges a write before it flushes it, so a SIGKILL may lose acknowledged writes: a
-  rollback, detected and reported, not a loss IgnisMQ can prevent (see the README). A raw-client control
+  rollback, detected and reported, not a loss IgnisMQ can prevent (docs/aerospike/durability.md). A raw-client control
   writes beside the run and shows which of its acknowledged puts the server lost: the only undelivered
   messages allowed are those confirmed within that window, and the queue must drain (nothing left in
   flight or in depth) all the same: what the rollback put back is swept again (issue 26).

@@ -289,10 +289,11 @@ def test_message_process_leaves_a_message_settled_inside_alone(ignis: Ignis, exp
     assert [e.reason for _, e in q.sideline.browse(10)] == ["later"]
 
 
-def test_the_readme_tracing_example_runs(tmp_path: Path) -> None:
-    """In a child process: the example sets the global TracerProvider, which a process can do once."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    code = text.split("## Tracing", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+def test_the_docs_tracing_example_runs(tmp_path: Path) -> None:
+    """The example of docs/python/tracing.md. In a child process: it sets the global TracerProvider, which a
+    process can do once."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "python" / "tracing.md").read_text()
+    code = text.split("# Tracing", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     env.pop("IGNIS_STORE", None)
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,

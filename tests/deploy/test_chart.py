@@ -345,8 +345,8 @@ def test_notes_tell_how_to_apply_a_queue_and_find_dashboards(chart: Any) -> None
     assert "IgnisMQ overview" in notes and "helm test ig" in notes
 
 
-def test_the_readme_install_values_work_as_written(chart: Any) -> None:
-    text = (ROOT / "README.md").read_text().split("## Install on Kubernetes", 1)[1]
+def test_the_docs_install_values_work_as_written(chart: Any) -> None:
+    text = (ROOT / "docs" / "kubernetes" / "install.md").read_text().split("# Install on Kubernetes", 1)[1]
     values = yaml.safe_load(text.split("<<'YAML'\n", 1)[1].split("\nYAML\n", 1)[0])
     chart.validate_schema(values)
     docs = render(chart, values)

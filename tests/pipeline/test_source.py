@@ -429,15 +429,15 @@ def test_register_leaves_the_sessions_own_errors_and_interpreter_alone(spark: An
     assert spark.conf.get("spark.sql.execution.pyspark.udf.hideTraceback.enabled") == "false"  # UDFs keep theirs
 
 
-def test_the_readme_data_source_snippet_runs_with_the_venv_python_not_activated(store_url: str, make_queue: Any,
-                                                                                 tmp_path: Path) -> None:
-    """The README's snippet as written, run by the venv's interpreter with the venv not activated: no venv on
-    PATH, no PYSPARK_PYTHON. Only its store (the option, and IGNIS_STORE for the calls that name none) and its
-    output paths are pointed at this test's."""
+def test_the_docs_data_source_snippet_runs_with_the_venv_python_not_activated(store_url: str, make_queue: Any,
+                                                                               tmp_path: Path) -> None:
+    """The snippet of docs/pipeline/index.md as written, run by the venv's interpreter with the venv not
+    activated: no venv on PATH, no PYSPARK_PYTHON. Only its store (the option, and IGNIS_STORE for the calls
+    that name none) and its output paths are pointed at this test's."""
     if not store_url.startswith("lmdb:"):
         pytest.skip("one store is enough: this is about the interpreter of Spark's Python workers")
-    text = (ROOT / "README.md").read_text()
-    code = text.split("### The data source", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    text = (ROOT / "docs" / "pipeline" / "index.md").read_text()
+    code = text.split("## The data source", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     assert 'ignis_pipeline.register(spark)' in code and "lmdb:///var/lib/ignis" in code
     code = (code.replace("lmdb:///var/lib/ignis", store_url).replace("/data/orders", str(tmp_path / "out"))
             .replace("/data/ckpt", str(tmp_path / "ckpt")))
