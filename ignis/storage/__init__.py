@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
 import time
 from urllib.parse import parse_qsl
 
@@ -74,12 +73,11 @@ def open_store(url: str, *, farm_id: str = "local", client_id: str = "default", 
     raise InvalidInputError(f"store URL {shown!r}: unknown scheme {scheme!r}; use lmdb:// or aerospike://")
 
 
-def open_store_waiting(url: str, wait_seconds: float, *, stop: threading.Event | None = None, **kwargs: object
-                       ) -> Storage:
+def open_store_waiting(url: str, wait_seconds: float, **kwargs: object) -> Storage:
     """`open_store`, trying again while the store does not answer (StoreUnavailable: a server still starting,
     a node restarting, a machine too busy to connect in time) for up to `wait_seconds`, backing off as every
     store loop does (ignis.outage: capped, jittered; one WARNING line, not one per try). A bad URL or setting
-    fails at once; so does the last try once the time is up, or when `stop` is set. For the long-running
+    fails at once; so does the last try once the time is up. For the long-running
     services: a sweeper or consumer pod that starts before its Aerospike should wait for it, not crash. The
     embedded lmdb store opens at once or not at all (a path it cannot open stays so): no wait there."""
     from ignis.outage import Backoff
@@ -93,13 +91,9 @@ def open_store_waiting(url: str, wait_seconds: float, *, stop: threading.Event |
             store = open_store(url, **kwargs)  # type: ignore[arg-type]
         except StoreUnavailable as exc:
             left = deadline - time.monotonic()
-            if left <= 0 or (stop is not None and stop.is_set()):
+            if left <= 0:
                 raise
-            delay = min(backoff.failed("open the store", exc), left)
-            if stop is not None:
-                stop.wait(delay)
-            else:
-                time.sleep(delay)
+            time.sleep(min(backoff.failed("open the store", exc), left))
             continue
         if backoff.failing:
             backoff.ok()
