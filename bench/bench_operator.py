@@ -65,9 +65,9 @@ from ignis_operator.handlers import (
     VERSION,
     OperatorConfig,
     OperatorContext,
-    build_registry,
     reconcile_object,
 )
+from ignis_operator.wiring import build_registry
 from kmock import KubernetesEmulator, Server
 from rich.console import Console
 from rich.table import Table

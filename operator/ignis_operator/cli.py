@@ -123,7 +123,8 @@ def _run_kopf(store: Storage, namespaces: list[str], *, port: int) -> None:
     import kopf
 
     from ignis.kube import KubeConfigError, load_configuration
-    from ignis_operator.handlers import OperatorConfig, OperatorContext, build_registry, configure
+    from ignis_operator.handlers import OperatorConfig, OperatorContext
+    from ignis_operator.wiring import build_registry, configure
 
     config = OperatorConfig()
     try:  # the operator's own client (status writes, Events): loaded like kopf's login and the sweeper's

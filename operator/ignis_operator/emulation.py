@@ -9,7 +9,8 @@ from typing import Any
 
 import kopf
 
-from ignis_operator.handlers import GROUP, PLURAL, VERSION, bounded_session, configure
+from ignis_operator.handlers import GROUP, PLURAL, VERSION
+from ignis_operator.wiring import bounded_session, configure
 
 
 def declare_resources(emulator: Any) -> None:

@@ -1,4 +1,4 @@
-"""The reconciler as plain functions over a `Storage`: what kopf (handlers.py) and the manifest-file
+"""The reconciler as plain functions over a `Storage`: what kopf (wiring.py, handlers.py) and the manifest-file
 mode (embedded.py) both run. Nothing here knows about Kubernetes API calls.
 
 Ownership: the operator is the only writer of declared queues' records, but two IgnisQueue objects

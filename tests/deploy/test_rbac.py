@@ -21,7 +21,8 @@ import pytest
 import pytest_asyncio
 from chart_support import NAMESPACE, PROFILES, render
 from ignis_operator.emulation import declare_resources, kube_configuration
-from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext, build_registry, configure
+from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext
+from ignis_operator.wiring import build_registry, configure
 from ignis_workers.election import KubeLease, LeaderElector
 from kmock import KubernetesEmulator, ResourceInfo
 from support.kmock_naming import NamingEmulator

@@ -14,7 +14,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from ignis_operator.emulation import declare_resources, kube_configuration, start_operator
-from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext, build_registry
+from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext
+from ignis_operator.wiring import build_registry
 from kmock import KubernetesEmulator
 from support.kmock_naming import NamingEmulator
 

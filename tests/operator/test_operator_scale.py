@@ -10,7 +10,8 @@ import threading
 from typing import Any
 
 import pytest
-from ignis_operator.handlers import FINALIZER, OperatorConfig, configure
+from ignis_operator.handlers import FINALIZER, OperatorConfig
+from ignis_operator.wiring import configure
 from kopf_harness import Harness, fast_config
 
 from ignis.queue import Queue
@@ -115,7 +116,8 @@ async def test_handler_names_read_as_words(harness: Harness, caplog: pytest.LogC
     kopf_lines = [r.getMessage() for r in caplog.records if r.name.startswith("kopf")]
     assert "Handler 'observe' succeeded." in kopf_lines
     assert not [line for line in kopf_lines if "<locals>" in line]
-    from ignis_operator.handlers import OperatorContext, build_registry
+    from ignis_operator.handlers import OperatorContext
+    from ignis_operator.wiring import build_registry
 
     registry = build_registry(OperatorContext(harness.store, fast_config()))
     ids = {h.id for h in registry._activities.get_all_handlers()} | {
@@ -127,7 +129,8 @@ async def test_no_timers_so_a_deletion_never_waits_on_one(tmp_path: Any) -> None
     """kopf holds a deletion until an object's timers and daemons have stopped, re-checking a stopping one
     every `cancellation_polling` seconds (60 by default): the operator has none, and would not wait long."""
     import kopf
-    from ignis_operator.handlers import OperatorContext, build_registry
+    from ignis_operator.handlers import OperatorContext
+    from ignis_operator.wiring import build_registry
 
     from ignis.storage import open_store
 
@@ -145,9 +148,9 @@ async def test_no_timers_so_a_deletion_never_waits_on_one(tmp_path: Any) -> None
 @pytest.fixture
 def two_workers(monkeypatch: pytest.MonkeyPatch) -> int:
     """kopf's per-object workers bounded to 2 (configure() reads WORKER_LIMIT when the operator starts)."""
-    import ignis_operator.handlers as handlers
+    import ignis_operator.wiring as wiring
 
-    monkeypatch.setattr(handlers, "WORKER_LIMIT", 2)
+    monkeypatch.setattr(wiring, "WORKER_LIMIT", 2)
     return 2
 
 
