@@ -83,7 +83,7 @@ class CountingTxn:
         self.writes = 0
 
     def install(self, ignis: Ignis) -> None:
-        env = ignis.store._env.env  # type: ignore[attr-defined]
+        env = ignis.store._ctx.env.env  # type: ignore[attr-defined]
         counter = self
         real_begin = env.begin
 
@@ -137,7 +137,7 @@ class CountingTxn:
             def __getattr__(self, name: str) -> Any:
                 return getattr(env, name)
 
-        ignis.store._env.env = Env()  # type: ignore[attr-defined]
+        ignis.store._ctx.env.env = Env()  # type: ignore[attr-defined]
 
 
 def one_store(url: str, backlog: int, moves: int, seconds: float, rounds: int, aerospike: bool,

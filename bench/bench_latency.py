@@ -313,7 +313,7 @@ def _curve_points() -> list[float]:
 def commit_floor(work: Path, rate: float | None, commits: int = 300) -> dict[str, float]:
     """The disk's share of the lmdb figures: one durable commit of a 1 KiB message, made the way the store makes
     them with durability=fsync (data pages flushed in the commit, the meta page by a second flush; see
-    ignis.storage.lmdb_store), spaced as the run's messages are. A message costs two of them (its publish,
+    ignis.storage.lmdb.environment), spaced as the run's messages are. A message costs two of them (its publish,
     its claim) whatever the code around them does. Spacing matters on a virtual machine: a flush that finds
     the CPU idle waits for it to wake (here 0.6 ms back to back, 1.4 ms at 10 ms apart)."""
     import lmdb

@@ -14,7 +14,7 @@ from ignis import Ignis, QueueSpec
 from ignis.envelope import Envelope, now_ms
 from ignis.errors import InvalidInputError, StoreFull, StoreUnavailable
 from ignis.storage import open_store
-from ignis.storage.lmdb_store import LmdbStore
+from ignis.storage.lmdb import LmdbStore
 
 
 def test_layout_matches_the_aerospike_design(tmp_path: Path) -> None:
@@ -166,11 +166,11 @@ def test_data_records_carry_a_format_version(tmp_path: Path) -> None:
     _, bins = store.raw_record("default_data_set", "q_SHARD_0_1")
     assert bins == {"payload": b"a", "msgId": "a", "loadedAt": bins["loadedAt"], "codec": "bytes",
                     "headers": {"h": "v"}, "pkey": "k", "attempts": 0}
-    env = store._env.env
+    env = store._ctx.env.env
     with env.begin(write=True) as txn:  # a record written by a future version of the format
-        raw = bytearray(txn.get(b"q_SHARD_0_1", db=store._data))
+        raw = bytearray(txn.get(b"q_SHARD_0_1", db=store._ctx.data))
         struct.pack_into(">B", raw, 20, 9)
-        txn.put(b"q_SHARD_0_1", bytes(raw), db=store._data)
+        txn.put(b"q_SHARD_0_1", bytes(raw), db=store._ctx.data)
     with pytest.raises(StoreError, match="format 9"):
         store.read([ref])
     assert store.read([SlotRef("q", 0, 2)]) == [None]
@@ -179,15 +179,15 @@ def test_data_records_carry_a_format_version(tmp_path: Path) -> None:
 
 _OPEN_WHILE_WRITING = """
 import sys, threading
-from ignis.storage.lmdb_store import LmdbStore
+from ignis.storage.lmdb import LmdbStore
 store = LmdbStore(sys.argv[1], durability="fast")
 holding, opened = threading.Event(), threading.Event()
 
 def writer():
-    with store._write("test") as txn:  # a write transaction held while another thread opens sets
+    with store._ctx.write("test") as txn:  # a write transaction held while another thread opens sets
         holding.set()
         opened.wait(1)  # with the bug, this never returns: the opener holds the GIL
-        txn.put(b"k", b"v", db=store._system)
+        txn.put(b"k", b"v", db=store._ctx.system)
 
 thread = threading.Thread(target=writer)
 thread.start()

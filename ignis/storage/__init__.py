@@ -51,7 +51,7 @@ def open_store(url: str, *, farm_id: str = "local", client_id: str = "default", 
     farm_id = params.pop("farm", farm_id)
     client_id = params.pop("client", client_id)
     if scheme == "lmdb":
-        from ignis.storage.lmdb_store import LmdbStore
+        from ignis.storage.lmdb import LmdbStore
 
         if not location:
             raise InvalidInputError(f"store URL {url!r} has no path; e.g. lmdb:///var/lib/ignis")

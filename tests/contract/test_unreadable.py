@@ -27,12 +27,12 @@ def _forge(store: Any, ref: SlotRef, change: dict[str, Any] | bytes) -> None:
         store.client.put(key, {k: v for k, v in bins.items() if v is not None},
                          policy={"exists": 3, "ttl": -2})  # replace: removed bins are gone
         return
-    with store._env.env.begin(write=True) as txn:
-        txn.put(store._data_key(ref), change, db=store._data)
+    with store._ctx.env.env.begin(write=True) as txn:
+        txn.put(store._ctx.data_key(ref), change, db=store._ctx.data)
 
 
 def _lmdb_record(payload: bytes, msg_id: str, codec_id: int = 0, extras: bytes | None = None) -> bytes:
-    from ignis.storage.lmdb_store import _DATA, _FORMAT, _HAS_EXTRAS, _PAYLOAD_LEN
+    from ignis.storage.lmdb.records import _DATA, _FORMAT, _HAS_EXTRAS, _PAYLOAD_LEN
 
     head = _DATA.pack(0, 0, 0, _FORMAT, now_ms(), codec_id, _HAS_EXTRAS if extras is not None else 0, len(msg_id))
     return head + msg_id.encode() + _PAYLOAD_LEN.pack(len(payload)) + payload + (extras or b"")

@@ -62,8 +62,8 @@ def mixed_queue(make_queue: Any) -> Any:
         q.store.client.put(q.store._data_key(forged), {"payload": 12345, "msgId": "x", "loadedAt": 1},
                            policy={"exists": 3, "ttl": -2})
     else:
-        with q.store._env.env.begin(write=True) as txn:
-            txn.put(q.store._data_key(forged), b"\x00\x01", db=q.store._data)
+        with q.store._ctx.env.env.begin(write=True) as txn:
+            txn.put(q.store._ctx.data_key(forged), b"\x00\x01", db=q.store._ctx.data)
     return q
 
 

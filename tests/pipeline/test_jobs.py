@@ -354,8 +354,8 @@ def test_records_that_are_not_messages_are_exported_as_unreadable_and_never_repl
         q.store.client.put(q.store._data_key(forged), {"payload": 12345, "msgId": "x", "loadedAt": 1},
                            policy={"exists": 3, "ttl": -2})
     else:
-        with q.store._env.env.begin(write=True) as txn:
-            txn.put(q.store._data_key(forged), b"\x00\x01", db=q.store._data)
+        with q.store._ctx.env.env.begin(write=True) as txn:
+            txn.put(q.store._ctx.data_key(forged), b"\x00\x01", db=q.store._ctx.data)
     done = export(spark, store, ["mixed"], str(tmp_path / "e"))
     assert done["exported"] == 3
     codecs = sorted(r.codec for r in spark.read.parquet(str(tmp_path / "e")).collect())

@@ -102,7 +102,7 @@ def paused_publish_write(store: Storage, timeout: float = 30.0) -> Iterator[Gate
     """Pause the next message-record write of `store` until `gate.release` is set."""
     gate = Gate(timeout)
     from ignis.storage.aerospike_store import AerospikeStore
-    from ignis.storage.lmdb_store import LmdbStore
+    from ignis.storage.lmdb import LmdbStore
 
     if isinstance(store, AerospikeStore):
         real = store._client
@@ -113,9 +113,9 @@ def paused_publish_write(store: Storage, timeout: float = 30.0) -> Iterator[Gate
             gate.release.set()
             store._client = real
     elif isinstance(store, LmdbStore):
-        environment = store._env
+        environment = store._ctx.env
         real = environment.env
-        environment.env = _PausingEnv(real, gate, store._data)
+        environment.env = _PausingEnv(real, gate, store._ctx.data)
         try:
             yield gate
         finally:

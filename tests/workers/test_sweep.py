@@ -143,13 +143,13 @@ def test_a_missing_slot_is_passed_once_its_write_deadline_is_over(store, declare
 def _unstamp(store, ref: SlotRef) -> None:
     """Forge a record below the fire pointer without fireTS (a write that landed after its slot was
     skipped as a hole) — lmdb writes load+data in one transaction, so only its internals can."""
-    from ignis.storage.lmdb_store import _DATA_HEADER
+    from ignis.storage.lmdb.records import _DATA_HEADER
 
-    key = store._data_key(ref)
-    with store._env.env.begin(write=True) as txn:
-        raw = txn.get(key, db=store._data)
+    key = store._ctx.data_key(ref)
+    with store._ctx.env.env.begin(write=True) as txn:
+        raw = txn.get(key, db=store._ctx.data)
         expire_at, _, attempts = _DATA_HEADER.unpack_from(raw)
-        txn.put(key, _DATA_HEADER.pack(expire_at, 0, attempts) + raw[_DATA_HEADER.size:], db=store._data)
+        txn.put(key, _DATA_HEADER.pack(expire_at, 0, attempts) + raw[_DATA_HEADER.size:], db=store._ctx.data)
 
 
 def test_unstamped_record_is_stamped_not_swept_then_swept_one_sweep_duration_later(store, declare, clock, backend):
@@ -181,13 +181,13 @@ def test_unstamped_record_is_stamped_not_swept_then_swept_one_sweep_duration_lat
 def _unclaim(store, ref: SlotRef) -> None:
     """Forge what a store rollback leaves below the fire pointer: the record with neither its claim's stamp
     nor its attempt (lmdb internals; on Aerospike tests/test_aerospike_rollback.py forges it for real)."""
-    from ignis.storage.lmdb_store import _DATA_HEADER
+    from ignis.storage.lmdb.records import _DATA_HEADER
 
-    key = store._data_key(ref)
-    with store._env.env.begin(write=True) as txn:
-        raw = txn.get(key, db=store._data)
+    key = store._ctx.data_key(ref)
+    with store._ctx.env.env.begin(write=True) as txn:
+        raw = txn.get(key, db=store._ctx.data)
         expire_at = _DATA_HEADER.unpack_from(raw)[0]
-        txn.put(key, _DATA_HEADER.pack(expire_at, 0, 0) + raw[_DATA_HEADER.size:], db=store._data)
+        txn.put(key, _DATA_HEADER.pack(expire_at, 0, 0) + raw[_DATA_HEADER.size:], db=store._ctx.data)
 
 
 @pytest.mark.parametrize("claimed_meanwhile", [False, True])

@@ -1,0 +1,132 @@
+"""The lmdb store's claims: taking a shard's next messages, stamping and sealing slots, counting holes.
+
+A claim moves the shard's FIRE_POINTER over the next slots and stamps fireTS and attempts into each record's
+fixed header in one transaction (group-committed with durability=fsync), deleting the records that expired
+unclaimed and counting them as holes; `restamp` and `stamp_unfired` rewrite the same header fields, and
+`seal` / `resolve_claim` / `note_claimed_holes` are the hole bookkeeping `Storage` asks of a backend whose
+claims are never in doubt. Separate from loads (allocation) because this is the consumers' hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lmdb
+
+from ignis.envelope import Envelope
+from ignis.storage.base import Claimed, ClaimTicket, SlotRef
+from ignis.storage.lmdb.context import StoreContext
+from ignis.storage.lmdb.reads import Reads
+from ignis.storage.lmdb.records import _DATA_HEADER, _META, _expired, _new_ref, _unpack_data
+
+
+class Claims:
+    """Claims, stamps, seals and hole counts (`Storage.claim`, `restamp`, `stamp_unfired`, `seal`, ...)."""
+
+    def __init__(self, ctx: StoreContext, reads: Reads) -> None:
+        self._ctx = ctx
+        self._reads = reads  # seal reads the slots
+
+    def resolve_claim(self, ticket: ClaimTicket, now_ms: int) -> list[Claimed] | None:
+        return None  # a claim here is one local transaction: never in doubt
+
+    def note_claimed_holes(self, magazine: str, holes: Mapping[int, int]) -> None:
+        if not holes:
+            return
+        with self._ctx.write("count_holes", durable=False) as txn:
+            for shard, n in holes.items():
+                self._ctx.add_holes(txn, magazine, shard, claimed=n)
+
+    def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True,
+              up_to: int | None = None) -> list[Claimed]:
+        bump = 1 if count_attempt else 0
+        header, header_size = _DATA_HEADER, _DATA_HEADER.size
+        meta_key, prefix = self._ctx.keys(magazine, shard)
+        meta_db, data_db = self._ctx.meta, self._ctx.data
+
+        def available(meta: bytes | None) -> tuple[int, int, int]:
+            if meta is None:
+                return 0, 0, 0
+            _, load, fire = _META.unpack(meta)
+            return load, fire, min(max_slots, (load if up_to is None else min(load, up_to)) - fire)
+
+        if self._ctx.sync:  # a look first, without the write lock every process shares: a drained shard waits for
+            try:      # no other process's flush (with durability=fast the lock is held for microseconds)
+                with self._ctx.env.env.begin(None, None, False) as txn:
+                    if available(txn.get(meta_key, None, meta_db))[2] <= 0:
+                        return []
+            except lmdb.Error as exc:
+                raise self._ctx.map_error(exc) from None
+
+        def write(txn: Any) -> list[tuple[int, bytes | None]]:
+            load, fire, count = available(txn.get(meta_key, None, meta_db))  # positional: see load_one
+            if count <= 0:  # another claimer took them meanwhile
+                return []
+            raws: list[tuple[int, bytes | None]] = []
+            get, put = txn.get, txn.put
+            expired = 0
+            for slot in range(fire + 1, fire + count + 1):
+                key = prefix + b"%d" % slot
+                raw = get(key, None, data_db)
+                if raw is not None and len(raw) >= header_size:  # (a shorter one: damaged, unreadable)
+                    expire_at, _, attempts = header.unpack_from(raw)
+                    if expire_at and expire_at <= now_ms_:
+                        txn.delete(key, b"", data_db)
+                        raw = None
+                        expired += 1
+                    else:  # stamp fireTS and attempts in the fixed header: no msgpack in the txn
+                        raw = header.pack(expire_at, now_ms_, attempts + bump) + raw[header_size:]
+                        put(key, raw, True, True, False, data_db)
+                raws.append((slot, raw))
+            put(meta_key, _META.pack(0, load, fire + count), True, True, False, meta_db)
+            if expired:  # a message that expired unclaimed: a hole made now (the claimer counts it passed)
+                self._ctx.add_holes(txn, magazine, shard, made=expired)
+            return raws
+
+        if self._ctx.sync:
+            raws = self._ctx.grouped("claim", write)
+        else:  # durability=fast: its own transaction (see StoreContext.grouped), without the indirection: a hot path
+            try:
+                with self._ctx.begin("claim", True) as txn:
+                    raws = write(txn)
+            except lmdb.Error as exc:
+                raise self._ctx.map_error(exc) from None
+        return [_new_ref(Claimed, (_new_ref(SlotRef, (magazine, shard, slot)),
+                                   None if raw is None else _unpack_data(raw), False))
+                for slot, raw in raws]
+
+    def restamp(self, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool = True) -> list[Claimed]:
+        bump = 1 if count_attempt else 0
+        out = []
+        with self._ctx.write("restamp", durable=False) as txn:
+            for ref in refs:
+                key = self._ctx.data_key(ref)
+                raw = txn.get(key, db=self._ctx.data)
+                if raw is None or _expired(raw, now_ms_):
+                    out.append(Claimed(ref, None, False))
+                    continue
+                if len(raw) >= _DATA_HEADER.size:
+                    expire_at, _, attempts = _DATA_HEADER.unpack_from(raw)
+                    raw = _DATA_HEADER.pack(expire_at, now_ms_, attempts + bump) + raw[_DATA_HEADER.size:]
+                    txn.put(key, raw, db=self._ctx.data)
+                out.append(Claimed(ref, _unpack_data(raw, ref), False))
+        return out
+
+    def seal(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+        # No write can be late here: a missing record is a hole already, and a present one is no hole.
+        return [envelope is None for envelope in self._reads.read(refs)]
+
+    def stamp_unfired(self, ref: SlotRef, now_ms_: int) -> Envelope | None:
+        key = self._ctx.data_key(ref)
+        with self._ctx.write("stamp_unfired", durable=False) as txn:
+            raw = txn.get(key, db=self._ctx.data)
+            if raw is None or _expired(raw, now_ms_):
+                return None
+            if len(raw) < _DATA_HEADER.size:
+                return _unpack_data(raw, ref)  # damaged: unreadable, not stamped
+            expire_at, fire_ts, attempts = _DATA_HEADER.unpack_from(raw)
+            if not fire_ts:
+                raw = _DATA_HEADER.pack(expire_at, now_ms_, attempts) + raw[_DATA_HEADER.size:]
+                txn.put(key, raw, db=self._ctx.data)
+        return _unpack_data(raw, ref)

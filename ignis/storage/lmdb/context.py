@@ -1,0 +1,178 @@
+"""The lmdb store's transaction context: what every concern of one store handle shares.
+
+`StoreContext` holds the handle's environment and open databases (queues, index, data, meta, system), opens
+transactions (`begin`, `write`, `read`, the group-committed `grouped`), makes commits durable (`flush`), rings
+the doorbell after a load (`ring`), maps lmdb errors to IgnisMQ's (`map_error`), counts calls and refuses them
+on a closed or forked handle (`opened`), and builds a shard's keys and reads or writes its meta and hole
+records. It is separate so that the concern objects (registry, leases, allocation, claims, moves, reads,
+delayed) each hold one small shared object, not the whole store, and none of them depends on another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import lmdb
+
+from ignis import names
+from ignis.errors import StoreError, StoreFull, StoreUnavailable
+from ignis.metrics import STORAGE_CALLS
+from ignis.storage.base import SlotRef
+from ignis.storage.lmdb.environment import _Environment
+from ignis.storage.lmdb.records import _HEADER, _HOLES, _HOLES_SUFFIX, _META, _expired, _unpack
+
+T = TypeVar("T")
+
+
+def _delete_keys(txn: Any, keys: Sequence[bytes], db: Any) -> int:
+    """Delete records; how many were there (an expired, unpurged record counts too)."""
+    delete = txn.delete
+    return sum(delete(key, b"", db) for key in keys)
+
+
+class StoreContext:
+    """One store handle's environment, databases and transaction helpers, shared by its concern objects."""
+
+    def __init__(self, env: _Environment, *, farm_id: str, client_id: str, durability: str, map_size: int,
+                 max_dbs: int) -> None:
+        self.env = env
+        self.client_id = client_id
+        self.sync = durability == "fsync"
+        self.map_size = map_size
+        self.max_dbs = max_dbs
+        self.closed = False
+        self.calls: dict[str, Any] = {}
+        self.call_counters: list[Any] = []
+        self.key_cache: dict[tuple[str, int], tuple[bytes, bytes]] = {}
+        try:
+            self.queues = env.db(names.queue_set(farm_id, client_id))
+            self.index = env.db(names.active_index(farm_id, client_id))
+            self.data = env.db(names.data_set(client_id))
+            self.meta = env.db(names.meta_set(client_id))
+            self.system = env.db(f"{farm_id}_ignis_system")
+        except lmdb.Error as exc:
+            raise self.map_error(exc) from None
+
+    @property
+    def location(self) -> str:
+        return f"lmdb://{self.env.path}"
+
+    def map_error(self, exc: lmdb.Error) -> StoreError:
+        if isinstance(exc, lmdb.MapFullError):
+            return StoreFull(f"lmdb store at {self.env.path} is full (map_size={self.map_size} bytes); "
+                             "reopen it with a larger ?map_size=")
+        if isinstance(exc, lmdb.DbsFullError):
+            return StoreFull(f"lmdb store at {self.env.path} has no room for more sets (max_dbs="
+                             f"{self.max_dbs}); reopen it with a larger ?max_dbs=")
+        return StoreError(f"lmdb store at {self.env.path}: {exc}")
+
+    @contextmanager
+    def write(self, operation: str, durable: bool = True) -> Iterator[Any]:
+        """A write transaction, committed on exit; `durable`: on disk when this returns (see flush)."""
+        try:
+            with self.begin(operation, True) as txn:
+                yield txn
+            if durable:
+                self.flush()
+        except lmdb.Error as exc:
+            raise self.map_error(exc) from None
+
+    def flush(self) -> None:
+        """Make every commit so far durable (durability=fsync): the commit flushed its data pages already; this
+        flushes the meta page (environment opened with metasync off), outside the write lock, so concurrent
+        publishers share flushes. Raises lmdb.Error."""
+        if self.sync:
+            self.env.env.sync(True)
+
+    def read(self, operation: str, fn: Callable[[Any], T]) -> T:
+        try:
+            with self.begin(operation, False) as txn:
+                return fn(txn)
+        except lmdb.Error as exc:
+            raise self.map_error(exc) from None
+
+    def get_bins(self, txn: Any, db: Any, key: bytes, now: int) -> tuple[dict[str, Any], int] | None:
+        raw = txn.get(key, db=db)
+        if raw is None or _expired(raw, now):
+            return None
+        return _unpack(raw), _HEADER.unpack_from(raw)[0]
+
+    # ---- magazine primitives' transactions -------------------------------------------------------
+    # Hot paths: each is one transaction, opened directly (no context-manager helper) and with the
+    # msgpack work done outside it where possible, so concurrent writers hold the write lock briefly.
+    def begin(self, operation: str, write: bool) -> Any:
+        if self.closed or self.env.forked:
+            self.opened(operation)  # raises
+        tick = self.calls.get(operation)
+        if tick is None:
+            self.opened(operation)
+        else:
+            tick()
+        return self.env.env.begin(None, None, write)  # positional: py-lmdb parses keywords slowly
+
+    def grouped(self, operation: str, write: Callable[[Any], T], durable: bool = False,
+                 after: Callable[[T], None] | None = None) -> T:
+        """write(txn), committed with whatever other threads of this process write meanwhile (_GroupCommit)."""
+        self.opened(operation)
+        try:
+            if not self.sync:  # durability=fast: a commit flushes nothing and holds the lock for microseconds
+                with self.env.env.begin(None, None, True) as txn:
+                    result = write(txn)
+                if after is not None:
+                    after(result)
+                return result
+            return self.env.group.run(write, durable, after)
+        except lmdb.Error as exc:
+            raise self.map_error(exc) from None
+
+    def ring(self, magazine: str, shards: Iterable[int]) -> None:
+        """A load into a main magazine committed: ring the consumer processes that wait on it (doorbell),
+        before the publish's own flush, so they claim it meanwhile."""
+        if names.queue_and_kind(magazine)[1] == "main":
+            self.env.bell(self.location).ring(self.client_id, magazine, shards)
+
+    def opened(self, operation: str) -> None:
+        """Count the call; refuse it on a closed handle or one inherited through fork()."""
+        if self.closed or self.env.forked:
+            raise StoreUnavailable(f"lmdb store at {self.env.path} is closed" if self.closed else
+                                   f"lmdb store at {self.env.path} was opened before this process forked; "
+                                   "open it again in this process (LMDB handles do not survive fork)")
+        tick = self.calls.get(operation)
+        if tick is None:
+            counter = STORAGE_CALLS.labels(operation)
+            self.call_counters.append(counter)  # held: a counter's tick alone does not keep the counter
+            tick = self.calls[operation] = counter.tick
+        tick()
+
+    def keys(self, magazine: str, shard: int) -> tuple[bytes, bytes]:
+        """(meta key, data-key prefix) of a shard, built once: a delivered message needs them twice."""
+        keys = self.key_cache.get((magazine, shard))
+        if keys is None:
+            if len(self.key_cache) > 100_000:
+                self.key_cache.clear()
+            keys = self.key_cache[(magazine, shard)] = (
+                names.meta_key(magazine, shard).encode(), names.data_key_prefix(magazine, shard).encode())
+        return keys
+
+    def data_key(self, ref: SlotRef) -> bytes:
+        return self.keys(ref[0], ref[1])[1] + b"%d" % ref[2]
+
+    def meta_get(self, txn: Any, magazine: str, shard: int) -> tuple[bytes, int, int]:
+        key = self.keys(magazine, shard)[0]
+        raw = txn.get(key, db=self.meta)
+        _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+        return key, load, fire
+
+    def meta_put(self, txn: Any, key: bytes, load: int, fire: int) -> None:
+        txn.put(key, _META.pack(0, load, fire), db=self.meta)
+
+    def holes_key(self, magazine: str, shard: int) -> bytes:
+        return names.data_key_prefix(magazine, shard).encode()[:-1] + _HOLES_SUFFIX
+
+    def add_holes(self, txn: Any, magazine: str, shard: int, made: int = 0, claimed: int = 0) -> None:
+        key = self.holes_key(magazine, shard)
+        raw = txn.get(key, db=self.meta)
+        _, holes, passed = _HOLES.unpack(raw) if raw is not None else (0, 0, 0)
+        txn.put(key, _HOLES.pack(0, holes + made, passed + claimed), db=self.meta)
