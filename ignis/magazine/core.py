@@ -327,7 +327,7 @@ class Magazine:
     def fire_one(self) -> Claimed | None:
         """The next present record, or None: fire(1), the per-message consume path."""
         prefetcher, awaited = self._prefetcher, self._awaited_slots
-        if prefetcher.enabled:  # (pruned by _others_consuming, which only a prefetching handle calls)
+        if prefetcher.enabled:  # (pruned by Prefetch._others_consuming: only a prefetching handle calls it)
             prefetcher.fired()
         if awaited.slots or awaited.landed:
             ready = self._take_ready(1)
@@ -360,7 +360,7 @@ class Magazine:
         without a message it raises HoleBudgetExceeded (data may remain: fire again). A slot whose
         record is still being written is awaited, not skipped: a later fire delivers it once it lands."""
         prefetcher = self._prefetcher
-        if prefetcher.enabled:  # (pruned by _others_consuming, which only a prefetching handle calls)
+        if prefetcher.enabled:  # (pruned by Prefetch._others_consuming: only a prefetching handle calls it)
             prefetcher.fired()
         got = self.take_kept(max_messages)
         want = max_messages - len(got)
