@@ -21,18 +21,16 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ignis.envelope import Envelope, now_ms
 from ignis.errors import StoreError
 from ignis.logs import Reachability
 from ignis.outage import Backoff
 from ignis.per_store import PerStore
-from ignis.storage.base import DelayState, Storage
-
-if TYPE_CHECKING:
-    from ignis.magazine import Magazine
+from ignis.storage.base import DelayState, SlotRef, Storage
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +59,24 @@ def as_delivered(envelope: Envelope) -> Envelope:
                     history=envelope.history, due_at=envelope.due_at)
 
 
+class MainMagazine(Protocol):
+    """What a mover needs of the main magazine it moves a queue's due messages into: an
+    `ignis.magazine.Magazine` (described here rather than imported, as ignis.magazine follows its mover)."""
+
+    @property
+    def store(self) -> Storage: ...
+
+    @property
+    def name(self) -> str: ...
+
+    def load(self, envelopes: Sequence[Envelope]) -> list[SlotRef]: ...
+
+
 _moving: dict[tuple[str, str, str], threading.Lock] = {}  # (store location, client, queue): one thread of a process
 _moving_lock = threading.Lock()
 
 
-def move_due(main: Magazine, now: int | None = None, limit: int = MOVE_BATCH) -> int | None:
+def move_due(main: MainMagazine, now: int | None = None, limit: int = MOVE_BATCH) -> int | None:
     """Move the queue's due messages into `main` (batches of `limit`) if this process may (the lease) and no
     other thread of it is at it. Returns how many, or None when someone else moves them. Store errors
     propagate."""
@@ -87,7 +98,7 @@ def move_due(main: Magazine, now: int | None = None, limit: int = MOVE_BATCH) ->
 _unsettled: dict[tuple[str, str, str], list[Envelope]] = {}
 
 
-def _move(main: Magazine, now: int | None, limit: int) -> int | None:
+def _move(main: MainMagazine, now: int | None, limit: int) -> int | None:
     store, queue = main.store, main.name
     key = (store.location, store.client_id, queue)
     pending = _unsettled.get(key)
@@ -123,7 +134,7 @@ def _move(main: Magazine, now: int | None, limit: int) -> int | None:
 
 @dataclass(slots=True)
 class _Followed:
-    main: weakref.ref[Magazine]
+    main: weakref.ref[MainMagazine]
     touched: float
     state: DelayState | None = None
 
@@ -143,7 +154,7 @@ class DelayMover:
         self._thread = threading.Thread(target=self._run, name="ignis-delay", daemon=True)
         self._thread.start()
 
-    def follow(self, main: Magazine) -> None:
+    def follow(self, main: MainMagazine) -> None:
         """A consumer waits on `main`: move its due messages for the next KEEP_FOLLOWING_SECONDS."""
         found = self._followed.get(main.name)
         now = time.monotonic()

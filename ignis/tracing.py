@@ -39,7 +39,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ignis import names
 from ignis.version import package_version
@@ -54,10 +54,28 @@ except ImportError:  # the extra is not installed: tracing is off
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
-    from ignis.queue import Message, Queue
-    from ignis.storage.base import MessageRef
+    from ignis.envelope import Envelope
+    from ignis.storage.base import MessageRef, SlotRef
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+# What the spans read of a queue and of a message: an `ignis.queue.Queue` and an `ignis.queue.Message` (described
+# here rather than imported, as ignis.queue traces through this module).
+class TracedQueue(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class TracedMessage(Protocol):
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def envelope(self) -> Envelope: ...
+
+    @property
+    def ref(self) -> SlotRef: ...
 
 SYSTEM = "ignismq"
 TRACEPARENT = "traceparent"
@@ -98,7 +116,7 @@ def tracer() -> Tracer | None:
     return cached[1]
 
 
-def _attributes(queue: Queue, operation: str, name: str) -> dict[str, Any]:
+def _attributes(queue: TracedQueue, operation: str, name: str) -> dict[str, Any]:
     return {"messaging.system": SYSTEM, "messaging.destination.name": queue.name,
             "messaging.operation.type": operation, "messaging.operation.name": name}
 
@@ -135,7 +153,7 @@ def traced_send(method: F) -> F:
     first = "payload" if single else "payloads"
 
     @functools.wraps(method)
-    def send(queue: Queue, payloads: Any = _ABSENT, /, **options: Any) -> Any:
+    def send(queue: TracedQueue, payloads: Any = _ABSENT, /, **options: Any) -> Any:
         # The untraced case costs ~0.2 us a call (a lean publish: ~10-20 us): checked inline, and no `*args` or
         # empty `**options` passed on (forwarding those cost ~0.5 us more).
         if (_GLOBAL_SLOT and _provider is None and _trace._TRACER_PROVIDER is None) or (tracer_ := tracer()) is None \
@@ -182,7 +200,7 @@ def traced_send(method: F) -> F:
 
 
 # ---- process ---------------------------------------------------------------------------------------
-def start_process(queue: Queue, messages: Sequence[Message], batch: bool) -> Span | None:
+def start_process(queue: TracedQueue, messages: Sequence[TracedMessage], batch: bool) -> Span | None:
     """Start a `process {queue}` span for a handler call (None when tracing is off); end it with
     end_process. `batch`: a batch handler's call (links only), else one message (parent and link)."""
     tracer_ = tracer()
@@ -241,7 +259,7 @@ def within(span: Span, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 @contextmanager
-def processing(queue: Queue, messages: Sequence[Message], batch: bool = False) -> Iterator[Span | None]:
+def processing(queue: TracedQueue, messages: Sequence[TracedMessage], batch: bool = False) -> Iterator[Span | None]:
     """A process span around a `with` block, current inside it (for Message.process); None when off."""
     span = start_process(queue, messages, batch)
     if span is None:

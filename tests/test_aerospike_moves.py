@@ -91,7 +91,7 @@ def test_a_magazine_seals_an_awaited_slot_once_the_producers_deadline_has_passed
     before = holes()
     refs = [r.ref for r in queue.publish_many([b"a", b"b"])]
     aero.client.remove(aero._data_key(refs[0]))  # a producer that died between its increment and its write
-    queue.main._grace = 0.05  # this store's grace is the whole write deadline (seconds); shorten it here
+    queue.main._awaited_slots.grace = 0.05  # this store's grace is the whole write deadline (seconds): shorter here
     assert queue.fire().payload == b"b"  # the empty slot is awaited, the next one delivered
     assert queue.main.awaiting() == 1 and holes() == before
     deadline = now_ms() + 5000

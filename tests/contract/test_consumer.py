@@ -225,7 +225,7 @@ def test_graceful_stop_finishes_messages_in_hand(ignis: Ignis) -> None:
 def test_graceful_stop_hands_out_what_the_workers_claimed_for_each_other(ignis: Ignis, monkeypatch) -> None:
     # Workers of one queue prefetch for each other (Magazine.fire); a stop must not leave those claimed
     # messages to the sweeper: the stopping workers handle them, and claim nothing new.
-    from ignis import magazine as magazine_module
+    from ignis.magazine import prefetch as magazine_module
 
     monkeypatch.setattr(magazine_module, "CONSUMER_RECENT_SECONDS", 60.0)  # every worker counts, however slow
     q = declare(ignis, shards=1, concurrency=4)

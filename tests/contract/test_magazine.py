@@ -214,7 +214,7 @@ def test_a_plain_batch_takes_reserved_slots_and_republishes_what_reached_a_seal(
     refs += q.publish_plain([b"r-%d" % i for i in range(5)])  # soon after the first: reserves ahead as well
     assert len({r.id for r in refs}) == 10
     if main._reserves:  # the next batch writes into what the first reserved, a sealed one elsewhere
-        taken = list(main._reserved)
+        taken = list(main._reservations.slots)
         assert taken, "a batch reserves ahead for the next publishes"
         main.store.seal([taken[0][1]], 60)
         more = q.publish_plain([b"q-%d" % i for i in range(3)])
@@ -466,8 +466,8 @@ class _PausedClaims:
 
 def test_a_fire_beside_another_claims_for_it_and_keeps_the_rest_for_the_next_fires(
         make_queue, monkeypatch) -> None:
-    from ignis import magazine as magazine_module
     from ignis.magazine import PREFETCH_PER_FIRE as AHEAD
+    from ignis.magazine import prefetch as magazine_module
 
     q = make_queue(shards=1)
     payloads = [b"m%d" % i for i in range(AHEAD + 3)]
@@ -486,7 +486,7 @@ def test_a_fire_beside_another_claims_for_it_and_keeps_the_rest_for_the_next_fir
     assert first[0] is not None and q.main.awaiting() == AHEAD
     kept = [q.fire() for _ in range(AHEAD - 1)]
     assert store.claims == 2 and q.main.awaiting() == 1  # handed out from the kept ones: no claim
-    kept_at = q.store.read([q.main._prefetched[0][1].ref])[0].fire_ts
+    kept_at = q.store.read([q.main._prefetcher.kept[0][1].ref])[0].fire_ts
     monkeypatch.setattr(magazine_module, "PREFETCH_FRESH_SECONDS", 0.0)  # kept too long: stamped again
     time.sleep(0.01)
     last_kept = q.fire()
@@ -516,8 +516,8 @@ class _RecordedClaims:
 def test_threads_busy_with_what_they_fired_count_as_consumers_for_the_prefetch(make_queue, monkeypatch) -> None:
     # Eight consumers that fire and then ack one by one rarely fire at the same moment: counting only the
     # fires in progress saw one or two of them. Every thread that fired lately counts.
-    from ignis import magazine as magazine_module
     from ignis.magazine import PREFETCH_PER_FIRE as AHEAD
+    from ignis.magazine import prefetch as magazine_module
 
     monkeypatch.setattr(magazine_module, "CONSUMER_RECENT_SECONDS", 60.0)
     q = make_queue(shards=1)
@@ -566,7 +566,7 @@ def test_only_a_prefetching_magazine_remembers_its_consumer_threads(make_queue) 
     for t in workers:
         t.start()
         t.join(10)
-    assert q.sideline._consumers == {} and 1 <= len(q.main._consumers) <= 20
+    assert q.sideline._prefetcher.consumers == {} and 1 <= len(q.main._prefetcher.consumers) <= 20
 
 
 def test_a_refreshed_handle_takes_over_what_the_old_one_claimed(ignis: Ignis, make_queue, monkeypatch) -> None:
@@ -590,31 +590,31 @@ def test_a_refreshed_handle_takes_over_what_the_old_one_claimed(ignis: Ignis, ma
 
 def test_a_drained_shard_is_kept_while_a_load_raced_the_claim_that_found_it_drained(make_queue) -> None:
     # The lock-free active-shard protocol, step by step (the stress test below can only hope to hit it).
-    main = make_queue(shards=4).main
-    main._mark_active_one(2)
-    seen = main._activity.last_load  # a consumer begins a claim on shard 2 ...
-    main._mark_active_one(2)  # ... a publish to shard 2 lands after the claim looked, and sees 2 listed
-    main._suppress(2, seen)  # the consumer found shard 2 drained: it must not drop it now
-    assert 2 in main._activity.active
-    main._suppress(2, main._activity.last_load)  # drained with no load since the claim began: dropped
-    assert 2 not in main._activity.active
+    main = make_queue(shards=4).main._active_shards  # (the magazine's active-shard tracking)
+    main.mark_one(2)
+    seen = main.activity.last_load  # a consumer begins a claim on shard 2 ...
+    main.mark_one(2)  # ... a publish to shard 2 lands after the claim looked, and sees 2 listed
+    main.suppress(2, seen)  # the consumer found shard 2 drained: it must not drop it now
+    assert 2 in main.activity.active
+    main.suppress(2, main.activity.last_load)  # drained with no load since the claim began: dropped
+    assert 2 not in main.activity.active
 
 
 def test_a_refresh_keeps_the_shards_of_loads_that_committed_after_it_read_the_pointers(make_queue) -> None:
     q = make_queue(shards=4)
     main = q.main
-    main._mark_active_one(3)  # shard 3 listed; the store has nothing there yet
+    main._active_shards.mark_one(3)  # shard 3 listed; the store has nothing there yet
     read = main.store.pointers
 
     def pointers_then_a_load(magazine: str, shards: int):  # a publish to shard 3 commits just after the read
         got = read(magazine, shards)
-        main._mark_active_one(3)  # sees 3 still listed, so adds nothing
+        main._active_shards.mark_one(3)  # sees 3 still listed, so adds nothing
         return got
 
     main.store = type("Racing", (), {"pointers": staticmethod(pointers_then_a_load)})()
     main.invalidate()
-    assert main._pick_shard() == 3  # the refresh saw empty pointers but kept the racing load's shard
-    assert main._activity.active == (3,)
+    assert main._active_shards.pick() == 3  # the refresh saw empty pointers but kept the racing load's shard
+    assert main._active_shards.activity.active == (3,)
 
 
 def test_messages_published_while_consumers_drop_drained_shards_are_never_hidden(make_queue) -> None:
@@ -790,7 +790,7 @@ def test_concurrent_publishers_share_slot_increments_and_lose_nothing(make_queue
 def _publish_reserving(q, monkeypatch, payload: bytes) -> Any:
     """Publish b"first" and then `payload` as a fast-publishing handle does: the second allocation reserves
     RESERVE_MAX slots more for the publishes expected next (a handle's first allocation has no rate yet)."""
-    from ignis import magazine as magazine_module
+    from ignis.magazine import reservations as magazine_module
 
     monkeypatch.setattr(magazine_module, "RESERVE_AHEAD_SECONDS", 3600.0)  # any rate counts as fast
     q.publish(b"first")
@@ -815,14 +815,14 @@ def test_a_loop_publishing_one_by_one_pays_about_one_call_per_message(make_queue
 def test_a_trickle_of_publishes_reserves_nothing(make_queue, monkeypatch) -> None:
     # Under one publish per RESERVE_AHEAD_SECONDS a reservation would only go stale and be sealed: each
     # publish allocates its own slot, and nothing is left reserved for a consumer to await.
-    from ignis import magazine as magazine_module
+    from ignis.magazine import reservations as magazine_module
 
     q = make_queue(shards=2)
     monkeypatch.setattr(magazine_module, "RESERVE_AHEAD_SECONDS", 0.001)
     calls = {op: sample("ignis_storage_calls_total", operation=op) for op in ("load", "reserve")}
     for i in range(5):
         q.publish(b"m%d" % i)
-        assert not q.main._reserved
+        assert not q.main._reservations.slots
         time.sleep(0.02)  # 50 publishes a second: 0.05 of one expected in the next millisecond
     if q.store.write_grace_ms:
         assert sample("ignis_storage_calls_total", operation="reserve") == calls["reserve"]
@@ -836,17 +836,17 @@ def test_reservations_follow_the_publish_rate(make_queue, monkeypatch) -> None:
         pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing to reserve")
     main = q.main
     # (the rule itself, at fixed times: an allocation lasting `elapsed` seconds sets the next one's size)
-    monkeypatch.setattr(main, "_allocated_at", 100.0)
-    monkeypatch.setattr(main, "_allocated", 1)
-    assert main._reservation_size(100.0009) == 1 + 5  # 1 slot in 0.9 ms: 1,111/s, 5 more for the next 5 ms
-    assert main._reservation_size(100.0063) == 1 + 5  # 6 slots in 5.4 ms: the same rate
-    assert main._reservation_size(100.0064) == 1 + RESERVE_MAX  # 6 in 0.1 ms: capped
-    assert main._reservation_size(101.0064) == 1  # 33 slots lasted a second: a trickle, nothing ahead
-    assert main._reservation_size(101.0064) == 1 + RESERVE_MAX  # no time at all since: as fast as it gets
+    monkeypatch.setattr(main._reservations, "_allocated_at", 100.0)
+    monkeypatch.setattr(main._reservations, "_allocated", 1)
+    assert main._reservations.size(100.0009) == 1 + 5  # 1 slot in 0.9 ms: 1,111/s, 5 more for the next 5 ms
+    assert main._reservations.size(100.0063) == 1 + 5  # 6 slots in 5.4 ms: the same rate
+    assert main._reservations.size(100.0064) == 1 + RESERVE_MAX  # 6 in 0.1 ms: capped
+    assert main._reservations.size(101.0064) == 1  # 33 slots lasted a second: a trickle, nothing ahead
+    assert main._reservations.size(101.0064) == 1 + RESERVE_MAX  # no time at all since: as fast as it gets
 
 
 def test_a_reservation_not_written_in_time_is_sealed_and_the_publish_goes_on(make_queue, monkeypatch) -> None:
-    from ignis import magazine as magazine_module
+    from ignis.magazine import reservations as magazine_module
 
     q = make_queue(shards=1)
     if not q.store.write_grace_ms:
@@ -856,12 +856,12 @@ def test_a_reservation_not_written_in_time_is_sealed_and_the_publish_goes_on(mak
     # it out of the way, this test is about the publish.
     monkeypatch.setattr(magazine_module, "REAP_DELAY_SECONDS", 5.0)
     reserving = _publish_reserving(q, monkeypatch, b"reserving")
-    spare = [ref for _, ref in q.main._reserved]
+    spare = [ref for _, ref in q.main._reservations.slots]
     assert len(spare) == RESERVE_MAX and reserving.slot == spare[0].slot - 1
     time.sleep(RESERVATION_FRESH_MS / 1000 + 0.05)  # too old to write now: its write could outlast the grace
     late = q.publish(b"late")
     assert late.slot > spare[-1].slot  # a slot of its own, the stale ones sealed on the way
-    assert q.store.settled(spare) == [True] * len(spare) and not q.main._reserved
+    assert q.store.settled(spare) == [True] * len(spare) and not q.main._reservations.slots
     got = q.fire_many(RESERVE_MAX + 10)
     assert sorted(m.payload for m in got) == [b"first", b"late", b"reserving"]
     assert q.main.awaiting() == 0  # the sealed ones were passed, not awaited
@@ -875,11 +875,11 @@ def test_reservations_left_when_publishing_stops_are_sealed_a_moment_later(make_
         q.publish(b"m%d" % i)
     q.main.release_reserved()
     _publish_reserving(q, monkeypatch, b"reserving")  # reserves slots ahead for the publishes expected next
-    left = [ref for _, ref in q.main._reserved]
+    left = [ref for _, ref in q.main._reservations.slots]
     assert left, "nothing was reserved"
     # No close, no further publish: the reaper seals them once stale, so no consumer awaits them for
     # the write grace (seconds).
-    wait_for(lambda: not q.main._reserved and all(q.store.settled(left)), timeout=5,
+    wait_for(lambda: not q.main._reservations.slots and all(q.store.settled(left)), timeout=5,
              what="the unused reservations to be sealed")
     delivered = []
     while messages := q.fire_many(50):
@@ -895,7 +895,7 @@ def test_closing_the_client_seals_the_slots_it_reserved(ignis: Ignis, backend: A
     if not q.store.write_grace_ms:
         pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing to reserve")
     _publish_reserving(q, monkeypatch, b"reserving")
-    spare = [ref for _, ref in q.main._reserved]
+    spare = [ref for _, ref in q.main._reservations.slots]
     assert spare and q.store.settled(spare) == [False] * len(spare)
     ignis.close()  # a process that stops publishing: its consumers must not await those slots
     other = backend.open()

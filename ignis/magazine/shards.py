@@ -1,0 +1,81 @@
+"""Active-shard tracking of a magazine handle: which shards have work (the process's `ShardActivity` of the
+magazine, refreshed from the store's pointers every `refresh_seconds`), marking a shard on a load and ringing
+the beacon for consumers elsewhere, dropping a shard a claim found drained, picking a shard to claim from, and
+waiting for work (the watcher and the delay mover follow the magazine meanwhile). Kept apart from the
+`Magazine` coordinator because it is how an idle magazine costs almost no reads, with its own race-free
+protocol (ignis.activity), which loads and claims only consult: one `ActiveShards` per handle, sharing the
+handle's lock.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterable
+
+from ignis.activity import ShardActivity, activity_for, with_work
+from ignis.delay import MainMagazine, mover_for
+from ignis.storage.base import Storage
+from ignis.watch import watcher_for
+
+_random = random.random
+
+
+# The shards with work live in the process's ShardActivity of this magazine (ignis.activity, where the
+# race-free marking and dropping is explained): a load through any handle lists its shard and wakes the
+# consumers waiting on the magazine, whichever handle they hold, and rings the store's doorbell for those
+# of other processes (lmdb); the watcher (ignis.watch) lists what other processes publish.
+class ActiveShards:
+    """The shards of one magazine with work, as one handle of it sees and updates them."""
+
+    def __init__(self, store: Storage, name: str, shards: int, *, refresh_seconds: float, lock: threading.Lock,
+                 is_main: bool) -> None:
+        self.store = store
+        self.name = name
+        self.shards = shards
+        self.refresh_seconds = refresh_seconds
+        # Which shards have work, shared with every handle of this magazine in the process (ignis.activity).
+        self.activity: ShardActivity = activity_for(store.location, store.client_id, name)
+        self._beacon = store.beacon  # (bound now: tests stand other stores in for `store` later)
+        self._lock = lock  # the magazine handle's lock
+        self._is_main = is_main  # only main has consumers (rung on a load) and due messages moved into it
+
+    def mark(self, shards: Iterable[int]) -> None:
+        shards = tuple(shards)
+        if not shards:
+            return
+        self.activity.mark(shards)
+        self.ring(shards)
+
+    def mark_one(self, shard: int) -> None:
+        self.activity.mark_one(shard)
+        self.ring((shard,))
+
+    def ring(self, shards: Iterable[int]) -> None:
+        """Tell consumers in other processes (only main has consumers): the store's beacon (a store with a
+        doorbell rang it in the load itself, and its beacon does nothing)."""
+        if self._is_main:
+            self._beacon(self.name)
+
+    def suppress(self, shard: int, loads_seen: int) -> None:
+        self.activity.suppress(shard, loads_seen)
+
+    def pick(self) -> int | None:
+        activity = self.activity
+        if activity.refresh_due(self.refresh_seconds):
+            with self._lock:
+                if activity.refresh_due(self.refresh_seconds):
+                    seen = activity.before_read()
+                    activity.replace(with_work(self.store.pointers(self.name, self.shards)), seen)
+        active = activity.active
+        return active[int(_random() * len(active))] if active else None
+
+    def watch(self, main: MainMagazine) -> None:
+        """Have the process's watcher follow this magazine (for the next ignis.watch.KEEP_WATCHING_SECONDS), and
+        its delay mover move the queue's due messages into `main` (ignis.delay; main magazines only)."""
+        watcher = watcher_for(self.store)
+        if watcher is not None:  # (None: the handle is closing)
+            watcher.watch(self.name, self.shards, self.activity)
+        mover = mover_for(self.store) if self._is_main else None
+        if mover is not None:
+            mover.follow(main)
