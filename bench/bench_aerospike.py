@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ignis import Ignis, QueueSpec
-from ignis.storage import aerospike_store
+from ignis.storage.aerospike import context
 
 ENV = "IGNIS_TEST_AEROSPIKE"
 CONSUMERS = (1, 8, 32)
@@ -199,7 +199,7 @@ def main() -> int:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         from support.aerospike_emulator import EmulatedServer
 
-        aerospike_store.client_factory = EmulatedServer().client
+        context.client_factory = EmulatedServer().client
         hostport, namespace = "emulator:3000", "test"
     else:
         hostport, _, namespace = args.server.partition("/")

@@ -242,7 +242,7 @@ def one_store(url: str, backlog: int, moves: int, seconds: float, rounds: int, a
         out.update(lateness(ignis, loaded))
         if aerospike:
             client = ignis.store.client  # type: ignore[attr-defined]
-            for set_name in (ignis.store._data_set, ignis.store._meta_set):  # type: ignore[attr-defined]
+            for set_name in (ignis.store._ctx.data_set, ignis.store._ctx.meta_set):  # type: ignore[attr-defined]
                 client.truncate(ignis.store._ns, set_name, 0)  # type: ignore[attr-defined]
     return out
 

@@ -250,7 +250,7 @@ def raw_scan_export(url: str, queue: str, path: Path) -> int:
 
     from ignis import names
     from ignis.envelope import Envelope
-    from ignis.storage.aerospike_store import PURGED, TOMBSTONE
+    from ignis.storage.aerospike import PURGED, TOMBSTONE
     from ignis.storage.base import SlotRef
 
     parts = urlsplit(url)

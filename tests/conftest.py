@@ -15,7 +15,8 @@ from support.aerospike_emulator import EmulatedServer
 from support.aerospike_support import AEROSPIKE_ENV, AEROSPIKE_SKIP
 
 from ignis import Ignis, QueueSpec
-from ignis.storage import Storage, aerospike_store, open_store
+from ignis.storage import Storage, open_store
+from ignis.storage.aerospike import context
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
 def server(monkeypatch: pytest.MonkeyPatch) -> EmulatedServer:
     """The Aerospike emulator, patched in as the client every AerospikeStore opens (a module may override)."""
     server = EmulatedServer()
-    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    monkeypatch.setattr(context, "client_factory", server.client)
     return server
 
 

@@ -8,14 +8,15 @@ import pytest
 from support.aerospike_emulator import EmulatedServer
 
 from ignis.errors import InvalidInputError
-from ignis.storage import Storage, aerospike_store, open_store
-from ignis.storage.aerospike_config import load_settings, parse_hosts
+from ignis.storage import Storage, open_store
+from ignis.storage.aerospike import context
+from ignis.storage.aerospike.config import load_settings, parse_hosts
 
 
 @pytest.fixture
 def server(monkeypatch: pytest.MonkeyPatch) -> EmulatedServer:
     server = EmulatedServer(namespaces=("test", "ns-from-file", "ns-from-env"))
-    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    monkeypatch.setattr(context, "client_factory", server.client)
     return server
 
 

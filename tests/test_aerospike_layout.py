@@ -17,8 +17,8 @@ from support.aerospike_support import AEROSPIKE_ENV, AEROSPIKE_SKIP, clean_up_ru
 from ignis import QueueSpec
 from ignis.envelope import Envelope, now_ms
 from ignis.errors import InvalidInputError
-from ignis.storage import LeaseRecord, SlotRef, aerospike_store, open_store
-from ignis.storage.aerospike_store import AerospikeStore
+from ignis.storage import LeaseRecord, SlotRef, open_store
+from ignis.storage.aerospike import AerospikeStore, context
 
 QUEUE_BIN_TYPES = {
     "handlerType": str, "shards": int, "queueExpiry": int, "messageExpiry": int, "concurrency": int,
@@ -32,7 +32,7 @@ QUEUE_BIN_TYPES = {
 def target(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[AerospikeStore, str]]:
     run = uuid.uuid4().hex[:8]
     if request.param == "emulator":
-        monkeypatch.setattr(aerospike_store, "client_factory", EmulatedServer().client)
+        monkeypatch.setattr(context, "client_factory", EmulatedServer().client)
         url = f"aerospike://emulator:3000/test?farm=f{run}&client=c{run}"
     else:
         given = os.environ.get(AEROSPIKE_ENV)

@@ -17,7 +17,7 @@ from ignis.envelope import now_ms
 from ignis.errors import StaleEpoch
 from ignis.queue import Queue
 from ignis.storage import SlotRef
-from ignis.storage.aerospike_store import MOVE_EPOCH, SEALED, TOMBSTONE, AerospikeStore
+from ignis.storage.aerospike import MOVE_EPOCH, SEALED, TOMBSTONE, AerospikeStore
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def raw(store: AerospikeStore, ref: SlotRef) -> dict[str, Any] | None:
     from aerospike import exception as ex
 
     try:
-        return store.client.get(store._data_key(ref))[2]
+        return store.client.get(store._ctx.data_key(ref))[2]
     except ex.RecordNotFound:
         return None
 
@@ -50,7 +50,7 @@ def raw(store: AerospikeStore, ref: SlotRef) -> dict[str, Any] | None:
 def test_a_missing_record_is_awaited_and_a_deleted_one_is_a_hole(aero: AerospikeStore, queue: Queue) -> None:
     refs = [r.ref for r in queue.publish_many([b"a", b"b", b"c"])]
     aero.delete([refs[1]])  # acked: a hole for good
-    aero.client.remove(aero._data_key(refs[2]))  # not there at all: maybe a write in flight
+    aero.client.remove(aero._ctx.data_key(refs[2]))  # not there at all: maybe a write in flight
     claimed = aero.claim("orders", 0, 3, now_ms())
     assert [(c.envelope is not None, c.awaiting) for c in claimed] == [(True, False), (False, False), (False, True)]
 
@@ -90,7 +90,7 @@ def test_a_magazine_seals_an_awaited_slot_once_the_producers_deadline_has_passed
 
     before = holes()
     refs = [r.ref for r in queue.publish_many([b"a", b"b"])]
-    aero.client.remove(aero._data_key(refs[0]))  # a producer that died between its increment and its write
+    aero.client.remove(aero._ctx.data_key(refs[0]))  # a producer that died between its increment and its write
     queue.main._awaited_slots.grace = 0.05  # this store's grace is the whole write deadline (seconds): shorter here
     assert queue.fire().payload == b"b"  # the empty slot is awaited, the next one delivered
     assert queue.main.awaiting() == 1 and holes() == before
@@ -166,7 +166,7 @@ def race(backend, aero: AerospikeStore, queue: Queue, which: Callable[[Any], boo
     old_epoch, new_epoch = aero.next_epoch(), aero.next_epoch()
     own = backend.open()  # the old leader's own connection, paused where asked
     try:
-        pausing = own._client = PausingClient(own._client, which)
+        pausing = own._ctx.client = PausingClient(own._ctx.client, which)
         old_queue = Queue(own, queue.spec)
         outcome: list = []
 
@@ -217,8 +217,8 @@ def test_a_mover_paused_before_its_claim_finds_a_newer_epoch_and_writes_nothing(
     own = backend.open()
     try:
         # The newer leader claims the records and stops (it will finish later); the old one comes.
-        newer_client = PausingClient(aero._client, is_claim)
-        aero._client = newer_client
+        newer_client = PausingClient(aero._ctx.client, is_claim)
+        aero._ctx.client = newer_client
         thread = threading.Thread(target=lambda: queue.sideline.move_in(new_epoch, moves))
         thread.start()
         assert newer_client.reached.wait(10)
@@ -226,7 +226,7 @@ def test_a_mover_paused_before_its_claim_finds_a_newer_epoch_and_writes_nothing(
             Queue(own, queue.spec).sideline.move_in(old_epoch, moves)
         newer_client.release.set()
         thread.join(30)
-        aero._client = newer_client._inner
+        aero._ctx.client = newer_client._inner
     finally:
         own.close()
     assert len(sidelined(queue)) == 2 and aero.peek("orders", 0, 1, 10) == []
@@ -239,7 +239,7 @@ def test_a_move_cut_between_its_copy_and_its_delete_is_finished_without_a_second
     class Cut(RuntimeError):
         pass
 
-    real = aero._client
+    real = aero._ctx.client
 
     class Cutting(PausingClient):
         def batch_operate(self, keys: list, ops: list[dict], *args: Any, **kwargs: Any) -> Any:
@@ -247,10 +247,10 @@ def test_a_move_cut_between_its_copy_and_its_delete_is_finished_without_a_second
                 raise Cut("the process died here")
             return real.batch_operate(keys, ops, *args, **kwargs)
 
-    aero._client = Cutting(real, lambda _: False)
+    aero._ctx.client = Cutting(real, lambda _: False)
     with pytest.raises(Cut):
         queue.sideline.move_in(epoch, moves)
-    aero._client = real
+    aero._ctx.client = real
     assert len(sidelined(queue)) == 3 and len(aero.peek("orders", 0, 1, 10)) == 3  # copied, not deleted
     assert queue.sideline.move_in(epoch, moves) == [True, True, True]  # the next pass finishes it
     assert len(sidelined(queue)) == 3 and aero.peek("orders", 0, 1, 10) == []
@@ -260,7 +260,7 @@ def test_purge_counts_live_records_once_and_clears_tombstones_and_seals(aero: Ae
     refs = [r.ref for r in queue.publish_many([b"a", b"b", b"c", b"d"])]
     queue.ack([queue.fire()])  # slot 1: an ack tombstone
     aero.seal([SlotRef("orders", 0, 9)], 60)  # beyond the load pointer: not the magazine's
-    aero.client.remove(aero._data_key(refs[3]))
+    aero.client.remove(aero._ctx.data_key(refs[3]))
     aero.seal([refs[3]], 60)  # slot 4: a seal
     assert aero.purge_magazine("orders") == 2  # slots 2 and 3 were live
     for ref in refs:
@@ -284,7 +284,7 @@ def deletes() -> float:
 
 def test_an_ack_tombstones_the_record_as_claimed_and_one_written_since_in_one_call_checked_by_its_id(
         aero: AerospikeStore, queue: Queue) -> None:
-    if aero._durable:
+    if aero._ctx.durable:
         pytest.skip("durable deletes on Enterprise: no tombstones")
     queue.publish_many([b"a", b"b", b"c"])
     untouched, moved_meanwhile, purged_meanwhile = (queue.fire() for _ in range(3))
@@ -293,7 +293,7 @@ def test_an_ack_tombstones_the_record_as_claimed_and_one_written_since_in_one_ca
     assert deletes() - before == 1 and set(raw(aero, untouched.ref)) == {TOMBSTONE}
     # A sweeper's move claimed this one since (a write: its generation moved on); the ack still deletes it:
     # the filter asks for this message's id, not for the generation (which a reused slot can repeat).
-    aero.client.operate(aero._data_key(moved_meanwhile.ref), [ops.write(MOVE_EPOCH, 7)])
+    aero.client.operate(aero._ctx.data_key(moved_meanwhile.ref), [ops.write(MOVE_EPOCH, 7)])
     before = deletes()
     moved_meanwhile.ack()
     assert deletes() - before == 1

@@ -29,7 +29,7 @@ from ignis import Ignis, QueueSpec
 from ignis.envelope import Envelope, now_ms
 from ignis.errors import StoreUnavailable
 from ignis.magazine import shard_for_key
-from ignis.storage.aerospike_store import AerospikeStore
+from ignis.storage.aerospike import AerospikeStore
 from ignis.storage.base import FIRE_POINTER, LOAD_POINTER, SWEEP_POINTERS, LeaseRecord, SlotRef
 
 
@@ -48,7 +48,7 @@ def rollbacks(queue: str, magazine: str = "main") -> float:
 
 def set_pointers(store: AerospikeStore, magazine: str, shard: int, load: int, fire: int) -> None:
     """What a crash before the flush leaves: the meta record as it was a few increments ago."""
-    store.client.put(store._meta_key(magazine, shard), {LOAD_POINTER: load, FIRE_POINTER: fire},
+    store.client.put(store._ctx.meta_key(magazine, shard), {LOAD_POINTER: load, FIRE_POINTER: fire},
                      policy={"ttl": -1})
 
 
@@ -122,7 +122,7 @@ def test_a_late_settle_of_a_message_the_store_lost_leaves_the_newer_message_in_i
     held = q.fire_many(4)
     assert [m.ref.slot for m in held] == [1, 2, 3, 4]
     for m in held:  # the server lost the records...
-        aero.client.remove(aero._data_key(m.ref))
+        aero.client.remove(aero._ctx.data_key(m.ref))
     set_pointers(aero, "reused", 0, 0, 0)  # ... and the increments
     with Ignis(backend.url) as fresh:  # a producer that never saw them
         newer = [fresh.queue("reused").publish(f"n{i}".encode(), key="k") for i in range(4)]
@@ -144,7 +144,7 @@ def test_sweep_pointers_epochs_and_the_lease_survive_a_rollback(aero: AerospikeS
     epoch = aero.next_epoch()
     aero.advance_sweep("swept", "main", epoch, {0: 40, 1: 7}, 5)
     assert aero.get_queue("swept").sweep_pointers("main") == {"SHARD_0": 40, "SHARD_1": 7}
-    key = aero.key(aero._queue_set, "swept")
+    key = aero.key(aero._ctx.queue_set, "swept")
     aero.client.put(key, {SWEEP_POINTERS: {"SHARD_0": 12, "SHARD_1": 7}}, policy={"ttl": -2})  # the advance lost
     before = rollbacks("swept")
     # Taken as stored, so the sweep examines slots 12..39 again (issue 26); reported once, however often read.
@@ -152,9 +152,9 @@ def test_sweep_pointers_epochs_and_the_lease_survive_a_rollback(aero: AerospikeS
     assert aero.get_queue("swept").sweep_pointers("main") == {"SHARD_0": 12, "SHARD_1": 7}
     assert rollbacks("swept") - before == 1
     # The epoch counter lost its last increments: the next epoch is still above every one handed out.
-    from ignis.storage.aerospike_store import EPOCH_BIN, EPOCH_KEY
+    from ignis.storage.aerospike import EPOCH_BIN, EPOCH_KEY
 
-    aero.client.put(aero.key(aero._system_set, EPOCH_KEY), {EPOCH_BIN: 1}, policy={"ttl": -1})
+    aero.client.put(aero.key(aero._ctx.system_set, EPOCH_KEY), {EPOCH_BIN: 1}, policy={"ttl": -1})
     assert aero.next_epoch() > epoch
     # The lease: this process saw generation 3; after the crash the store holds generation 1 of it.
     lease = LeaseRecord("me", 1, 1, 0.5)
@@ -162,7 +162,7 @@ def test_sweep_pointers_epochs_and_the_lease_survive_a_rollback(aero: AerospikeS
     for _ in range(2):
         stored = aero.replace_lease("sweeper", lease, stored.version)
     assert stored.version >= 3
-    lease_key = aero.key(aero._system_set, "lease:sweeper")
+    lease_key = aero.key(aero._ctx.system_set, "lease:sweeper")
     aero.client.remove(lease_key)
     aero.client.put(lease_key, {"holder": "someone", "acquired_ms": 1, "renewed_ms": 1, "duration_s": 0.5,
                                 "transitions": 0}, policy={"ttl": -1})
@@ -202,7 +202,7 @@ def put_back(store: AerospikeStore, ref: SlotRef, env: Envelope, fired_at: int |
     """A record the crash put back: as published (its ack lost), with its claim's stamp or without it."""
     bins = Envelope(env.payload, env.msg_id, env.loaded_at, codec=env.codec, key=env.key, fire_ts=fired_at,
                     attempts=attempts).to_bins()
-    store.client.put(store._data_key(ref), bins, policy={"ttl": 3600, "exists": aerospike.POLICY_EXISTS_REPLACE})
+    store.client.put(store._ctx.data_key(ref), bins, policy={"ttl": 3600, "exists": aerospike.POLICY_EXISTS_REPLACE})
 
 
 def key_for(shard: int, shards: int) -> str:
@@ -253,7 +253,7 @@ def test_records_a_rollback_put_back_below_the_marks_are_delivered_again(aero: A
     before_redelivered, before_rollbacks = redelivered("back"), rollbacks("back")
     set_pointers(aero, "back", 0, 10, 3)
     set_pointers(aero, "back", 1, 7, 3)
-    aero.client.put(aero.key(aero._queue_set, "back"), {SWEEP_POINTERS: {"SHARD_0": 4, "SHARD_1": 4}},
+    aero.client.put(aero.key(aero._ctx.queue_set, "back"), {SWEEP_POINTERS: {"SHARD_0": 4, "SHARD_1": 4}},
                     policy={"ttl": -2})
     lost = {}
     for ref, env in delivered.items():

@@ -17,9 +17,9 @@ from support.aerospike_emulator import EmulatedServer
 from ignis import Ignis, QueueSpec
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.errors import InvalidInputError, StoreError, StoreFull, StoreUnavailable
-from ignis.storage import SlotRef, aerospike_store, open_store
-from ignis.storage.aerospike_errors import map_error
-from ignis.storage.aerospike_store import AerospikeStore
+from ignis.storage import SlotRef, open_store
+from ignis.storage.aerospike import AerospikeStore, context
+from ignis.storage.aerospike.errors import map_error
 
 URL = "aerospike://emulator:3000/test?farm=f1&client=c1"
 SECRET = "s3cr3t-Pa55"
@@ -141,7 +141,7 @@ def test_tombstoned_slot_is_a_hole_for_claim(server: EmulatedServer, make) -> No
 
 def test_enterprise_acks_are_durable_deletes(monkeypatch: pytest.MonkeyPatch) -> None:
     server = EmulatedServer(edition="enterprise")
-    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    monkeypatch.setattr(context, "client_factory", server.client)
     store = open_store(URL)
     assert store.durable_deletes
     refs = store.load("q", [(0, env("a")), (0, env("b"))], 600)
@@ -253,7 +253,7 @@ def test_missing_namespace(server: EmulatedServer, make) -> None:
 
 def test_ttl_refused_without_nsup_period(monkeypatch: pytest.MonkeyPatch) -> None:
     server = EmulatedServer(nsup_period=0)
-    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    monkeypatch.setattr(context, "client_factory", server.client)
     store = open_store(URL)
     with pytest.raises(StoreError, match="nsup-period"):
         store.apply_queue("orders", {"handlerType": "h"}, 60)
@@ -262,7 +262,7 @@ def test_ttl_refused_without_nsup_period(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_record_too_big_on_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
     server = EmulatedServer(max_record_bytes=4096)  # a namespace smaller than the configured limit
-    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    monkeypatch.setattr(context, "client_factory", server.client)
     store = open_store(URL)
     with pytest.raises(InvalidInputError, match="record too big"):
         store.load("q", [(0, Envelope(b"x" * 8000, "m", now_ms()))], 60)
@@ -380,7 +380,7 @@ def test_client_views_share_one_connection(server: EmulatedServer, make) -> None
 
 def test_enterprise_purge_and_queue_delete_are_durable(monkeypatch: pytest.MonkeyPatch) -> None:
     server = EmulatedServer(edition="enterprise")
-    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    monkeypatch.setattr(context, "client_factory", server.client)
     store = open_store(URL)
     store.apply_queue("orders", {"handlerType": "h"}, 3600)
     store.load("orders", [(0, env("a")), (0, env("b")), (1, env("c"))], 600)

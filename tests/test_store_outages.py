@@ -17,7 +17,7 @@ from support.aerospike_emulator import NO_RESPONSE, OUTAGE_NO_NODE, OUTAGE_REFUS
 
 from ignis import Ignis, QueueSpec
 from ignis.errors import InvalidInputError, StoreError, StoreUnavailable
-from ignis.storage import aerospike_store
+from ignis.storage.aerospike import context, errors
 from ignis.storage.base import SlotRef
 
 URL = "aerospike://emulator:3000/test?farm=f1&client=c1&retries=0"
@@ -117,7 +117,7 @@ def test_errors_of_the_store_are_one_line(server: EmulatedServer, ignis: Ignis) 
     with pytest.raises(StoreError) as caught:
         ignis.store.get_queue("orders")
     assert "\n" not in str(caught.value)
-    mapped = aerospike_store.map_error(error, "get", "here")
+    mapped = errors.map_error(error, "get", "here")
     assert "\n" not in str(mapped) and "sub-errors: node A: timeout node B: refused" in str(mapped)
 
 
@@ -126,7 +126,7 @@ def test_error_fields_come_from_the_error_not_from_its_class() -> None:
     thread's error of the same class may overwrite them); each raised error carries its own as args."""
     from aerospike import exception as ex
 
-    from ignis.storage.aerospike_errors import error_field, is_transient
+    from ignis.storage.aerospike.errors import error_field, is_transient
 
     ours = ex.TimeoutError(9, "timeout: our call", "f", 1, False)
     saved = {k: ex.TimeoutError.__dict__.get(k) for k in ("msg", "in_doubt", "code")}
@@ -134,7 +134,7 @@ def test_error_fields_come_from_the_error_not_from_its_class() -> None:
         ex.TimeoutError.msg, ex.TimeoutError.in_doubt = "another call's message", True  # as the client leaves it
         assert error_field(ours, "msg") == "timeout: our call" and error_field(ours, "in_doubt") is False
         assert is_transient(ours, idempotent=False)  # not in doubt: a non-idempotent write may be repeated
-        mapped = str(aerospike_store.map_error(ours, "put", "here"))
+        mapped = str(errors.map_error(ours, "put", "here"))
         assert "our call" in mapped and "another call" not in mapped and "may or may not" not in mapped
     finally:
         for key, value in saved.items():
@@ -199,7 +199,7 @@ def test_a_store_that_answers_late_is_waited_for_with_one_warning(server: Emulat
         attempts.append(time.monotonic())
         return connect(config)
 
-    monkeypatch.setattr(aerospike_store, "client_factory", counted)
+    monkeypatch.setattr(context, "client_factory", counted)
     server.go_down()
     threading.Timer(0.5, server.come_back).start()
     with caplog.at_level("DEBUG", logger="ignis.store"), Ignis(URL, connect_wait_seconds=30) as ignis:

@@ -67,7 +67,7 @@ def open_store(url: str, *, farm_id: str = "local", client_id: str = "default", 
         return LmdbStore(location, farm_id=farm_id, client_id=client_id, purge_interval=purge_interval,
                          **kwargs)
     if scheme == "aerospike":
-        from ignis.storage.aerospike_store import open_aerospike
+        from ignis.storage.aerospike import open_aerospike
 
         return open_aerospike(location, params, farm_id=farm_id, client_id=client_id)
     raise InvalidInputError(f"store URL {shown!r}: unknown scheme {scheme!r}; use lmdb:// or aerospike://")

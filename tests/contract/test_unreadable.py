@@ -21,7 +21,7 @@ def _forge(store: Any, ref: SlotRef, change: dict[str, Any] | bytes) -> None:
     """Overwrite a stored record: its bins changed as given (Aerospike; a value None removes the bin), or, on
     lmdb, the given bytes for the whole record (or its msgpack extras)."""
     if hasattr(store, "client"):
-        key = store._data_key(ref)
+        key = store._ctx.data_key(ref)
         bins = dict(store.client.get(key)[2])
         bins.update(change)
         store.client.put(key, {k: v for k, v in bins.items() if v is not None},

@@ -59,7 +59,7 @@ def mixed_queue(make_queue: Any) -> Any:
                           history=[[at - 3000, "timeout", 1], [at - 2000, "timeout", 2], [at - 1000, "rejected", 3]])])
     forged = next(r.ref for r in refs if r.id not in {m.id for m in fired})
     if hasattr(q.store, "client"):  # another tool overwrote a record: the raw client, the lmdb internals
-        q.store.client.put(q.store._data_key(forged), {"payload": 12345, "msgId": "x", "loadedAt": 1},
+        q.store.client.put(q.store._ctx.data_key(forged), {"payload": 12345, "msgId": "x", "loadedAt": 1},
                            policy={"exists": 3, "ttl": -2})
     else:
         with q.store._ctx.env.env.begin(write=True) as txn:

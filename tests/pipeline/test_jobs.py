@@ -351,7 +351,7 @@ def test_records_that_are_not_messages_are_exported_as_unreadable_and_never_repl
     refs = q.publish_many([b"a", b"b", b"c"])
     forged = refs[1].ref  # another tool overwrote it (the lmdb internals / the raw client)
     if hasattr(q.store, "client"):
-        q.store.client.put(q.store._data_key(forged), {"payload": 12345, "msgId": "x", "loadedAt": 1},
+        q.store.client.put(q.store._ctx.data_key(forged), {"payload": 12345, "msgId": "x", "loadedAt": 1},
                            policy={"exists": 3, "ttl": -2})
     else:
         with q.store._ctx.env.env.begin(write=True) as txn:

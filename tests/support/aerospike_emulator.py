@@ -1,5 +1,5 @@
 """An in-memory Aerospike server and client for tests: exactly the subset of the `aerospike` client API
-that `ignis.storage.aerospike_store` uses, following the documented server semantics.
+that `ignis.storage.aerospike` uses, following the documented server semantics.
 
 Emulated: records with generation and void time (TTL -1 never, -2 don't update, 0 namespace default,
 >0 seconds; a TTL is refused with ForbiddenError when the namespace has nsup-period 0); exists policies

@@ -12,7 +12,7 @@ import pytest
 from support.aerospike_emulator import EmulatedServer
 
 from ignis import names
-from ignis.storage import aerospike_store
+from ignis.storage.aerospike import context
 
 AEROSPIKE_ENV = "IGNIS_TEST_AEROSPIKE"
 AEROSPIKE_SKIP = f"aerospike contract run skipped: set {AEROSPIKE_ENV}=host:port[/namespace] to run it against a server"
@@ -30,7 +30,7 @@ def emulated_backend(request: pytest.FixtureRequest, run: str, make: Callable[..
         pytest.skip(EMULATOR_IN_PROCESS)
     server = EmulatedServer()
     monkeypatch = request.getfixturevalue("monkeypatch")
-    monkeypatch.setattr(aerospike_store, "client_factory", server.client)
+    monkeypatch.setattr(context, "client_factory", server.client)
     yield make("aerospike-emu", f"aerospike://emulator:3000/test?farm=t{run}&client=c{run}", server)
 
 

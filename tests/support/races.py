@@ -101,17 +101,17 @@ class _PausingEnv(_Proxy):
 def paused_publish_write(store: Storage, timeout: float = 30.0) -> Iterator[Gate]:
     """Pause the next message-record write of `store` until `gate.release` is set."""
     gate = Gate(timeout)
-    from ignis.storage.aerospike_store import AerospikeStore
+    from ignis.storage.aerospike import AerospikeStore
     from ignis.storage.lmdb import LmdbStore
 
     if isinstance(store, AerospikeStore):
-        real = store._client
-        store._client = _PausingAerospikeClient(real, gate, names.data_set(store.client_id))
+        real = store._ctx.client
+        store._ctx.client = _PausingAerospikeClient(real, gate, names.data_set(store.client_id))
         try:
             yield gate
         finally:
             gate.release.set()
-            store._client = real
+            store._ctx.client = real
     elif isinstance(store, LmdbStore):
         environment = store._ctx.env
         real = environment.env

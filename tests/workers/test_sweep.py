@@ -130,7 +130,7 @@ def test_a_missing_slot_is_passed_once_its_write_deadline_is_over(store, declare
     q.publish_many([b"a", b"b", b"c"])
     a, _b, c = q.fire_many(3)
     q.ack([a, c])
-    store._client.remove(store._data_key(SlotRef(q.name, 0, 2)))  # as if its write had never landed
+    store._ctx.client.remove(store._ctx.data_key(SlotRef(q.name, 0, 2)))  # as if its write had never landed
     s = sweeper(store, clock)
     s.sweep_queue(store.client_id, q.name)
     assert pointer(store, q.name) == 2  # slot 1 (tombstone) passed; slot 2 may still be written

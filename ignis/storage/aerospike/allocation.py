@@ -1,0 +1,296 @@
+"""Slot allocation and the loads that fill the slots: `load`, `load_one`, `reserve`, `load_reserved*`, the
+increments of the load pointer (`_allocate_slots`, `allocate`), the writes of new records (`write_new` and
+the create-only/replace paths), and the repair of shard pointers a store rollback set back (`renumbered`,
+`roll_forward`, `_collided`). Separate because it is the producers' path; the pointer repair lives here since
+allocation meets a rollback first, and claims and pointer reads reuse it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aerospike
+from aerospike import exception as ex
+from aerospike_helpers import expressions as exp
+from aerospike_helpers.batch.records import BatchRecords, Write
+from aerospike_helpers.expressions import arithmetic
+from aerospike_helpers.operations import expression_operations as expr_ops
+from aerospike_helpers.operations import operations as ops
+
+from ignis import names
+from ignis.envelope import ATTEMPTS, CODEC, CODEC_BYTES, LOADED_AT, MSG_ID, PAYLOAD, Envelope
+from ignis.errors import InvalidInputError, StoreError
+from ignis.metrics import STORAGE_RETRIES
+from ignis.storage.aerospike.context import PURGED, RECORD_EXISTS, RECORD_OVERHEAD, SEALED, TOMBSTONE, AerospikeContext
+from ignis.storage.aerospike.reads import Reads
+from ignis.storage.aerospike.seals import Seals
+from ignis.storage.base import FIRE_POINTER, LOAD_POINTER, SlotRef
+
+log = logging.getLogger(__name__)
+
+ROLLBACK_SEAL_TTL = 30 * 86400  # seals of slots left by an allocation that met a rollback (no queue TTL at hand)
+
+_NOT_SEALED = exp.Not(exp.BinExists(SEALED)).compile()  # a new record may go anywhere but a sealed slot
+COLLISION_WINDOW = 256  # slots read at a time past a slot found used twice (see _collided)
+REPUBLISH_ROUNDS = 5  # a message refused by a sealed slot is written again, at most this many times
+
+
+def _allocate_ops(n: int) -> list[dict[str, Any]]:
+    """Allocate n slots on a meta record: increment the load pointer and read it back; also create the
+    fire pointer (the claim guard needs it) and drop a purge tombstone's bins, reading first whether there
+    was one (a purge restarts the numbering on purpose: no rollback)."""
+    return [ops.read(PURGED), ops.increment(LOAD_POINTER, n), ops.increment(FIRE_POINTER, 0),
+            ops.write(TOMBSTONE, None), ops.write(PURGED, None), ops.read(LOAD_POINTER)]
+
+
+_ALLOCATE_ONE = _allocate_ops(1)  # built once: the per-message publish path
+
+
+class Allocation:
+    """Allocates slots on a shard's meta record and writes new message records into them."""
+
+    def __init__(self, ctx: AerospikeContext, reads: Reads, seals: Seals) -> None:
+        self._ctx = ctx
+        self._reads = reads
+        self._seals = seals
+        # write policies of a new record, by TTL: create-only; create-or-replace unless sealed
+        self._new_record: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def load_one(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                 ttl_seconds: int) -> int:
+        # load() for one plain message, without its lists: the per-message publish path. Anything out
+        # of the ordinary (a record near the size limit, a sealed slot) takes the general path.
+        if len(payload) + len(msg_id) + RECORD_OVERHEAD > self._ctx.shared.settings.max_record_bytes:
+            return self.load(magazine, [(shard, Envelope(payload, msg_id, loaded_at))], ttl_seconds)[0].slot
+        try:
+            slot = self._allocate_slots("load", magazine, shard, 1)
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "load", self._ctx.data_set) from None
+        if self.load_reserved(tuple.__new__(SlotRef, (magazine, shard, slot)), payload, msg_id, loaded_at,
+                              ttl_seconds):
+            return slot
+        # sealed: a consumer gave the slot up; publish it again into a new one
+        return self.load(magazine, [(shard, Envelope(payload, msg_id, loaded_at))], ttl_seconds)[0].slot
+
+    def _plain_policies(self, ttl_seconds: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The create-only and the sealed-refusing create-or-replace policy of a new record (cached)."""
+        policies = self._new_record.get(ttl_seconds)
+        if policies is None:
+            ttl = self._ctx.ttl(ttl_seconds)
+            policies = self._new_record[ttl_seconds] = (
+                {**self._ctx.wp, "exists": aerospike.POLICY_EXISTS_CREATE, "ttl": ttl},
+                {**self._ctx.wp, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE, "expressions": _NOT_SEALED,
+                 "ttl": ttl})
+        return policies
+
+    def _write_plain(self, data_key: str, bins: dict[str, Any], policies: tuple[dict[str, Any], dict[str, Any]]
+                     ) -> bool:
+        """Write a new record into its allocated slot; False if the slot is sealed. Aerospike errors raw."""
+        key = (self._ctx.ns, self._ctx.data_set, data_key)
+        try:
+            # A new slot is almost always empty: create-only needs no filter expression (whose
+            # conversion costs the client about a third of the call, measured).
+            self._ctx.call("load", self._ctx.client.put, key, bins, None, policies[0])
+        except ex.RecordExistsError:  # a purge leftover, a seal, or this write's own earlier attempt
+            return self._write_over("load", key, bins, policies[1]["ttl"])
+        return True
+
+    def _write_over(self, operation: str, key: tuple[str, str, str], bins: Mapping[str, Any], ttl: int) -> bool:
+        """A new record's write into a slot that holds one already: it replaces a purge leftover, or this same
+        message (its own earlier attempt); it is refused by a seal, and by another message, which a rollback
+        put there (the store handed the slot out twice: see rollback.py). False: publish it again elsewhere."""
+        replaceable = exp.And(exp.Not(exp.BinExists(SEALED)), exp.Or(
+            exp.BinExists(PURGED), exp.Eq(exp.StrBin(MSG_ID), str(bins.get(MSG_ID) or ""))))
+        policy = {**self._ctx.wp, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE, "ttl": ttl,
+                  "expressions": replaceable.compile()}
+        try:
+            self._ctx.call(operation, self._ctx.client.put, key, dict(bins), None, policy)
+            return True
+        except ex.FilteredOut:
+            pass
+        STORAGE_RETRIES.labels("load_sealed").inc()
+        try:
+            _, _, held = self._ctx.call(operation, self._ctx.client.get, key)
+        except ex.RecordNotFound:
+            return False
+        if held.get(SEALED) is None:  # not a seal: another message, or its ack
+            self._collided(*names.parse_data_key(key[2]))
+        return False
+
+    def _collided(self, magazine: str, shard: int, slot: int) -> None:
+        """The store handed out a slot that already holds a message (or its ack): its load pointer went back
+        (a rollback this process had no mark for, e.g. it started after the crash). Report it, and move the
+        load pointer past the messages stored beyond it (read ahead window by window), so the next
+        allocations get new slots."""
+        last = slot
+        while True:
+            refs = [SlotRef(magazine, shard, s) for s in range(last + 1, last + 1 + COLLISION_WINDOW)]
+            live = self._reads.batch_get("rollback_check", [self._ctx.data_key(ref) for ref in refs])
+            used = [ref.slot for ref, bins, done in zip(refs, live, self._reads.settled(refs), strict=True)
+                    if bins is not None or done]
+            if not used:
+                break
+            last = used[-1]
+        key = self._ctx.meta_key(magazine, shard)
+        self._ctx.shared.marks.saw((key[1], key[2], LOAD_POINTER), last)
+        self.roll_forward(magazine, shard, f"load pointer (slot {slot} already holds a message)", slot - 1)
+
+    def reserve(self, magazine: str, shard: int, count: int) -> int:
+        if count < 1:
+            raise InvalidInputError(f"reserve {count} slots: count must be at least 1")
+        try:
+            return self._allocate_slots("reserve", magazine, shard, count)
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "reserve", self._ctx.meta_set) from None
+
+    def _plain_bins(self, magazine: str, payload: bytes, msg_id: str, loaded_at: int) -> dict[str, Any]:
+        """The bins of a new plain message, checked against the record size limit."""
+        bins = {PAYLOAD: payload, MSG_ID: msg_id, LOADED_AT: loaded_at, CODEC: CODEC_BYTES, ATTEMPTS: 0}
+        if len(payload) + len(msg_id) + RECORD_OVERHEAD > self._ctx.shared.settings.max_record_bytes:
+            self._ctx.check_size(magazine, bins)  # near the limit: the exact estimate, and its clear error
+        return bins
+
+    def load_reserved(self, ref: SlotRef, payload: bytes, msg_id: str, loaded_at: int, ttl_seconds: int
+                      ) -> bool:
+        bins = self._plain_bins(ref.magazine, payload, msg_id, loaded_at)
+        try:
+            return self._write_plain(names.data_key(ref.magazine, ref.shard, ref.slot), bins,
+                                     self._plain_policies(ttl_seconds))
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "load", self._ctx.data_set) from None
+
+    def load_reserved_many(self, refs: Sequence[SlotRef], payloads: Sequence[bytes], ids: Sequence[str],
+                           loaded_at: int, ttl_seconds: int) -> list[bool]:
+        bins_list = [self._plain_bins(ref.magazine, payload, msg_id, loaded_at)
+                     for ref, payload, msg_id in zip(refs, payloads, ids, strict=True)]
+        try:
+            return self.write_new("load", refs, bins_list, self._ctx.ttl(ttl_seconds))
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "load", self._ctx.data_set) from None
+
+    def _allocate_slots(self, operation: str, magazine: str, shard: int, count: int) -> int:
+        """Allocate `count` consecutive slots of a shard; the first. Checked against the highest load pointer
+        this process has seen (the mark is taken before the call, see rollback.py): a lower answer is a
+        rollback, and the slots are allocated again past the mark after the pointers are moved there.
+        Aerospike errors raw."""
+        key = self._ctx.meta_key(magazine, shard)
+        marks, mark = self._ctx.shared.marks, (key[1], key[2], LOAD_POINTER)
+        before = marks.mark(mark)
+        _, _, got = self._ctx.call(operation, self._ctx.client.operate, key,
+                                   _ALLOCATE_ONE if count == 1 else _allocate_ops(count), None, self._ctx.never)
+        load = int(got[LOAD_POINTER])
+        if got.get(PURGED) is not None:  # purged since: the numbering starts afresh, on purpose
+            marks.forget(lambda k: k[:2] == key[1:])
+            before = 0
+        elif load - count < before and self.renumbered(magazine, shard, load - count + 1, mark):
+            before = 0
+        if load - count < before and not self.renumbered(magazine, shard, load - count + 1, mark):
+            self.roll_forward(magazine, shard, "load pointer", load - count)
+            if load > before:  # the part of this allocation past the mark: ours, and unused from now on
+                self._seals.seal_slots(operation,
+                                       [SlotRef(magazine, shard, slot) for slot in range(before + 1, load + 1)],
+                                       ROLLBACK_SEAL_TTL)
+            return self._allocate_slots(operation, magazine, shard, count)
+        marks.saw(mark, load)
+        return load - count + 1
+
+    def renumbered(self, magazine: str, shard: int, slot: int, mark: tuple[str, str, str]) -> bool:
+        """Whether a pointer below this process's mark comes from a purge (another process purged the magazine
+        and it is used again: numbering afresh, on purpose) rather than a rollback, told by the first slot
+        past the pointer: a purge tombstone there, or a message published after the mark was seen. Then the
+        shard's marks are forgotten. (A rollback leaves nothing there, or what was there before the mark.)"""
+        try:
+            _, _, bins = self._ctx.call("rollback_check", self._ctx.client.get,
+                                        self._ctx.data_key(SlotRef(magazine, shard, slot)))
+        except ex.RecordNotFound:
+            return False
+        seen_at = self._ctx.shared.marks.seen_at(mark)
+        if bins.get(PURGED) is None and not (bins.get(TOMBSTONE) is None and (bins.get(LOADED_AT) or 0) > seen_at):
+            return False
+        self._ctx.shared.marks.forget(lambda k: k[:2] == mark[:2])
+        return True
+
+    def roll_forward(self, magazine: str, shard: int, what: str, stored: int) -> None:
+        """After a rollback of a shard's pointers: report it, and move its load and fire pointers up to the
+        highest this process has seen (never down: max by expression, one call)."""
+        key = self._ctx.meta_key(magazine, shard)
+        marks = self._ctx.shared.marks
+        load_high = marks.mark((key[1], key[2], LOAD_POINTER))
+        fire_high = marks.mark((key[1], key[2], FIRE_POINTER))
+        counter = LOAD_POINTER if what.startswith("load") else FIRE_POINTER
+        marks.report((key[1], key[2], counter), f"{what} of {magazine} shard {shard}", magazine, stored)
+        load, fire = exp.IntBin(LOAD_POINTER), exp.IntBin(FIRE_POINTER)
+        fire_now = exp.Cond(exp.BinExists(FIRE_POINTER), fire, 0)
+        raised_fire = arithmetic.Max(fire_now, arithmetic.Min(fire_high, load))  # (load: already raised above)
+        self._ctx.call("roll_forward", self._ctx.client.operate, key, [
+            expr_ops.expression_write(LOAD_POINTER, arithmetic.Max(load, load_high).compile()),
+            expr_ops.expression_write(FIRE_POINTER, raised_fire.compile())], None, self._ctx.never)
+
+    def allocate(self, operation: str, magazine: str, shards: Sequence[int]) -> list[SlotRef]:
+        """A new slot for each entry of `shards`, in order: one increment per distinct shard. Also creates
+        FIRE_POINTER (claim's guard needs it) and drops a purge tombstone's bins, so a purged-then-reused
+        magazine starts clean."""
+        counts: dict[int, int] = {}
+        for shard in shards:
+            counts[shard] = counts.get(shard, 0) + 1
+        next_slot = {shard: self._allocate_slots(operation, magazine, shard, n) for shard, n in counts.items()}
+        refs = []
+        for shard in shards:
+            refs.append(SlotRef(magazine, shard, next_slot[shard]))
+            next_slot[shard] += 1
+        return refs
+
+    def write_new(self, operation: str, refs: Sequence[SlotRef], bins_list: Sequence[Mapping[str, Any]],
+                  ttl: int) -> list[bool]:
+        """Write records into slots just allocated: create-only, and where a record is there already, over
+        it as _write_over allows (a purge leftover, this write's own earlier attempt). Per slot: False =
+        refused (a seal, or another message): publish it again elsewhere."""
+        create = {**self._ctx.wp, "exists": aerospike.POLICY_EXISTS_CREATE, "ttl": ttl}
+        if len(refs) == 1:
+            key = self._ctx.data_key(refs[0])
+            try:
+                self._ctx.call(operation, self._ctx.client.put, key, dict(bins_list[0]), None, create)
+                return [True]
+            except ex.RecordExistsError:
+                return [self._write_over(operation, key, bins_list[0], ttl)]
+        write = aerospike.OPERATOR_WRITE  # the op dicts ops.write builds, without a call per bin
+        batch = BatchRecords([Write(self._ctx.data_key(ref),
+                                    [{"op": write, "bin": k, "val": v} for k, v in bins.items()],
+                                    policy=create) for ref, bins in zip(refs, bins_list, strict=True)])
+        done = self._ctx.call(operation, self._ctx.client.batch_write, batch) or batch
+        records = self._ctx.answers(operation, done, len(refs), self._ctx.data_set)
+        failed = [r for r in records if r.result not in (0, RECORD_EXISTS)]
+        if failed:  # some may be written: publishing them again can duplicate, never lose
+            raise self._ctx.record_failure(operation, failed[0], self._ctx.data_set)
+        return [r.result == 0 or self._write_over(operation, r.key, bins, ttl)
+                for r, bins in zip(records, bins_list, strict=True)]
+
+    def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
+        if not items:
+            return []
+        bins_list = [envelope.to_bins() for _, envelope in items]
+        for bins in bins_list:
+            self._ctx.check_size(magazine, bins)
+        ttl = self._ctx.ttl(ttl_seconds)
+        try:
+            refs = self.allocate("load", magazine, [shard for shard, _ in items])
+            todo = list(range(len(items)))
+            for round_ in range(REPUBLISH_ROUNDS):
+                written = self.write_new("load", [refs[i] for i in todo], [bins_list[i] for i in todo], ttl)
+                todo = [i for i, ok in zip(todo, written, strict=True) if not ok]
+                if not todo:
+                    return refs
+                if round_ == REPUBLISH_ROUNDS - 1:
+                    break
+                # These writes came after their deadline: a consumer had given the slots up and sealed
+                # them. Publish the messages again, into new slots of the same shards.
+                log.warning("%d message(s) for %s reached sealed slots (the write came after its deadline); "
+                            "publishing them again", len(todo), magazine)
+                STORAGE_RETRIES.labels("load_sealed").inc(len(todo))
+                for i, ref in zip(todo, self.allocate("load", magazine, [items[i][0] for i in todo]), strict=True):
+                    refs[i] = ref
+            raise StoreError(f"aerospike load into {magazine!r}: {len(todo)} message(s) kept reaching sealed slots "
+                             f"({REPUBLISH_ROUNDS} tries); nothing more was written for them")
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "load", self._ctx.data_set) from None

@@ -1,0 +1,190 @@
+"""Reads of message records and the deletes that stay deleted: batch reads that never take an outage for an
+empty slot (`batch_get`), `read`, `peek`, `settled`, `stamp_unfired`, and `delete` with its durable-delete or
+tombstone removals (`remove_one`, `remove_many`). Separate because every other concern builds on these reads
+and removals (registry, allocation, moves, delayed messages), while they need nothing but the context."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import aerospike
+from aerospike import exception as ex
+from aerospike_helpers import expressions as exp
+from aerospike_helpers.batch.records import BatchRecords, Remove, Write
+from aerospike_helpers.operations import expression_operations as expr_ops
+from aerospike_helpers.operations import operations as ops
+
+from ignis.envelope import FIRE_TS, MSG_ID, Envelope, now_ms
+from ignis.storage.aerospike.context import (
+    BATCH_CHUNK,
+    FILTERED_OUT,
+    LIVE,
+    MISSING,
+    NOT_FOUND,
+    NOT_TOMBSTONED,
+    READ_ENVELOPE,
+    TOMBSTONE,
+    AerospikeContext,
+)
+from ignis.storage.base import SlotRef
+
+# What an ack, a delete or a seal leaves in a slot. Not a purge's mark: slot numbering starts afresh
+# after a purge, so a new message may still be written over it.
+_SETTLED_BINS = [TOMBSTONE]
+
+
+class Reads:
+    """Batch reads, peeks and settled checks of data records, and their removal (durable delete or tombstone)."""
+
+    def __init__(self, ctx: AerospikeContext) -> None:
+        self._ctx = ctx
+
+    def batch_get(self, operation: str, keys: list[tuple[str, str, str]], bins: list[str] | None = None,
+                  policy: dict[str, Any] | None = None) -> list[dict[str, Any] | None]:
+        """The bins of each key (only `bins`, when given; None: the server said not found, or a tombstone).
+        Any other answer, or none, raises: an outage never reads as an empty slot."""
+        out: list[dict[str, Any] | None] = []
+        set_name = keys[0][1] if keys else ""
+        for start in range(0, len(keys), BATCH_CHUNK):
+            chunk = keys[start:start + BATCH_CHUNK]
+            done = (self._ctx.call(operation, self._ctx.client.batch_read, chunk) if bins is None and policy is None
+                    else self._ctx.call(operation, self._ctx.client.batch_read, chunk, bins, policy))
+            for record in self._ctx.answers(operation, done, len(chunk), set_name):
+                if record.result == 0:
+                    found = record.record[2] if record.record is not None else None
+                    out.append(None if self._ctx.tombstoned(found) else found)
+                elif record.result == NOT_FOUND:
+                    out.append(None)
+                else:
+                    raise self._ctx.record_failure(operation, record, set_name)
+        return out
+
+    def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
+        if not refs:
+            return []
+        try:
+            found = self.batch_get("read", [self._ctx.data_key(ref) for ref in refs])
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "read", self._ctx.data_set) from None
+        return [None if bins is None else self._ctx.envelope(bins, None, ref)
+                for ref, bins in zip(refs, found, strict=True)]
+
+    def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
+        refs = [SlotRef(magazine, shard, slot) for slot in range(max(first, 1), last + 1)]
+        if not refs:
+            return []
+        try:
+            found = self.batch_get("peek", [self._ctx.data_key(ref) for ref in refs])
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "peek", self._ctx.data_set) from None
+        return [(ref, self._ctx.envelope(bins, None, ref)) for ref, bins in zip(refs, found, strict=True)
+                if bins is not None]
+
+    def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
+        if not refs:
+            return []
+        out = []
+        try:
+            keys = [self._ctx.data_key(ref) for ref in refs]
+            for start in range(0, len(keys), BATCH_CHUNK):
+                chunk = keys[start:start + BATCH_CHUNK]
+                done = self._ctx.call("settled", self._ctx.client.batch_read, chunk, _SETTLED_BINS)
+                for record in self._ctx.answers("settled", done, len(chunk), self._ctx.data_set):
+                    if record.result not in (0, NOT_FOUND):
+                        raise self._ctx.record_failure("settled", record, self._ctx.data_set)
+                    bins = record.record[2] if record.result == 0 and record.record is not None else None
+                    out.append(bool(bins) and bins.get(TOMBSTONE) is not None)
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "settled", self._ctx.data_set) from None
+        return out
+
+    def remove_one(self, operation: str, key: tuple[str, str, str], only: Any = None) -> bool:
+        """Delete so it stays deleted: a durable delete, or a tombstone. True if it was present. `only`: a
+        compiled filter the record must also pass (see _this_message)."""
+        try:
+            if self._ctx.durable:
+                policy = self._ctx.durable_remove if only is None else {**self._ctx.durable_remove, "expressions": only}
+                self._ctx.call(operation, self._ctx.client.remove, key, policy=policy)
+            else:
+                policy = self._ctx.replace_live if only is None else {**self._ctx.replace_live, "expressions": only}
+                self._ctx.call(operation, self._ctx.client.put, key, {TOMBSTONE: now_ms()}, None, policy)
+            return True
+        except MISSING:
+            return False
+
+    def remove_many(self, operation: str, keys: list[tuple[str, str, str]], only: Sequence[Any] | None = None) -> int:
+        present = 0
+        for start in range(0, len(keys), BATCH_CHUNK):
+            chunk = keys[start:start + BATCH_CHUNK]
+            if only is not None:  # a filter per record: one batch_write of per-record policies
+                filters = only[start:start + BATCH_CHUNK]
+                base = {"durable_delete": True} if self._ctx.durable else self._ctx.replace_live
+                action = [] if self._ctx.durable else [
+                    {"op": aerospike.OPERATOR_WRITE, "bin": TOMBSTONE, "val": now_ms()}]
+                batch = BatchRecords([Remove(key, policy={"durable_delete": True, "expressions": f})
+                                      if self._ctx.durable
+                                      else Write(key, action, policy={**base, "expressions": f})
+                                      for key, f in zip(chunk, filters, strict=True)])
+                done = self._ctx.call(operation, self._ctx.client.batch_write, batch) or batch
+            elif self._ctx.durable:
+                done = self._ctx.call(operation, self._ctx.client.batch_remove, chunk,
+                                      policy_batch_remove={"durable_delete": True})
+            else:
+                done = self._ctx.call(operation, self._ctx.client.batch_operate, chunk,
+                                      [ops.write(TOMBSTONE, now_ms())], None, self._ctx.replace_live)
+            for record in self._ctx.answers(operation, done, len(chunk), self._ctx.data_set):
+                if record.result == 0:
+                    present += 1
+                elif record.result not in (NOT_FOUND, FILTERED_OUT):
+                    raise self._ctx.record_failure(operation, record, self._ctx.data_set)
+        return present
+
+    @staticmethod
+    def _this_message(msg_id: str | None) -> Any:
+        """A settle's filter: the live record of this message (None: any live record). After a store rollback
+        lost a claimed record, its slot can hold a newer message (rollback.py): the claimer's late ack must
+        not delete that one."""
+        if msg_id is None:
+            return NOT_TOMBSTONED
+        return exp.And(LIVE, exp.Eq(exp.StrBin(MSG_ID), msg_id)).compile()
+
+    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
+               ids: Sequence[str | None] | None = None) -> int:
+        if not refs:
+            return 0
+        try:
+            if ids is not None:  # (versions: a generation can repeat in a reused slot, so the id decides)
+                filters = [self._this_message(i) for i in ids]
+                if len(refs) == 1:
+                    return int(self.remove_one("delete", self._ctx.data_key(refs[0]), filters[0]))
+                return self.remove_many("delete", [self._ctx.data_key(ref) for ref in refs], filters)
+            if len(refs) == 1:
+                version = versions[0] if versions else None
+                if version is not None and not self._ctx.durable:
+                    # The record as claimed (same generation): a tombstone without the filter expression,
+                    # which costs the client more than the rest of the call (measured). Written since
+                    # (a sweeper's move claim, a purge): the filtered path decides.
+                    try:
+                        self._ctx.call("delete", self._ctx.client.put, self._ctx.data_key(refs[0]),
+                                       {TOMBSTONE: now_ms()}, {"gen": version}, self._ctx.replace_same)
+                        return 1
+                    except (ex.RecordGenerationError, ex.RecordNotFound):
+                        pass
+                return int(self.remove_one("delete", self._ctx.data_key(refs[0])))
+            return self.remove_many("delete", [self._ctx.data_key(ref) for ref in refs])
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "delete", self._ctx.data_set) from None
+
+    def stamp_unfired(self, ref: SlotRef, now_ms_: int) -> Envelope | None:
+        # Create-only expression write with "no fail": stamps only a record that has no fireTS yet.
+        stamp = expr_ops.expression_write(FIRE_TS, exp.Val(now_ms_).compile(),
+                                          aerospike.EXP_WRITE_CREATE_ONLY | aerospike.EXP_WRITE_POLICY_NO_FAIL)
+        try:
+            _, _, bins = self._ctx.call("stamp_unfired", self._ctx.client.operate, self._ctx.data_key(ref),
+                                        [stamp, *READ_ENVELOPE], None, self._ctx.update_live)
+        except MISSING:
+            return None
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "stamp_unfired", self._ctx.data_set) from None
+        return self._ctx.envelope(bins, None, ref)

@@ -1,0 +1,298 @@
+"""The `AerospikeStore` facade and `open_aerospike`. The facade holds one object per concern (registry,
+system records, reads, seals, allocation, claims, moves, pointers, delayed messages, purges), all sharing one
+`AerospikeContext`, and each `Storage` method delegates to its concern in one line; it also owns the
+connection's life (`with_client` views share it, `close`). Separate so that the `Storage` surface is read in
+one place and the concerns know nothing of each other beyond what they are given."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import unquote
+
+from aerospike import exception as ex
+
+from ignis.envelope import Envelope, NewMessages
+from ignis.errors import InvalidInputError
+from ignis.storage.aerospike.allocation import Allocation
+from ignis.storage.aerospike.claims import Claims
+from ignis.storage.aerospike.config import AerospikeSettings, load_settings
+from ignis.storage.aerospike.context import AerospikeContext, Shared
+from ignis.storage.aerospike.delayed import Delayed
+from ignis.storage.aerospike.moves import Moves
+from ignis.storage.aerospike.pointers import Pointers
+from ignis.storage.aerospike.purge import Purge
+from ignis.storage.aerospike.reads import Reads
+from ignis.storage.aerospike.registry import Registry
+from ignis.storage.aerospike.seals import Seals
+from ignis.storage.aerospike.system import SystemRecords
+from ignis.storage.base import (
+    Claimed,
+    ClaimTicket,
+    DelayState,
+    LeaseRecord,
+    MagazineKind,
+    Move,
+    Placement,
+    QueueRecord,
+    ShardPointers,
+    SlotRef,
+    load_new_as_envelopes,
+)
+
+log = logging.getLogger(__name__)
+
+
+class AerospikeStore:
+    """`Storage` on Aerospike. Thread-safe (the client is); one instance per (farmId, clientId)."""
+
+    def __init__(self, settings: AerospikeSettings, *, farm_id: str = "local", client_id: str = "default",
+                 client: Any = None, _shared: Shared | None = None) -> None:
+        ctx = self._ctx = AerospikeContext(settings, farm_id, client_id, client, _shared)
+        self.farm_id, self.client_id = ctx.farm_id, ctx.client_id
+        self._shared, self._owner = ctx.shared, ctx.owner  # the connection, for with_client and close
+        self._ns = ctx.ns  # (read by tools and tests)
+        self._reads = Reads(ctx)
+        self._seals = Seals(ctx)
+        self._allocation = Allocation(ctx, self._reads, self._seals)
+        self._claims = Claims(ctx, self._allocation)
+        self._moves = Moves(ctx, self._allocation, self._seals, self._reads)
+        self._registry = Registry(ctx, self._reads)
+        self._system = SystemRecords(ctx)
+        self._pointers = Pointers(ctx, self._allocation, self._reads)
+        self._delayed = Delayed(ctx, self._registry, self._reads)
+        self._purge = Purge(ctx, self._delayed)
+        failure = self._registry.create_index()
+        if failure is not None:
+            # A producer or consumer whose user may read and write but not manage indexes still works;
+            # only listing queues needs the index, and the operator (sindex-admin role) creates it.
+            if not isinstance(failure[0], ex.RoleViolation):
+                if self._owner:
+                    self.close()
+                raise failure[1]
+            log.warning("%s: cannot create index %s (no privilege); list_queues needs it: create it with a "
+                        "user holding sindex-admin (the operator does)", ctx.url, ctx.index_name)
+
+    # ---- plumbing ------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self._ctx.url
+
+    @property
+    def location(self) -> str:
+        # The connection's identity too: handles on one connection share it; two connections of a process
+        # to one cluster are told apart (harmless: each learns of the other's publishes through its watcher).
+        return f"{self._ctx.url}@{id(self._shared):x}"
+
+    @property
+    def client(self) -> Any:
+        """The raw Aerospike client (for tools and tests)."""
+        return self._ctx.client
+
+    @property
+    def durable_deletes(self) -> bool:
+        """True: acks are durable deletes (Enterprise); False: tombstones (Community)."""
+        return self._ctx.durable
+
+    def __repr__(self) -> str:
+        return f"AerospikeStore({self._ctx.url}, acks={'durable-delete' if self._ctx.durable else 'tombstone'})"
+
+    def with_client(self, client_id: str) -> AerospikeStore:
+        if client_id == self.client_id:
+            return self
+        with self._shared.lock:
+            view = self._shared.views.get(client_id)
+        if view is None:
+            view = AerospikeStore(self._shared.settings, farm_id=self.farm_id, client_id=client_id,
+                                  _shared=self._shared)
+            with self._shared.lock:
+                view = self._shared.views.setdefault(client_id, view)
+        return view
+
+    @property
+    def closed(self) -> bool:
+        return self._shared.closed
+
+    def close(self) -> None:
+        shared = self._shared
+        if not self._owner:
+            return  # a view: the owner closes the connection
+        with shared.lock:
+            if shared.closed:
+                return
+            shared.closed = True
+            shared.queries_done.wait_for(lambda: shared.queries == 0, timeout=shared.settings.total_timeout_ms / 1000)
+        if shared.owns_client:
+            shared.client.close()
+
+    def key(self, set_name: str, key: str) -> tuple[str, str, str]:
+        return self._ctx.key(set_name, key)
+
+    @property
+    def write_grace_ms(self) -> int:
+        return self._ctx.write_grace_ms
+
+    def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
+                 ) -> list[Sequence[int]]:
+        # One record object per message either way: the envelope path costs nothing extra here.
+        return load_new_as_envelopes(self, magazine, batch, placement, ttl_seconds)
+
+    # ---- registry ----------------------------------------------------------------------------------
+    def ensure_index(self) -> None:
+        self._registry.ensure_index()
+
+    def apply_queue(self, name: str, config: Mapping[str, Any], ttl_seconds: int) -> bool:
+        return self._registry.apply_queue(name, config, ttl_seconds)
+
+    def get_queue(self, name: str) -> QueueRecord | None:
+        return self._registry.get_queue(name)
+
+    def list_queues(self, active: bool | None = True) -> list[QueueRecord]:
+        return self._registry.list_queues(active)
+
+    def set_queue_active(self, name: str, active: bool) -> bool:
+        return self._registry.set_queue_active(name, active)
+
+    def delete_queue(self, name: str) -> bool:
+        return self._registry.delete_queue(name)
+
+    def advance_sweep(
+        self, name: str, kind: MagazineKind, epoch: int, pointers: Mapping[int, int], swept: int
+    ) -> None:
+        self._registry.advance_sweep(name, kind, epoch, pointers, swept)
+
+    # ---- system ------------------------------------------------------------------------------------
+    def next_epoch(self) -> int:
+        return self._system.next_epoch()
+
+    def register_client(self, client_id: str) -> None:
+        self._system.register_client(client_id)
+
+    def list_clients(self) -> list[str]:
+        return self._system.list_clients()
+
+    def get_lease(self, name: str) -> LeaseRecord | None:
+        return self._system.get_lease(name)
+
+    def replace_lease(self, name: str, lease: LeaseRecord, expected_version: int) -> LeaseRecord | None:
+        return self._system.replace_lease(name, lease, expected_version)
+
+    # ---- allocation --------------------------------------------------------------------------------
+    def load_one(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                 ttl_seconds: int) -> int:
+        return self._allocation.load_one(magazine, shard, payload, msg_id, loaded_at, ttl_seconds)
+
+    def reserve(self, magazine: str, shard: int, count: int) -> int:
+        return self._allocation.reserve(magazine, shard, count)
+
+    def load_reserved(self, ref: SlotRef, payload: bytes, msg_id: str, loaded_at: int, ttl_seconds: int
+                      ) -> bool:
+        return self._allocation.load_reserved(ref, payload, msg_id, loaded_at, ttl_seconds)
+
+    def load_reserved_many(self, refs: Sequence[SlotRef], payloads: Sequence[bytes], ids: Sequence[str],
+                           loaded_at: int, ttl_seconds: int) -> list[bool]:
+        return self._allocation.load_reserved_many(refs, payloads, ids, loaded_at, ttl_seconds)
+
+    def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
+        return self._allocation.load(magazine, items, ttl_seconds)
+
+    # ---- claims ------------------------------------------------------------------------------------
+    def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True,
+              up_to: int | None = None) -> list[Claimed]:
+        return self._claims.claim(magazine, shard, max_slots, now_ms_, count_attempt, up_to)
+
+    def resolve_claim(self, ticket: ClaimTicket, now_ms_: int) -> list[Claimed] | None:
+        return self._claims.resolve_claim(ticket, now_ms_)
+
+    def restamp(self, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool = True) -> list[Claimed]:
+        return self._claims.restamp(refs, now_ms_, count_attempt)
+
+    # ---- seals -------------------------------------------------------------------------------------
+    def seal(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+        return self._seals.seal(refs, ttl_seconds)
+
+    def note_claimed_holes(self, magazine: str, holes: Mapping[int, int]) -> None:
+        self._seals.note_claimed_holes(magazine, holes)
+
+    # ---- moves -------------------------------------------------------------------------------------
+    def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int,
+             fired_before: int | None = None) -> list[bool]:
+        return self._moves.move(target, moves, ttl_seconds, epoch, fired_before)
+
+    # ---- reads -------------------------------------------------------------------------------------
+    def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
+        return self._reads.read(refs)
+
+    def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
+        return self._reads.peek(magazine, shard, first, last)
+
+    def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
+        return self._reads.settled(refs)
+
+    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
+               ids: Sequence[str | None] | None = None) -> int:
+        return self._reads.delete(refs, versions, ids)
+
+    def stamp_unfired(self, ref: SlotRef, now_ms_: int) -> Envelope | None:
+        return self._reads.stamp_unfired(ref, now_ms_)
+
+    # ---- pointers ----------------------------------------------------------------------------------
+    def pointers(self, magazine: str, shards: int) -> dict[int, ShardPointers]:
+        return self._pointers.pointers(magazine, shards)
+
+    def watch_pointers(self, magazine: str, shards: int) -> tuple[list[int], int]:
+        return self._pointers.watch_pointers(magazine, shards)
+
+    def beacon(self, magazine: str) -> None:
+        self._pointers.beacon(magazine)
+
+    def read_beacons(self, magazines: Sequence[str]) -> list[int]:
+        return self._pointers.read_beacons(magazines)
+
+    def doorbell(self) -> None:
+        self._pointers.doorbell()
+
+    # ---- delayed -----------------------------------------------------------------------------------
+    def load_delayed(self, queue: str, envelopes: Sequence[Envelope], ttl_seconds: int) -> None:
+        self._delayed.load_delayed(queue, envelopes, ttl_seconds)
+
+    def due_delayed(self, queue: str, now_ms_: int, limit: int) -> list[Envelope]:
+        return self._delayed.due_delayed(queue, now_ms_, limit)
+
+    def settle_delayed(self, queue: str, envelopes: Sequence[Envelope]) -> int:
+        return self._delayed.settle_delayed(queue, envelopes)
+
+    def lead_delayed(self, queue: str, holder: str, now_ms_: int, hold_ms: int) -> bool:
+        return self._delayed.lead_delayed(queue, holder, now_ms_, hold_ms)
+
+    def change_mark(self) -> int | None:
+        return self._delayed.change_mark()
+
+    def delay_states(self, queues: Sequence[str]) -> list[DelayState]:
+        return self._delayed.delay_states(queues)
+
+    # ---- purge -------------------------------------------------------------------------------------
+    def purge_magazine(self, magazine: str) -> int:
+        return self._purge.purge_magazine(magazine)
+
+
+def open_aerospike(location: str, params: dict[str, str], *, farm_id: str, client_id: str) -> AerospikeStore:
+    """An AerospikeStore from the parts of an `aerospike://` URL (see `ignis.storage.open_store`)."""
+    userinfo, at, hostpart = location.rpartition("@")
+    hosts, _, namespace = (hostpart if at else location).partition("/")
+    overrides: dict[str, Any] = dict(params)
+    config_file = overrides.pop("config", None)
+    unknown = sorted(set(overrides) - set(AerospikeSettings.model_fields))
+    if unknown:
+        raise InvalidInputError(f"aerospike store URL: unknown option(s) {', '.join(unknown)}")
+    if hosts:
+        overrides["hosts"] = hosts
+    if namespace.strip("/"):
+        overrides["namespace"] = namespace.strip("/")
+    if at:
+        user, _, password = userinfo.partition(":")
+        overrides["user"] = unquote(user)
+        if password:
+            overrides["password"] = unquote(password)
+    return AerospikeStore(load_settings(overrides, config_file), farm_id=farm_id, client_id=client_id)
