@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ignis.envelope import Envelope, NewMessages
-from ignis.errors import StoreUnavailable
+from ignis.errors import InvalidInputError, StoreUnavailable
 
 MagazineKind = Literal["main", "sideline"]
 
@@ -32,6 +32,30 @@ SIDELINE_SWEPT = "sidelineSwept"
 SWEEP_EPOCH = "sweepEpoch"
 RUNTIME_BINS = frozenset({CREATED_AT, ACTIVE, SWEEP_POINTERS, SIDELINE_SWEEP, SWEPT_COUNTER, SIDELINE_SWEPT,
                           SWEEP_EPOCH})
+MAX_BIN_NAME = 15  # an Aerospike limit; the lmdb store keeps the same layout, so the same limit
+
+
+def check_queue_config(config: Mapping[str, Any]) -> None:
+    """What every store refuses in a queue config (InvalidInputError): a runtime bin, which only the store and
+    the sweeper write, and a bin name Aerospike cannot store."""
+    clobbered = RUNTIME_BINS.intersection(config)
+    if clobbered:
+        raise InvalidInputError(f"queue config may not set runtime bins: {', '.join(sorted(clobbered))}")
+    for bin_name in config:
+        if len(bin_name) > MAX_BIN_NAME:
+            raise InvalidInputError(f"bin name {bin_name!r} is longer than {MAX_BIN_NAME} characters "
+                                    "(an Aerospike limit)")
+
+
+def new_queue_bins(config: Mapping[str, Any], now: int) -> dict[str, Any]:
+    """A new queue record: its config and the runtime bins at their start (no sweep yet, epoch 0)."""
+    return {**config, CREATED_AT: now, SWEEP_POINTERS: {}, SIDELINE_SWEEP: {}, SWEPT_COUNTER: 0,
+            SIDELINE_SWEPT: 0, SWEEP_EPOCH: 0}
+
+
+def sweep_bins(kind: MagazineKind) -> tuple[str, str]:
+    """(pointer map bin, swept counter bin) of the queue record for a sweep of its `kind` magazine."""
+    return (SWEEP_POINTERS, SWEPT_COUNTER) if kind == "main" else (SIDELINE_SWEEP, SIDELINE_SWEPT)
 
 # Meta record bins.
 LOAD_POINTER = "LOAD_POINTER"

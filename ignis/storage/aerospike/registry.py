@@ -19,26 +19,24 @@ from aerospike_helpers.operations import operations as ops
 
 from ignis import names
 from ignis.envelope import now_ms
-from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch, StoreError, StoreUnavailable
+from ignis.errors import QueueNotFound, StaleEpoch, StoreError, StoreUnavailable
 from ignis.storage.aerospike.context import LIVE, MISSING, PURGED, TOMBSTONE, AerospikeContext
 from ignis.storage.aerospike.errors import map_error
 from ignis.storage.aerospike.reads import Reads
 from ignis.storage.base import (
     ACTIVE,
-    CREATED_AT,
-    RUNTIME_BINS,
     SIDELINE_SWEEP,
-    SIDELINE_SWEPT,
     SWEEP_EPOCH,
     SWEEP_POINTERS,
-    SWEPT_COUNTER,
     MagazineKind,
     QueueRecord,
+    check_queue_config,
+    new_queue_bins,
+    sweep_bins,
 )
 
 log = logging.getLogger(__name__)
 
-MAX_BIN_NAME = 15
 _ANY_TOMBSTONE = exp.Or(exp.BinExists(TOMBSTONE), exp.BinExists(PURGED)).compile()
 
 
@@ -83,20 +81,13 @@ class Registry:
         return None
 
     def apply_queue(self, name: str, config: Mapping[str, Any], ttl_seconds: int) -> bool:
-        clobbered = RUNTIME_BINS.intersection(config)
-        if clobbered:
-            raise InvalidInputError(f"queue config may not set runtime bins: {', '.join(sorted(clobbered))}")
-        for bin_name in config:
-            if len(bin_name) > MAX_BIN_NAME:
-                raise InvalidInputError(f"bin name {bin_name!r} is longer than {MAX_BIN_NAME} characters "
-                                        "(an Aerospike limit)")
+        check_queue_config(config)
         key = self._ctx.key(self._ctx.queue_set, name)
         ttl = self._ctx.ttl(ttl_seconds)
         update = {**config, ACTIVE: "true"}
         try:
             for _ in range(5):  # each step fails only when a concurrent writer changed the record
-                created = {**config, CREATED_AT: now_ms(), ACTIVE: "true", SWEEP_POINTERS: {}, SIDELINE_SWEEP: {},
-                           SWEPT_COUNTER: 0, SIDELINE_SWEPT: 0, SWEEP_EPOCH: 0}
+                created = {**new_queue_bins(config, now_ms()), ACTIVE: "true"}
                 try:
                     self._ctx.call("apply_queue", self._ctx.client.put, key, created, None,
                                    {**self._ctx.wp, "exists": aerospike.POLICY_EXISTS_CREATE, "ttl": ttl})
@@ -231,8 +222,7 @@ class Registry:
     def advance_sweep(
         self, name: str, kind: MagazineKind, epoch: int, pointers: Mapping[int, int], swept: int
     ) -> None:
-        pointer_bin, counter_bin = (SWEEP_POINTERS, SWEPT_COUNTER) if kind == "main" else (SIDELINE_SWEEP,
-                                                                                             SIDELINE_SWEPT)
+        pointer_bin, counter_bin = sweep_bins(kind)
         operations = [ops.write(SWEEP_EPOCH, epoch)]
         if pointers:
             operations.append(expr_ops.expression_write(pointer_bin,

@@ -14,18 +14,15 @@ from typing import Any
 
 from ignis import names
 from ignis.envelope import now_ms
-from ignis.errors import InvalidInputError, QueueNotFound, StaleEpoch
+from ignis.errors import QueueNotFound, StaleEpoch
 from ignis.storage.base import (
     ACTIVE,
-    CREATED_AT,
-    RUNTIME_BINS,
-    SIDELINE_SWEEP,
-    SIDELINE_SWEPT,
     SWEEP_EPOCH,
-    SWEEP_POINTERS,
-    SWEPT_COUNTER,
     MagazineKind,
     QueueRecord,
+    check_queue_config,
+    new_queue_bins,
+    sweep_bins,
 )
 from ignis.storage.lmdb.context import StoreContext
 from ignis.storage.lmdb.records import EPOCH_KEY, _expire_at, _expired, _record, _unpack
@@ -45,22 +42,14 @@ class QueueRegistry:
         return (b"true\x00" if active else b"false\x00") + name.encode()
 
     def apply_queue(self, name: str, config: Mapping[str, Any], ttl_seconds: int) -> bool:
-        clobbered = RUNTIME_BINS.intersection(config)
-        if clobbered:
-            raise InvalidInputError(f"queue config may not set runtime bins: {', '.join(sorted(clobbered))}")
-        for bin_name in config:
-            if len(bin_name) > 15:
-                raise InvalidInputError(f"bin name {bin_name!r} is longer than 15 characters")
+        check_queue_config(config)
         key = name.encode()
         now = now_ms()
         with self._ctx.write("apply_queue") as txn:
             current = self._ctx.get_bins(txn, self._ctx.queues, key, now)
             created = current is None
             if current is None:
-                bins: dict[str, Any] = {
-                    **config, CREATED_AT: now, SWEEP_POINTERS: {}, SIDELINE_SWEEP: {}, SWEPT_COUNTER: 0,
-                    SIDELINE_SWEPT: 0, SWEEP_EPOCH: 0,
-                }
+                bins = new_queue_bins(config, now)
             else:
                 bins = current[0]
                 bins.update(config)
@@ -128,8 +117,7 @@ class QueueRegistry:
     def advance_sweep(
         self, name: str, kind: MagazineKind, epoch: int, pointers: Mapping[int, int], swept: int
     ) -> None:
-        pointer_bin, counter_bin = (SWEEP_POINTERS, SWEPT_COUNTER) if kind == "main" else (SIDELINE_SWEEP,
-                                                                                             SIDELINE_SWEPT)
+        pointer_bin, counter_bin = sweep_bins(kind)
         key = name.encode()
         with self._ctx.write("advance_sweep", durable=False) as txn:
             current = self._ctx.get_bins(txn, self._ctx.queues, key, now_ms())
