@@ -117,7 +117,7 @@ class Magazine:
     # message would not) and keeps each shard's slots contiguous.
     def publish_one(self, payload: bytes, msg_id: str, loaded_at: int) -> MessageRef:
         """Publish one new keyless message of plain bytes: the commonest call, kept lean."""
-        store = self.store
+        store = self._store
         if not self._reserves:
             shard = int(_random() * self.shards)
             slot = store.load_one(self.name, shard, payload, msg_id, loaded_at, self.ttl_seconds)
@@ -135,7 +135,7 @@ class Magazine:
         """Publish new keyless messages of plain bytes, each as `publish_one` would, together: an async
         publisher's batch (ignis.aio). Two-step backends write them into reserved slots with one round trip
         (reserving what is missing in one allocation); others in one group commit (load_new)."""
-        store, name, ttl = self.store, self.name, self.ttl_seconds
+        store, name, ttl = self._store, self.name, self.ttl_seconds
         count = len(payloads)
         if not count:
             return []
@@ -167,7 +167,7 @@ class Magazine:
 
     def _allocate_and_publish(self, payload: bytes, msg_id: str, loaded_at: int) -> tuple[int, int]:
         """Allocate a slot on a random shard, with the reserve for the next publishes, and write into it."""
-        store, ttl = self.store, self.ttl_seconds
+        store, ttl = self._store, self.ttl_seconds
         reserved_at = time.monotonic()  # before the call: every slot it allocates is younger than this
         count = self._reservations.size(reserved_at)
         shard = int(_random() * self.shards)
@@ -196,7 +196,7 @@ class Magazine:
         else:
             first = int(_random() * shards)
             placement = [((first + k) % shards, range(k, count, shards)) for k in range(min(shards, count))]
-        taken = self.store.load_new(name, batch, placement, self.ttl_seconds)
+        taken = self._store.load_new(name, batch, placement, self.ttl_seconds)
         self._active_shards.mark([shard for shard, _ in placement])
         refs: list[Any] = [None] * count
         for (shard, indices), slots in zip(placement, taken, strict=True):
@@ -213,7 +213,7 @@ class Magazine:
         shards = self.shards
         items = [(shard_for_key(env.key, shards) if env.key is not None else (first + i) % shards, env)
                  for i, env in enumerate(envelopes)]
-        refs = self.store.load(self.name, items, self.ttl_seconds)
+        refs = self._store.load(self.name, items, self.ttl_seconds)
         self._active_shards.mark({shard for shard, _ in items})
         return refs
 
@@ -226,7 +226,7 @@ class Magazine:
         shards = self.shards
         placed = [Move(source, fired_at, shard_for_key(env.key, shards) if env.key is not None else
                        (first + i) % shards, env) for i, (source, fired_at, env) in enumerate(moves)]
-        done = self.store.move(self.name, placed, self.ttl_seconds, epoch, fired_before)
+        done = self._store.move(self.name, placed, self.ttl_seconds, epoch, fired_before)
         self._active_shards.mark({m.shard for m, moved in zip(placed, done, strict=True) if moved})
         return done
 
@@ -273,7 +273,7 @@ class Magazine:
         if shard is None:
             return None
         try:
-            claimed = self.store.claim(self.name, shard, max_slots, now_ms(), self._count_attempt)
+            claimed = self._store.claim(self.name, shard, max_slots, now_ms(), self._count_attempt)
         except ClaimInDoubt as exc:  # the claim's answer was lost: find out what it took before claiming more
             with self._lock:
                 self._in_doubt.append(exc.ticket)
@@ -297,7 +297,7 @@ class Magazine:
         try:
             while tickets:
                 try:
-                    claimed = self.store.resolve_claim(tickets[0], now_ms())
+                    claimed = self._store.resolve_claim(tickets[0], now_ms())
                 except ClaimInterrupted as exc:  # it took slots, then their stamp failed
                     tickets.pop(0)
                     self._keep_interrupted(exc)
@@ -406,7 +406,7 @@ class Magazine:
         for ref in holes:
             per_shard[ref.shard] = per_shard.get(ref.shard, 0) + 1
         try:
-            self.store.note_claimed_holes(self.name, per_shard)
+            self._store.note_claimed_holes(self.name, per_shard)
         except StoreError as exc:
             store_failed(f"count {len(holes)} hole(s) passed in {self.name} (its figures are off by as many)", exc)
 
@@ -503,7 +503,7 @@ class Magazine:
 
     # ---- inspection --------------------------------------------------------------------------------
     def pointers(self) -> dict[int, ShardPointers]:
-        return self.store.pointers(self.name, self.shards)
+        return self._store.pointers(self.name, self.shards)
 
     def pending(self) -> int:
         """Messages not claimed yet (ShardPointers.pending: slots not claimed, minus the holes among them)."""
@@ -526,7 +526,7 @@ class Magazine:
             first = max(int(sweep_pointers.get(names.shard_label(shard), 0)), p.fire - scan_limit + 1, 1)
             while first <= p.fire:
                 last = min(p.fire, first + 999)
-                found = self.store.peek(self.name, shard, first, last)
+                found = self._store.peek(self.name, shard, first, last)
                 count += len(found)
                 for _, envelope in found:
                     fired = envelope.fire_ts
@@ -542,6 +542,6 @@ class Magazine:
             first = p.fire + 1
             while first <= p.load and len(found) < limit:
                 last = min(p.load, first + 999)
-                found.extend(self.store.peek(self.name, shard, first, last)[: limit - len(found)])
+                found.extend(self._store.peek(self.name, shard, first, last)[: limit - len(found)])
                 first = last + 1
         return found
