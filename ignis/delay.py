@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ignis.envelope import Envelope, now_ms
-from ignis.errors import StoreError
+from ignis.errors import LoadInterrupted, StoreError
 from ignis.logs import Reachability
 from ignis.outage import Backoff
 from ignis.per_store import PerStore
@@ -71,6 +71,9 @@ class MainMagazine(Protocol):
 
     def load(self, envelopes: Sequence[Envelope]) -> list[SlotRef]: ...
 
+    def reload(self, refs: Sequence[SlotRef], envelopes: Sequence[Envelope], landed: Sequence[bool]
+               ) -> list[SlotRef]: ...
+
 
 _moving: dict[tuple[str, str, str], threading.Lock] = {}  # (store location, client, queue): one thread of a process
 _moving_lock = threading.Lock()
@@ -97,6 +100,11 @@ def move_due(main: MainMagazine, now: int | None = None, limit: int = MOVE_BATCH
 # that batch a second time, and each was delivered twice.
 _unsettled: dict[tuple[str, str, str], list[Envelope]] = {}
 
+# A batch whose copy into main failed part way (an outage: LoadInterrupted): its slots, and which copies are known
+# to have landed. The next move finishes that copy first, into the same slots (Storage.reload): copying the batch
+# afresh copied the landed messages a second time, and a cluster fault run delivered one after its ack.
+_interrupted: dict[tuple[str, str, str], tuple[list[Envelope], list[SlotRef], list[bool]]] = {}
+
 
 def _move(main: MainMagazine, now: int | None, limit: int) -> int | None:
     store, queue = main.store, main.name
@@ -106,6 +114,16 @@ def _move(main: MainMagazine, now: int | None, limit: int) -> int | None:
         store.settle_delayed(queue, pending)  # (an outage still: raises, and this move waits for the next)
         del _unsettled[key]
     moved = 0
+    half_copied = _interrupted.get(key)
+    if half_copied is not None:
+        due, refs, landed = half_copied
+        # Only the lease holder finishes it: had another process taken the lease over, it moves these very
+        # messages (and copies the landed ones again: at least once).
+        if store.lead_delayed(queue, holder(), now_ms() if now is None else now, LEAD_MS):
+            _copy(main, key, due, (refs, landed))
+            moved = len(due)
+        else:
+            del _interrupted[key]
     while True:
         at = now_ms() if now is None else now
         if not store.lead_delayed(queue, holder(), at, LEAD_MS):  # renewed for every batch: a lease the
@@ -119,17 +137,35 @@ def _move(main: MainMagazine, now: int | None, limit: int) -> int | None:
         # migrations slowed the store). Renewed here, it covers the copy and the delete that follow.
         if not store.lead_delayed(queue, holder(), now_ms() if now is None else now, LEAD_MS):
             return moved if moved else None
-        main.load([as_delivered(env) for env in due])  # copy, then delete: a crash between delivers it twice
+        _copy(main, key, due)
         log.debug("moved %d due message(s) of %s into main (%s .. %s)", len(due), queue, due[0].msg_id,
                   due[-1].msg_id)
-        try:
-            store.settle_delayed(queue, due)
-        except StoreError:
-            _unsettled[key] = due
-            raise
         moved += len(due)
         if len(due) < limit:
             return moved
+
+
+def _copy(main: MainMagazine, key: tuple[str, str, str], due: list[Envelope],
+          half_copied: tuple[list[SlotRef], list[bool]] | None = None) -> None:
+    """Copy a batch of due messages into main, then delete their delayed records: a crash between the two
+    delivers them twice (at least once). A copy or a delete the store failed part way is kept, and finished by
+    the next move before anything else (`half_copied`: the slots of a copy that failed part way, and which
+    landed)."""
+    copies = [as_delivered(env) for env in due]
+    try:
+        if half_copied is None:
+            main.load(copies)
+        else:
+            main.reload(half_copied[0], copies, half_copied[1])
+    except LoadInterrupted as exc:
+        _interrupted[key] = (due, exc.refs, exc.landed)
+        raise
+    _interrupted.pop(key, None)
+    try:
+        main.store.settle_delayed(main.name, due)
+    except StoreError:
+        _unsettled[key] = due
+        raise
 
 
 @dataclass(slots=True)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 class IgnisError(Exception):
     """Base of every IgnisMQ error."""
@@ -75,3 +78,15 @@ class HoleBudgetExceeded(IgnisError):
 
 class AlreadySettled(IgnisError):
     """ack/nack called twice on the same delivered message."""
+
+
+class LoadInterrupted(StoreUnavailable):
+    """A load of several messages failed (an outage) after its slots were allocated and its writes sent: some
+    may have landed. `refs` are the slots, in the order of the items loaded; `landed`, per slot, whether its
+    write is known to have landed. Loading the items again would copy the landed ones twice: finish the load
+    with `Storage.reload(magazine, refs, envelopes, landed, ...)`, which writes only what is not there."""
+
+    def __init__(self, message: str, refs: Sequence[Any], landed: Sequence[bool]) -> None:
+        self.refs = list(refs)
+        self.landed = list(landed)
+        super().__init__(message)

@@ -365,6 +365,15 @@ class Storage(Protocol):
         TTL. Several items are one group commit where the backend can. Returns the slots in order."""
         ...
 
+    def reload(self, magazine: str, refs: Sequence[SlotRef], envelopes: Sequence[Envelope], landed: Sequence[bool],
+               ttl_seconds: int) -> list[SlotRef]:
+        """Finish a `load` that raised `LoadInterrupted` (its `refs` and `landed`), without copying anything
+        twice: each envelope not known to have landed is written into its own slot, create-only. A slot that
+        holds it already, or its ack, is left as it is; a slot a consumer sealed meanwhile (or that holds
+        another message) gets the envelope in a new slot of the same shard. Returns the slots, in order.
+        Raises `LoadInterrupted` again if the store fails again."""
+        ...
+
     def load_one(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
                  ttl_seconds: int) -> int:
         """Publish one new message of plain bytes (no headers, no key) into `shard`: `load_new` for the

@@ -178,6 +178,99 @@ def test_a_move_whose_delete_failed_is_not_copied_again(ignis, monkeypatch) -> N
     assert sorted(m.id for m in got) == sorted(r.id for r in refs)
 
 
+def test_a_copy_into_main_cut_short_by_an_outage_is_finished_without_copying_anything_twice(ignis, monkeypatch
+                                                                                            ) -> None:
+    """A node went away while a batch of due messages was being copied into main: part of the batch landed and
+    the load raised. The next move writes the rest into the slots the batch was given (create-only), so nothing
+    is copied twice: a landed copy acked meanwhile is not delivered again (a cluster fault run saw exactly
+    that), nor is one whose write was in doubt (it landed, its answer did not), acked or not; and a slot a
+    consumer sealed meanwhile has its message written into a new slot."""
+    from aerospike_helpers.batch.records import BatchRecords
+
+    from ignis import delay
+    from ignis.errors import LoadInterrupted, StoreUnavailable
+
+    ignis.apply(QueueSpec.build(name="cutshort", handlerType="c", shards=2))
+    q = ignis.queue("cutshort")
+    store = q.main.store
+    ctx = getattr(store, "_ctx", None)
+    if getattr(ctx, "client", None) is None:
+        pytest.skip("an lmdb load is one transaction: it lands whole or not at all")
+    published = q.publish_many([b"a", b"b", b"c", b"d"], delay=0.05)
+    ids = [r.id for r in published]
+    time.sleep(0.1)
+    real_call, cuts = ctx.call, []
+
+    def cut_short(operation: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """The copy's batch write, as while a node is going away: the first one lands its first three records
+        and answers for the first only (the other two time out in doubt: result code 9); every record after it
+        fails, unwritten."""
+        if operation != "load" or getattr(fn, "__name__", "") != "batch_write":
+            return real_call(operation, fn, *args, **kwargs)
+        records = list(args[0].batch_records)
+        landing = [] if cuts else records[:3]
+        cuts.append(len(landing))
+        if landing:
+            real_call(operation, fn, BatchRecords(landing))
+        for record in records[1 if landing else 0:]:
+            record.result = 9
+        return BatchRecords(records)
+
+    monkeypatch.setattr(ctx, "call", cut_short)
+    key = (store.location, store.client_id, "cutshort")
+    deadline = time.monotonic() + 10
+    while key not in delay._interrupted:  # (a new delay index may take a moment to answer)
+        with contextlib.suppress(StoreUnavailable):
+            move_due(q.main)
+        assert time.monotonic() < deadline, "the copy was never tried"
+    with pytest.raises(LoadInterrupted):  # an outage still: nothing more lands
+        move_due(q.main)
+    copies, refs, landed = delay._interrupted[key]
+    assert sorted(env.msg_id for env in copies) == sorted(ids)
+    assert landed == [True, False, False, False] and cuts[0] == 3
+    ids = [env.msg_id for env in copies]  # (in the order of the copy: the query's)
+    assert [env is not None for env in store.read(refs)] == [True, True, True, False] and q.stats().delayed == 4
+    fired = {m.id: m for m in q.fire_many(10, timeout=5)}  # the three that landed are delivered ...
+    assert sorted(fired) == sorted(ids[:3])
+    fired.pop(ids[1]).ack()  # ... one in doubt is acked, the other stays in flight
+    store.seal([refs[3]], 3600)  # a consumer gave the slot of the one that did not land up
+    assert store.settled([refs[3]]) == [True]
+
+    monkeypatch.setattr(ctx, "call", real_call)  # the node is back
+    deadline = time.monotonic() + 10
+    while key in delay._interrupted or q.stats().delayed:
+        with contextlib.suppress(StoreUnavailable):
+            move_due(q.main)
+        assert time.monotonic() < deadline, "the copy was never finished"
+    rest = []
+    while (m := q.fire(timeout=1.5)) is not None:
+        rest.append(m.id)
+        m.ack()
+    assert rest == [ids[3]]  # in a new slot; nothing copied twice
+    for m in fired.values():
+        m.ack()
+
+
+def test_reload_writes_only_what_is_not_in_its_slot(ignis) -> None:
+    """Storage.reload, on every backend: a slot holding its message is left as it is, a message whose slot is
+    empty is written (into that slot where the backend can, or afresh); each is delivered once."""
+    from ignis.envelope import Envelope, new_message_id
+    from ignis.storage.base import SlotRef
+
+    ignis.apply(QueueSpec.build(name="reloaded", handlerType="r", shards=2))
+    q = ignis.queue("reloaded")
+    envelopes = [Envelope(payload, new_message_id(), now_ms()) for payload in (b"there", b"missing")]
+    there = q.main.load(envelopes[:1])[0]
+    try:  # a slot allocated and never written (as an interrupted load leaves one)
+        empty = SlotRef(q.main.name, 1 - there.shard, q.main.store.reserve(q.main.name, 1 - there.shard, 1))
+    except NotImplementedError:  # lmdb writes a slot in the transaction that allocates it: a slot never given out
+        empty = SlotRef(q.main.name, 1 - there.shard, 10**6)
+    done = q.main.reload([there, empty], envelopes, [False, False])
+    assert done[0] == there and q.main.store.read(done)[1].msg_id == envelopes[1].msg_id
+    got = q.fire_many(10, timeout=2)
+    assert sorted(m.payload for m in got) == [b"missing", b"there"] and q.fire(timeout=0.5) is None
+
+
 def test_a_query_answer_from_a_copy_that_missed_the_settle_is_not_moved_again(ignis, monkeypatch) -> None:
     """While Aerospike partitions migrate, a query can answer from a copy of a delayed record that has not seen
     its settle: the move checks each answer against every copy (read_mode_ap ALL) and moves nothing twice."""

@@ -20,7 +20,7 @@ from aerospike_helpers.operations import operations as ops
 
 from ignis import names
 from ignis.envelope import ATTEMPTS, CODEC, CODEC_BYTES, LOADED_AT, MSG_ID, PAYLOAD, Envelope
-from ignis.errors import InvalidInputError, StoreError
+from ignis.errors import InvalidInputError, LoadInterrupted, StoreError, StoreUnavailable
 from ignis.metrics import STORAGE_RETRIES
 from ignis.storage.aerospike.context import PURGED, RECORD_EXISTS, RECORD_OVERHEAD, SEALED, TOMBSTONE, AerospikeContext
 from ignis.storage.aerospike.reads import Reads
@@ -254,6 +254,16 @@ class Allocation:
                 return [True]
             except ex.RecordExistsError:
                 return [self._write_over(operation, key, bins_list[0], ttl)]
+        records = self._create_many(operation, refs, bins_list, create)
+        return [r.result == 0 or self._write_over(operation, r.key, bins, ttl)
+                for r, bins in zip(records, bins_list, strict=True)]
+
+    def _create_many(self, operation: str, refs: Sequence[SlotRef], bins_list: Sequence[Mapping[str, Any]],
+                     create: Mapping[str, Any]) -> list[Any]:
+        """Create-only writes of new records into their slots, one batch: the per-record answers (result 0:
+        written; RECORD_EXISTS: a record is there). Should any record fail otherwise, the others may be written:
+        an outage is raised as LoadInterrupted saying which are (result 0). Aerospike errors of the whole
+        batch raw."""
         write = aerospike.OPERATOR_WRITE  # the op dicts ops.write builds, without a call per bin
         batch = BatchRecords([Write(self._ctx.data_key(ref),
                                     [{"op": write, "bin": k, "val": v} for k, v in bins.items()],
@@ -261,10 +271,12 @@ class Allocation:
         done = self._ctx.call(operation, self._ctx.client.batch_write, batch) or batch
         records = self._ctx.answers(operation, done, len(refs), self._ctx.data_set)
         failed = [r for r in records if r.result not in (0, RECORD_EXISTS)]
-        if failed:  # some may be written: publishing them again can duplicate, never lose
-            raise self._ctx.record_failure(operation, failed[0], self._ctx.data_set)
-        return [r.result == 0 or self._write_over(operation, r.key, bins, ttl)
-                for r, bins in zip(records, bins_list, strict=True)]
+        if failed:
+            error = self._ctx.record_failure(operation, failed[0], self._ctx.data_set)
+            if isinstance(error, StoreUnavailable):
+                raise LoadInterrupted(str(error), refs, [r.result == 0 for r in records])
+            raise error
+        return records
 
     def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
         if not items:
@@ -275,9 +287,15 @@ class Allocation:
         ttl = self._ctx.ttl(ttl_seconds)
         try:
             refs = self.allocate("load", magazine, [shard for shard, _ in items])
-            todo = list(range(len(items)))
+        except ex.AerospikeError as exc:  # nothing written yet: load them again at will
+            raise self._ctx.fail(exc, "load", self._ctx.data_set) from None
+        landed = [False] * len(items)
+        todo = list(range(len(items)))
+        try:
             for round_ in range(REPUBLISH_ROUNDS):
                 written = self.write_new("load", [refs[i] for i in todo], [bins_list[i] for i in todo], ttl)
+                for i, ok in zip(todo, written, strict=True):
+                    landed[i] = ok
                 todo = [i for i, ok in zip(todo, written, strict=True) if not ok]
                 if not todo:
                     return refs
@@ -292,5 +310,70 @@ class Allocation:
                     refs[i] = ref
             raise StoreError(f"aerospike load into {magazine!r}: {len(todo)} message(s) kept reaching sealed slots "
                              f"({REPUBLISH_ROUNDS} tries); nothing more was written for them")
+        except LoadInterrupted as exc:  # (from write_new, over the slots of `todo`)
+            for i, ok in zip(todo, exc.landed, strict=True):
+                landed[i] = ok
+            raise LoadInterrupted(str(exc), refs, landed) from None
+        except ex.AerospikeError as exc:  # writes were sent: some may have landed
+            raise self._interrupted(exc, refs, landed) from None
+
+    def _interrupted(self, exc: ex.AerospikeError, refs: Sequence[SlotRef], landed: Sequence[bool]) -> Exception:
+        """The error of a load whose writes were sent: an outage is a LoadInterrupted (which slots, and which
+        writes are known to have landed), so that the caller finishes it with `reload` instead of copying the
+        landed messages twice (a cluster fault run delivered a delayed message after its ack that way)."""
+        error = self._ctx.fail(exc, "load", self._ctx.data_set)
+        return LoadInterrupted(str(error), refs, landed) if isinstance(error, StoreUnavailable) else error
+
+    def reload(self, magazine: str, refs: Sequence[SlotRef], envelopes: Sequence[Envelope], landed: Sequence[bool],
+               ttl_seconds: int) -> list[SlotRef]:
+        refs, landed = list(refs), list(landed)
+        todo = [i for i, done in enumerate(landed) if not done]
+        if not todo:
+            return refs
+        bins_list = [envelopes[i].to_bins() for i in todo]
+        create = {**self._ctx.wp, "exists": aerospike.POLICY_EXISTS_CREATE, "ttl": self._ctx.ttl(ttl_seconds)}
+        afresh = []
+        try:
+            records = self._create_many("load", [refs[i] for i in todo], bins_list, create)
+            for i, record, bins in zip(todo, records, bins_list, strict=True):
+                if record.result == 0 or self._holds(record.key, bins):
+                    landed[i] = True
+                else:
+                    afresh.append(i)
+        except LoadInterrupted as exc:
+            for i, ok in zip(todo, exc.landed, strict=True):
+                landed[i] = ok
+            raise LoadInterrupted(str(exc), refs, landed) from None
         except ex.AerospikeError as exc:
-            raise self._ctx.fail(exc, "load", self._ctx.data_set) from None
+            raise self._interrupted(exc, refs, landed) from None
+        if afresh:
+            try:
+                new = self.load(magazine, [(refs[i].shard, envelopes[i]) for i in afresh], ttl_seconds)
+            except LoadInterrupted as exc:
+                for i, ref, ok in zip(afresh, exc.refs, exc.landed, strict=True):
+                    refs[i], landed[i] = ref, ok
+                raise LoadInterrupted(str(exc), refs, landed) from None
+            except StoreUnavailable as exc:  # (the allocation failed: nothing of these was written)
+                raise LoadInterrupted(str(exc), refs, landed) from None
+            for i, ref in zip(afresh, new, strict=True):
+                refs[i] = ref
+        return refs
+
+    def _holds(self, key: tuple[Any, ...], bins: Mapping[str, Any]) -> bool:
+        """A reload's create-only write found a record in its slot: whether that is this message (its earlier
+        write landed, acked since or not). No for a seal (a consumer gave the slot up), a purge leftover, or
+        another message (a rollback handed the slot out twice): the message goes to a new slot.
+        An ack leaves a tombstone without the message id, taken as this message's: another message's ack
+        there would take a rollback collision and an outage in the same load. Where deletes leave no trace
+        (durable deletes, Enterprise), an ack leaves nothing, and the create-only write copies it again: at
+        least once, as before."""
+        try:
+            _, _, held = self._ctx.call("load", self._ctx.client.get, key)
+        except ex.RecordNotFound:  # gone since (expired): a new slot
+            return False
+        if held.get(SEALED) is not None or held.get(PURGED) is not None:
+            return False
+        if held.get(MSG_ID) == bins.get(MSG_ID) or (held.get(TOMBSTONE) is not None and held.get(MSG_ID) is None):
+            return True
+        self._collided(*names.parse_data_key(key[2]))
+        return False

@@ -197,6 +197,10 @@ class AerospikeStore:
     def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
         return self._allocation.load(magazine, items, ttl_seconds)
 
+    def reload(self, magazine: str, refs: Sequence[SlotRef], envelopes: Sequence[Envelope], landed: Sequence[bool],
+               ttl_seconds: int) -> list[SlotRef]:
+        return self._allocation.reload(magazine, refs, envelopes, landed, ttl_seconds)
+
     # ---- claims ------------------------------------------------------------------------------------
     def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True,
               up_to: int | None = None) -> list[Claimed]:

@@ -158,6 +158,18 @@ class LmdbStore:
     def load(self, magazine: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
         return self._allocation.load(magazine, items, ttl_seconds)
 
+    def reload(self, magazine: str, refs: Sequence[SlotRef], envelopes: Sequence[Envelope], landed: Sequence[bool],
+               ttl_seconds: int) -> list[SlotRef]:
+        # An lmdb load is one transaction, all or nothing: it never raises LoadInterrupted. For the interface's
+        # sake: what is not in its slot is loaded afresh (a slot an lmdb load allocated holds its message).
+        refs = list(refs)
+        todo = [i for i, (ref, env, done) in enumerate(zip(refs, self.read(refs), landed, strict=True))
+                if not done and (env is None or env.msg_id != envelopes[i].msg_id)]
+        for i, ref in zip(todo, self.load(magazine, [(refs[i].shard, envelopes[i]) for i in todo], ttl_seconds),
+                          strict=True):
+            refs[i] = ref
+        return refs
+
     def load_one(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
                  ttl_seconds: int) -> int:
         return self._allocation.load_one(magazine, shard, payload, msg_id, loaded_at, ttl_seconds)
