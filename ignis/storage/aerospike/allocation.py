@@ -268,7 +268,8 @@ class Allocation:
         batch = BatchRecords([Write(self._ctx.data_key(ref),
                                     [{"op": write, "bin": k, "val": v} for k, v in bins.items()],
                                     policy=create) for ref, bins in zip(refs, bins_list, strict=True)])
-        done = self._ctx.call(operation, self._ctx.client.batch_write, batch) or batch
+        done = self._ctx.call(operation, self._ctx.client.batch_write, batch,
+                              self._ctx.batch_policy(len(refs))) or batch
         records = self._ctx.answers(operation, done, len(refs), self._ctx.data_set)
         failed = [r for r in records if r.result not in (0, RECORD_EXISTS)]
         if failed:

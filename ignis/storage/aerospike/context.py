@@ -54,6 +54,12 @@ PURGED = "purgedAt"  # the one bin a magazine purge leaves; a new message may re
 ENVELOPE_BINS = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, REASON, HISTORY, FIRE_TS, ATTEMPTS,
                  DUE_AT)
 BATCH_CHUNK = 5000  # keys per batch call in peeks and purges
+# A batch of at most this many records is processed in the server thread that receives it (allow_inline_ssd): a
+# device namespace otherwise hands every batch to separate service threads, which cost a publish batch of 8
+# about a quarter of its time (386 -> 281 us, measured on CE 8.1). Small ones only: "inline processing can
+# introduce the possibility of unfairness because the server can process the entire batch before moving onto
+# the next command" (Aerospike client BatchPolicy.allowInlineSSD docs; server 6.0+, older ignore it).
+INLINE_BATCH_MAX = 32
 RECORD_OVERHEAD = 128  # record header + key + per-bin overhead estimate, for the size pre-check
 SIZE_CHECK_MARGIN = 64 * 1024  # a payload this far below the limit skips the estimate (the server refuses the rest)
 
@@ -156,11 +162,18 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
         self.replace_same = {**self.keep, "exists": aerospike.POLICY_EXISTS_REPLACE, "gen": aerospike.POLICY_GEN_EQ}
         self.replace_live = {**self.keep, "exists": aerospike.POLICY_EXISTS_REPLACE, "expressions": NOT_TOMBSTONED}
         self.durable_remove = {**wp, "durable_delete": True}
+        self.small_batch = {**settings.client_config()["policies"]["batch"], "allow_inline": True,
+                            "allow_inline_ssd": True}
         # The producer's write deadline: every attempt of a load's write and the waits between them, the
         # longest a reserved slot waits for its write (Storage.reserve), and a second for the gap between
         # the increment's answer and the write (a scheduling delay).
         self.write_grace_ms = ((s.retries + 1) * s.total_timeout_ms + s.retries * s.retry_sleep_ms
                                + RESERVATION_FRESH_MS + 1000)
+
+    def batch_policy(self, count: int) -> dict[str, Any] | None:
+        """The parent policy of a batch of `count` records: processed inline when small (INLINE_BATCH_MAX), else
+        the client's default."""
+        return self.small_batch if count <= INLINE_BATCH_MAX else None
 
     @contextlib.contextmanager
     def query_running(self) -> Iterator[None]:
