@@ -126,15 +126,13 @@ class Reads:
                                       if self._ctx.durable
                                       else Write(key, action, policy={**base, "expressions": f})
                                       for key, f in zip(chunk, filters, strict=True)])
-                done = self._ctx.call(operation, self._ctx.client.batch_write, batch,
-                                      self._ctx.batch_policy(len(chunk))) or batch
+                done = self._ctx.call(operation, self._ctx.client.batch_write, batch) or batch
             elif self._ctx.durable:
                 done = self._ctx.call(operation, self._ctx.client.batch_remove, chunk,
                                       policy_batch_remove={"durable_delete": True})
             else:
                 done = self._ctx.call(operation, self._ctx.client.batch_operate, chunk,
-                                      [ops.write(TOMBSTONE, now_ms())], self._ctx.batch_policy(len(chunk)),
-                                      self._ctx.replace_live)
+                                      [ops.write(TOMBSTONE, now_ms())], None, self._ctx.replace_live)
             for record in self._ctx.answers(operation, done, len(chunk), self._ctx.data_set):
                 if record.result == 0:
                     present += 1
