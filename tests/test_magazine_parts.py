@@ -215,6 +215,25 @@ def test_a_drained_shard_is_dropped_unless_a_load_marked_it_since_the_claim_bega
     assert shards.activity.active == ()
 
 
+def test_a_load_cut_short_marks_the_shards_of_the_writes_that_landed() -> None:
+    """A copy an outage cut short (LoadInterrupted): what landed is there for this process's consumers, what did
+    not is not looked for; a load that went through marks every shard it filled."""
+    from ignis.errors import LoadInterrupted
+    from ignis.storage.base import SlotRef
+
+    store = FakeStore()
+    shards = active_shards(store)
+    refs = [SlotRef("q", 1, 7), SlotRef("q", 2, 3), SlotRef("q", 3, 9)]
+
+    def cut_short() -> list[SlotRef]:
+        raise LoadInterrupted("down (test)", refs, [True, False, True])
+
+    with pytest.raises(LoadInterrupted):
+        shards.loaded(cut_short)
+    assert sorted(shards.activity.active) == [1, 3] and store.beacons == ["q"]
+    assert shards.loaded(lambda: refs[1:2]) == refs[1:2] and sorted(shards.activity.active) == [1, 2, 3]
+
+
 def test_loads_ring_the_beacon_of_main_only() -> None:
     store = FakeStore()
     main, sideline = active_shards(store), ActiveShards(store, "q.sideline", 4, refresh_seconds=1.0,

@@ -21,7 +21,7 @@ from typing import Any
 
 from ignis import names
 from ignis.envelope import Envelope, NewMessages, now_ms
-from ignis.errors import HoleBudgetExceeded, LoadInterrupted, StoreError
+from ignis.errors import HoleBudgetExceeded, StoreError
 from ignis.magazine.awaited import AwaitedSlots
 from ignis.magazine.prefetch import PREFETCH_MAX, PREFETCH_PER_FIRE, Prefetch
 from ignis.magazine.reservations import Reservations
@@ -213,24 +213,13 @@ class Magazine:
         shards = self.shards
         items = [(shard_for_key(env.key, shards) if env.key is not None else (first + i) % shards, env)
                  for i, env in enumerate(envelopes)]
-        try:
-            refs = self._store.load(self.name, items, self.ttl_seconds)
-        except LoadInterrupted as exc:  # some may have landed: this process's consumers look for them
-            self._active_shards.mark({ref.shard for ref, landed in zip(exc.refs, exc.landed, strict=True) if landed})
-            raise
-        self._active_shards.mark({shard for shard, _ in items})
-        return refs
+        return self._active_shards.loaded(lambda: self._store.load(self.name, items, self.ttl_seconds))
 
     def reload(self, refs: Sequence[SlotRef], envelopes: Sequence[Envelope], landed: Sequence[bool]
                ) -> list[SlotRef]:
         """Finish a `load` that raised LoadInterrupted, copying nothing twice (see `Storage.reload`)."""
-        try:
-            done = self._store.reload(self.name, refs, envelopes, landed, self.ttl_seconds)
-        except LoadInterrupted as exc:
-            self._active_shards.mark({ref.shard for ref, ok in zip(exc.refs, exc.landed, strict=True) if ok})
-            raise
-        self._active_shards.mark({ref.shard for ref in done})
-        return done
+        return self._active_shards.loaded(
+            lambda: self._store.reload(self.name, refs, envelopes, landed, self.ttl_seconds))
 
     def move_in(self, epoch: int, moves: Sequence[tuple[SlotRef, int | None, Envelope]],
                 fired_before: int | None = None) -> list[bool]:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ignis.activity import ShardActivity, activity_for, with_work
 from ignis.delay import MainMagazine, mover_for
-from ignis.storage.base import Storage
+from ignis.errors import LoadInterrupted
+from ignis.storage.base import SlotRef, Storage
 from ignis.watch import watcher_for
 
 _random = random.random
@@ -46,6 +47,17 @@ class ActiveShards:
             return
         self.activity.mark(shards)
         self.ring(shards)
+
+    def loaded(self, load: Callable[[], list[SlotRef]]) -> list[SlotRef]:
+        """Run a load of existing messages and mark the shards it filled; for a load an outage cut short
+        (LoadInterrupted), the shards of the writes that landed: this process's consumers look for them."""
+        try:
+            refs = load()
+        except LoadInterrupted as exc:
+            self.mark({ref.shard for ref, landed in zip(exc.refs, exc.landed, strict=True) if landed})
+            raise
+        self.mark({ref.shard for ref in refs})
+        return refs
 
     def mark_one(self, shard: int) -> None:
         self.activity.mark_one(shard)
