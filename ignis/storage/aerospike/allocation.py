@@ -312,9 +312,7 @@ class Allocation:
             raise StoreError(f"aerospike load into {magazine!r}: {len(todo)} message(s) kept reaching sealed slots "
                              f"({REPUBLISH_ROUNDS} tries); nothing more was written for them")
         except LoadInterrupted as exc:  # (from write_new, over the slots of `todo`)
-            for i, ok in zip(todo, exc.landed, strict=True):
-                landed[i] = ok
-            raise LoadInterrupted(str(exc), refs, landed) from None
+            raise _widened(exc, todo, refs, landed) from None
         except ex.AerospikeError as exc:  # writes were sent: some may have landed
             raise self._interrupted(exc, refs, landed) from None
 
@@ -332,28 +330,24 @@ class Allocation:
         if not todo:
             return refs
         bins_list = [envelopes[i].to_bins() for i in todo]
-        create = {**self._ctx.wp, "exists": aerospike.POLICY_EXISTS_CREATE, "ttl": self._ctx.ttl(ttl_seconds)}
         afresh = []
         try:
-            records = self._create_many("load", [refs[i] for i in todo], bins_list, create)
+            records = self._create_many("load", [refs[i] for i in todo], bins_list,
+                                        self._plain_policies(ttl_seconds)[0])
             for i, record, bins in zip(todo, records, bins_list, strict=True):
                 if record.result == 0 or self._holds(record.key, bins):
                     landed[i] = True
                 else:
                     afresh.append(i)
         except LoadInterrupted as exc:
-            for i, ok in zip(todo, exc.landed, strict=True):
-                landed[i] = ok
-            raise LoadInterrupted(str(exc), refs, landed) from None
+            raise _widened(exc, todo, refs, landed) from None
         except ex.AerospikeError as exc:
             raise self._interrupted(exc, refs, landed) from None
         if afresh:
             try:
                 new = self.load(magazine, [(refs[i].shard, envelopes[i]) for i in afresh], ttl_seconds)
-            except LoadInterrupted as exc:
-                for i, ref, ok in zip(afresh, exc.refs, exc.landed, strict=True):
-                    refs[i], landed[i] = ref, ok
-                raise LoadInterrupted(str(exc), refs, landed) from None
+            except LoadInterrupted as exc:  # (its slots are new ones)
+                raise _widened(exc, afresh, refs, landed, moved=True) from None
             except StoreUnavailable as exc:  # (the allocation failed: nothing of these was written)
                 raise LoadInterrupted(str(exc), refs, landed) from None
             for i, ref in zip(afresh, new, strict=True):
@@ -378,3 +372,14 @@ class Allocation:
             return True
         self._collided(*names.parse_data_key(key[2]))
         return False
+
+
+def _widened(exc: LoadInterrupted, part: Sequence[int], refs: list[SlotRef], landed: list[bool],
+             moved: bool = False) -> LoadInterrupted:
+    """The LoadInterrupted of the whole load, from one raised for the items `part` of it: their landed flags
+    (and, `moved`, their slots: they were loaded afresh) replace the whole's."""
+    for k, i in enumerate(part):
+        landed[i] = exc.landed[k]
+        if moved:
+            refs[i] = exc.refs[k]
+    return LoadInterrupted(str(exc), refs, landed)

@@ -163,7 +163,7 @@ class LmdbStore:
         # An lmdb load is one transaction, all or nothing: it never raises LoadInterrupted. For the interface's
         # sake: what is not in its slot is loaded afresh (a slot an lmdb load allocated holds its message).
         refs = list(refs)
-        todo = [i for i, (ref, env, done) in enumerate(zip(refs, self.read(refs), landed, strict=True))
+        todo = [i for i, (env, done) in enumerate(zip(self.read(refs), landed, strict=True))
                 if not done and (env is None or env.msg_id != envelopes[i].msg_id)]
         for i, ref in zip(todo, self.load(magazine, [(refs[i].shard, envelopes[i]) for i in todo], ttl_seconds),
                           strict=True):
