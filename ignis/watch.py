@@ -6,7 +6,7 @@ One `Watcher` thread per store handle, started by the first wait on a magazine o
 magazines consumers of this process look for work in (one nobody looked in for KEEP_WATCHING_SECONDS is
 dropped). Two means, by what the store offers:
 
-* a doorbell (`Storage.doorbell`; lmdb): a publisher rings the listening processes after its commit, and
+* a doorbell (`Storage.doorbell`; lmdb): a publisher rings the listening processes as it commits, and
   the ring itself marks the shards active. The watcher subscribes, and reads the pointers only as a safety
   net, every SAFETY_POLL_SECONDS;
 * otherwise (Aerospike) it polls. While messages flow, a magazine's shard pointers (one batch read,

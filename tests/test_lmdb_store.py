@@ -224,3 +224,44 @@ def test_a_move_under_an_epoch_older_than_the_newest_is_refused_whole(tmp_path: 
         assert store.write_grace_ms == 0  # one transaction per publish: a claim never awaits a write
     finally:
         store.close()
+
+
+_PUBLISH_WITH_A_SLOW_COMMIT = """
+import sys, time
+from ignis import Ignis
+from ignis.storage.lmdb.context import StoreContext
+
+ring = StoreContext.ring_committing
+
+def ring_then_hold(self, magazine, shards):
+    ring(self, magazine, shards)
+    time.sleep(float(sys.argv[3]))  # the write lock held, the commit not done: a slow flush
+
+StoreContext.ring_committing = ring_then_hold
+with Ignis(sys.argv[1]) as ignis:
+    ignis.queue(sys.argv[2]).publish(b"slow")
+"""
+
+
+def test_a_claim_rung_before_the_commit_waits_it_out_and_takes_the_message(tmp_path: Path) -> None:
+    # A publish rings before its commit; the consumer's look without the write lock finds nothing yet, and
+    # its claim must take the lock anyway (the publisher rings nobody after the commit), or the message
+    # would wait for a poll, seconds later.
+    hold = 0.5
+    url = f"lmdb://{tmp_path}/store"
+    with Ignis(url) as ignis:
+        ignis.apply(QueueSpec.build(name="slow", handlerType="slow", shards=2))
+        queue = ignis.queue("slow")
+        assert queue.fire() is None  # from now on this process listens for the queue's rings
+        time.sleep(0.2)  # and the publisher sees the listing (re-read every 50 ms)
+        proc = subprocess.Popen([sys.executable, "-c", _PUBLISH_WITH_A_SLOW_COMMIT, url, "slow", str(hold)],
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            message = queue.fire(timeout=10)
+        finally:
+            _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, stderr
+        assert message is not None and message.payload == b"slow"
+        waited = time.time() - message.envelope.loaded_at / 1000
+        assert hold <= waited < hold + 0.35, waited
+        message.ack()

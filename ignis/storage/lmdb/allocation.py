@@ -1,10 +1,10 @@
 """The lmdb store's allocation: loads, which take a shard's next slots and write their records at once.
 
 Every load here is one transaction that reads the shard's LOAD_POINTER, writes the data records in the slots
-after it and moves the pointer, so a publish never leaves a hole or a slot awaiting its write; then it rings the
-doorbell and (durability=fsync) flushes. The two-step reservation primitives of `Storage` (`reserve`,
-`load_reserved*`) are refused for that reason. Separate from claims: loads are the publishers' hot path, claims
-the consumers'.
+after it and moves the pointer, so a publish never leaves a hole or a slot awaiting its write; it rings the
+doorbell just before it commits (a committing ring: ignis.storage.lmdb.doorbell) and (durability=fsync)
+flushes. The two-step reservation primitives of `Storage` (`reserve`, `load_reserved*`) are refused for that
+reason. Separate from claims: loads are the publishers' hot path, claims the consumers'.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class Allocation:
                     meta_key, load, fire = self._ctx.meta_get(txn, magazine, shard)
                     txn.put(self._ctx.keys(magazine, shard)[1] + b"%d" % (load + 1), value, db=self._ctx.data)
                     txn.put(meta_key, _META.pack(0, load + 1, fire), db=self._ctx.meta)
-                self._ctx.ring(magazine, (shard,))
+                    self._ctx.ring_committing(magazine, (shard,))
+                self._ctx.ring(magazine, (shard,), after_committing=True)
                 self._ctx.flush()
             except lmdb.Error as exc:
                 raise self._ctx.map_error(exc) from None
@@ -57,7 +58,8 @@ class Allocation:
                     refs.append(_new_ref(SlotRef, (magazine, shard, slot)))
                 for key, load, fire, _ in shards.values():
                     self._ctx.meta_put(txn, key, load, fire)
-            self._ctx.ring(magazine, shards)
+                self._ctx.ring_committing(magazine, shards)
+            self._ctx.ring(magazine, shards, after_committing=True)
             self._ctx.flush()
         except lmdb.Error as exc:
             raise self._ctx.map_error(exc) from None
@@ -81,7 +83,9 @@ class Allocation:
             txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
             return load
 
-        return self._ctx.grouped("load", write, durable=True, after=lambda _slot: self._ctx.ring(magazine, (shard,)))
+        return self._ctx.grouped("load", write, durable=True,
+                                 before=lambda _slot: self._ctx.ring_committing(magazine, (shard,)),
+                                 after=lambda _slot: self._ctx.ring(magazine, (shard,), after_committing=True))
 
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
                  ) -> list[range]:
@@ -105,7 +109,8 @@ class Allocation:
                     putmulti(zip(map(key_format.__mod__, slots), map(values.__getitem__, indices), strict=True))
                     txn.put(meta_key, pack_meta(0, slots.stop - 1, fire), True, True, False, meta_db)
                     taken.append(slots)
-            self._ctx.ring(magazine, [shard for shard, _ in placement])
+                self._ctx.ring_committing(magazine, [shard for shard, _ in placement])
+            self._ctx.ring(magazine, [shard for shard, _ in placement], after_committing=True)
             self._ctx.flush()
             return taken
         except lmdb.Error as exc:

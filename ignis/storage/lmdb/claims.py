@@ -1,7 +1,8 @@
 """The lmdb store's claims: taking a shard's next messages, stamping and sealing slots, counting holes.
 
 A claim moves the shard's FIRE_POINTER over the next slots and stamps fireTS and attempts into each record's
-fixed header in one transaction (group-committed with durability=fsync), deleting the records that expired
+fixed header in one transaction (group-committed with durability=fsync, and handed out before that commit
+flushes: ignis.storage.lmdb.group_commit), deleting the records that expired
 unclaimed and counting them as holes; `restamp` and `stamp_unfired` rewrite the same header fields, and
 `seal` / `resolve_claim` / `note_claimed_holes` are the hole bookkeeping `Storage` asks of a backend whose
 claims are never in doubt. Separate from loads (allocation) because this is the consumers' hot path.
@@ -54,10 +55,12 @@ class Claims:
         if self._ctx.sync:  # a look first, without the write lock every process shares: a drained shard waits for
             try:      # no other process's flush (with durability=fast the lock is held for microseconds)
                 with self._ctx.env.env.begin(None, None, False) as txn:
-                    if available(txn.get(meta_key, None, meta_db))[2] <= 0:
-                        return []
+                    drained = available(txn.get(meta_key, None, meta_db))[2] <= 0
             except lmdb.Error as exc:
                 raise self._ctx.map_error(exc) from None
+            # Unless a publisher rang before its commit (doorbell): then the write lock waits that commit out.
+            if drained and (up_to is not None or not self._ctx.committing(magazine, shard)):
+                return []
 
         def write(txn: Any) -> list[tuple[int, bytes | None]]:
             load, fire, count = available(txn.get(meta_key, None, meta_db))  # positional: see load_one
@@ -85,7 +88,7 @@ class Claims:
             return raws
 
         if self._ctx.sync:
-            raws = self._ctx.grouped("claim", write)
+            raws = self._ctx.grouped("claim", write, early=True)  # handed out before the commit's flush
         else:  # durability=fast: its own transaction (see StoreContext.grouped), without the indirection: a hot path
             try:
                 with self._ctx.begin("claim", True) as txn:

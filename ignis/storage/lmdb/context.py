@@ -10,6 +10,7 @@ delayed) each hold one small shared object, not the whole store, and none of the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -22,6 +23,8 @@ from ignis.metrics import STORAGE_CALLS
 from ignis.storage.base import SlotRef
 from ignis.storage.lmdb.environment import _Environment
 from ignis.storage.lmdb.records import _HEADER, _HOLES, _HOLES_SUFFIX, _META, _expired, _unpack
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -113,25 +116,46 @@ class StoreContext:
         return self.env.env.begin(None, None, write)  # positional: py-lmdb parses keywords slowly
 
     def grouped(self, operation: str, write: Callable[[Any], T], durable: bool = False,
-                 after: Callable[[T], None] | None = None) -> T:
-        """write(txn), committed with whatever other threads of this process write meanwhile (_GroupCommit)."""
+                 after: Callable[[T], None] | None = None, early: bool = False,
+                 before: Callable[[T], None] | None = None) -> T:
+        """write(txn), committed with whatever other threads of this process write meanwhile (GroupCommit);
+        before(result) before the commit, after(result) after it; `early`: returns once write ran, under the
+        write lock, before its commit (claims only: see GroupCommit)."""
         self.opened(operation)
         try:
             if not self.sync:  # durability=fast: a commit flushes nothing and holds the lock for microseconds
                 with self.env.env.begin(None, None, True) as txn:
                     result = write(txn)
+                    if before is not None:
+                        before(result)
                 if after is not None:
                     after(result)
                 return result
-            return self.env.group.run(write, durable, after)
+            return self.env.group.run(write, durable, after, early, before)
         except lmdb.Error as exc:
             raise self.map_error(exc) from None
 
-    def ring(self, magazine: str, shards: Iterable[int]) -> None:
+    def ring(self, magazine: str, shards: Iterable[int], after_committing: bool = False) -> None:
         """A load into a main magazine committed: ring the consumer processes that wait on it (doorbell),
-        before the publish's own flush, so they claim it meanwhile."""
+        before the publish's own flush, so they claim it meanwhile. `after_committing`: ring_committing
+        rang already, so only the listeners that do not take committing rings."""
         if names.queue_and_kind(magazine)[1] == "main":
-            self.env.bell(self.location).ring(self.client_id, magazine, shards)
+            self.env.bell(self.location).ring(self.client_id, magazine, shards, after_committing)
+
+    def ring_committing(self, magazine: str, shards: Iterable[int]) -> None:
+        """A load into a main magazine is about to commit (called inside its write transaction): ring the
+        listeners that take committing rings, so their consumers wake while the commit flushes. A hint: it
+        never fails the write."""
+        try:
+            if names.queue_and_kind(magazine)[1] == "main":
+                self.env.bell(self.location).ring_committing(self.client_id, magazine, shards)
+        except Exception:
+            log.debug("committing ring failed", exc_info=True)
+
+    def committing(self, magazine: str, shard: int) -> bool:
+        """Whether a committing ring vouches for a load into this shard that a reader may not see yet."""
+        bell = self.env.bell_if_open()
+        return bell is not None and bell.take_committing(self.client_id, magazine, shard)
 
     def opened(self, operation: str) -> None:
         """Count the call; refuse it on a closed handle or one inherited through fork()."""

@@ -10,8 +10,16 @@ datagram, "clientId/magazine NUL shard,shard,...", without blocking: a full sock
 listener has rings to read anyway, and a refused one means its process is gone (its files are removed).
 The listener marks the shards active (ignis.activity) and so wakes the consumers waiting on them.
 
+A publish rings while it still holds the write lock, before its commit flushes ("committing": the
+datagram ends in "NUL committing"), so the listener's consumers wake while the flush runs instead of after
+it. Such a ring promises a commit that no reader can see yet, so the listener notes it, and the next claim
+of that shard (ignis.storage.lmdb.claims) takes the write lock even when a look without it finds the shard
+drained: the lock is free once the publisher's commit is done, and the claim then sees the message. A
+listener that understands committing rings says so with a "+committing" line in its listing; one that does
+not (an older version) is rung after the commit instead.
+
 A ring is a hint, never the only way a message is found: the watcher also reads the pointers now and then
-(ignis.watch.DOORBELL_POLL_SECONDS), so a lost datagram delays a message, never strands it.
+(ignis.watch.SAFETY_POLL_SECONDS), so a lost datagram delays a message, never strands it.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ LISTING_TTL_SECONDS = 0.05
 SUN_PATH_MAX = 100  # sockaddr_un's path holds 108 bytes; longer paths go through /proc/self/fd/N/
 RECEIVE_BUFFER = 1 << 20
 RECEIVE_TIMEOUT_SECONDS = 0.5
+COMMITTING = "committing"  # the flag of a ring sent before the commit, and the listing line of those who take it
 
 
 class EnvironmentBell:
@@ -51,19 +60,33 @@ class EnvironmentBell:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
-        # Publisher side: "client/magazine" -> connected sockets of its listeners; re-read on change.
-        self._targets: dict[str, list[tuple[str, socket.socket]]] = {}
+        # Publisher side: "client/magazine" -> its listeners' connected sockets, and whether each takes
+        # committing rings; re-read on change.
+        self._targets: dict[str, list[tuple[str, socket.socket, bool]]] = {}
         self._connections: dict[str, socket.socket] = {}
         self._listed_at = float("-inf")
         self._listed_mtime = -1
+        # Listener side: the (client, magazine, shard)s that a committing ring vouched for, no claim asked since.
+        # Never dropped by age: the claim that asks takes the write lock, so it sees a commit however slow
+        # (one that was aborted costs that claim the lock, once).
+        self._committing: set[tuple[str, str, int]] = set()
 
     def _address(self, name: str) -> str:
         full = os.path.join(self.dir, name)
         return full if len(full) <= SUN_PATH_MAX else f"/proc/self/fd/{self._dir_fd}/{name}"
 
     # ---- publisher side ---------------------------------------------------------------------------------
-    def ring(self, client: str, magazine: str, shards: Iterable[int]) -> None:
-        """Tell the listeners of client/magazine that these shards got messages (best effort, never blocks)."""
+    def ring(self, client: str, magazine: str, shards: Iterable[int], after_committing: bool = False) -> None:
+        """Tell the listeners of client/magazine that these shards got messages (best effort, never blocks).
+        `after_committing`: a committing ring went before, so only the listeners that did not take it."""
+        self._send(client, magazine, shards, skip_aware=after_committing)
+
+    def ring_committing(self, client: str, magazine: str, shards: Iterable[int]) -> None:
+        """Like ring, from inside a write transaction before its commit: to the listeners that take it."""
+        self._send(client, magazine, shards, committing=True)
+
+    def _send(self, client: str, magazine: str, shards: Iterable[int], committing: bool = False,
+              skip_aware: bool = False) -> None:
         now = time.monotonic()
         if now - self._listed_at >= LISTING_TTL_SECONDS:
             self._relist(now)
@@ -71,8 +94,10 @@ class EnvironmentBell:
         targets = self._targets.get(key)
         if not targets:
             return
-        message = f"{key}\0{','.join(map(str, shards))}".encode()
-        for listener, sock in targets:
+        message = f"{key}\0{','.join(map(str, shards))}".encode() + (b"\0" + COMMITTING.encode() if committing else b"")
+        for listener, sock, aware in targets:
+            if (committing and not aware) or (skip_aware and aware):
+                continue
             try:
                 sock.send(message, socket.MSG_DONTWAIT)
             except BlockingIOError:  # its buffer is full: it has rings to read already
@@ -92,7 +117,7 @@ class EnvironmentBell:
             if mtime == self._listed_mtime:
                 return
             self._listed_mtime = mtime
-            targets: dict[str, list[tuple[str, socket.socket]]] = {}
+            targets: dict[str, list[tuple[str, socket.socket, bool]]] = {}
             try:
                 names = os.listdir(self.dir)
             except OSError:
@@ -109,9 +134,11 @@ class EnvironmentBell:
                 sock = self._connections.get(listener) or self._connect(listener)
                 if sock is None:
                     continue
+                aware = f"+{COMMITTING}" in keys
                 for key in keys:
-                    targets.setdefault(key, []).append((listener, sock))
-            for listener in set(self._connections) - {lst for ts in targets.values() for lst, _ in ts}:
+                    if not key.startswith("+"):
+                        targets.setdefault(key, []).append((listener, sock, aware))
+            for listener in set(self._connections) - {t[0] for ts in targets.values() for t in ts}:
                 self._connections.pop(listener).close()
             self._targets = targets
 
@@ -158,7 +185,7 @@ class EnvironmentBell:
             if keys:
                 temporary = f"{subs}.tmp"
                 with open(temporary, "w") as f:
-                    f.write("\n".join(sorted(keys)) + "\n")
+                    f.write("\n".join([f"+{COMMITTING}", *sorted(keys)]) + "\n")
                 os.replace(temporary, subs)  # a publisher reads the old list or the new one, never half
             else:
                 with contextlib.suppress(OSError):
@@ -183,11 +210,24 @@ class EnvironmentBell:
             except OSError:  # closed
                 return
             try:
-                key, _, shards = data.decode().partition("\0")
+                key, _, rest = data.decode().partition("\0")
+                shards, _, flag = rest.partition("\0")
                 client, _, magazine = key.partition("/")
-                activity_for(self.location, client, magazine).mark([int(s) for s in shards.split(",") if s])
+                marked = [int(s) for s in shards.split(",") if s]
             except ValueError:
                 continue  # not a ring of ours
+            if flag == COMMITTING:  # noted before the mark wakes a claimer, who looks for the note
+                self._committing.update((client, magazine, shard) for shard in marked)
+            activity_for(self.location, client, magazine).mark(marked)
+
+    def take_committing(self, client: str, magazine: str, shard: int) -> bool:
+        """Whether a committing ring vouches for a commit to that shard that a reader may not see yet (and
+        forget it: the claim that asks takes the write lock, so it sees the commit)."""
+        try:
+            self._committing.remove((client, magazine, shard))  # (atomic: several claimers may ask at once)
+        except KeyError:
+            return False
+        return True
 
     def close(self) -> None:
         with self._lock:

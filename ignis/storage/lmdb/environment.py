@@ -1,11 +1,11 @@
 """The lmdb store's environment: one open LMDB environment per path per process, shared by every store handle.
 
 `_Environment` opens the files (durability, map size and number of sets fixed at the first open), counts its
-users, opens the named databases, runs the background purger of expired records and owns the doorbell;
-`_GroupCommit` batches the write transactions of this process's threads into one commit and one flush. A child
-process forked while an environment was open must never touch the parent's handle, so the fork handling lives
-here too (`forked`, `_inherited`, the at-fork hook). It is separate from the store handle because it is per
-process and per path, not per client: `LmdbStore.with_client` makes another handle on the same environment.
+users, opens the named databases, runs the background purger of expired records and owns the doorbell and
+the group commit of this process's threads (ignis.storage.lmdb.group_commit). A child process forked while
+an environment was open must never touch the parent's handle, so the fork handling lives here too (`forked`,
+`_inherited`, the at-fork hook). It is separate from the store handle because it is per process and per path,
+not per client: `LmdbStore.with_client` makes another handle on the same environment.
 """
 
 from __future__ import annotations
@@ -14,113 +14,17 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import lmdb
 
 from ignis.envelope import now_ms
 from ignis.errors import InvalidInputError, StoreUnavailable
 from ignis.storage.lmdb.doorbell import EnvironmentBell
+from ignis.storage.lmdb.group_commit import GroupCommit
 from ignis.storage.lmdb.records import _expired
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-class _Write:
-    """One write waiting for a group commit."""
-
-    __slots__ = ("after", "done", "durable", "error", "fn", "result", "taken")
-
-    def __init__(self, fn: Callable[[Any], Any], durable: bool, after: Callable[[Any], None] | None) -> None:
-        self.fn = fn
-        self.durable = durable
-        self.after = after  # called with the result once committed, before the flush
-        self.taken = False  # in a leader's batch
-        self.done = False  # committed (and flushed, when durable), or failed
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-
-class _GroupCommit:
-    """Concurrent writes of this process's threads to one environment, committed together (group commit).
-
-    Every LMDB commit holds the environment's write lock, shared with every other process, while it flushes
-    its pages; with several threads publishing, claiming or acking, one commit per call would have them
-    queue for that lock one flush at a time. Here a thread that finds no commit running takes every write
-    queued meanwhile and runs them in one transaction and one flush; the others wait for it, and a thread
-    that finds one running queues its write for the next. A lone caller commits at once, as before. The
-    flush of the meta page that makes a durable write durable (StoreContext.flush) is made after the write lock
-    and the next leader's turn are given up, so the next batch commits meanwhile.
-
-    The writes are the store's own transaction functions, which raise nothing but lmdb.Error (then the
-    whole transaction is aborted and every write of it gets the error, as a failed commit would give each
-    of them)."""
-
-    def __init__(self, environment: _Environment) -> None:
-        self._environment = environment  # (its LMDB handle looked up per commit: tests stand in for it)
-        self._cond = threading.Condition(threading.Lock())
-        self._queue: list[_Write] = []
-        self._busy = False
-
-    def run(self, fn: Callable[[Any], T], durable: bool, after: Callable[[T], None] | None = None) -> T:
-        """fn(txn) in a write transaction, committed (and flushed when `durable`) before this returns;
-        after(result) once it is committed (visible to every reader), before the flush."""
-        item = _Write(fn, durable, after)
-        batch: list[_Write] = []
-        with self._cond:
-            self._queue.append(item)
-            while not item.done and (self._busy or item.taken):
-                self._cond.wait()
-            if not item.done:  # not taken by a leader: lead the next commit
-                self._busy = True
-                batch, self._queue = self._queue, []
-                for entry in batch:
-                    entry.taken = True
-        if batch:
-            self._commit(batch)
-        with self._cond:
-            while not item.done:
-                self._cond.wait()
-        if item.error is not None:
-            raise item.error
-        return item.result
-
-    def _commit(self, batch: list[_Write]) -> None:
-        env = self._environment.env
-        error: BaseException | None = None
-        try:
-            with env.begin(None, None, True) as txn:
-                for entry in batch:
-                    entry.result = entry.fn(txn)
-        except BaseException as exc:  # the transaction was aborted: none of its writes happened
-            error = exc
-        durable = [entry for entry in batch if entry.durable] if error is None else []
-        if error is None:
-            for entry in batch:
-                if entry.after is not None:
-                    try:
-                        entry.after(entry.result)
-                    except Exception:  # a hint (a ring) that failed: never the write's failure
-                        log.debug("after-commit hook failed", exc_info=True)
-        with self._cond:
-            for entry in batch:
-                entry.error = error
-                entry.done = entry not in durable
-            self._busy = False  # the next batch may commit while this one's meta page is flushed
-            self._cond.notify_all()
-        if durable:
-            try:
-                env.sync(True)
-            except BaseException as exc:
-                for entry in durable:
-                    entry.error = exc
-            with self._cond:
-                for entry in durable:
-                    entry.done = True
-                self._cond.notify_all()
 
 
 class _Environment:
@@ -165,7 +69,7 @@ class _Environment:
         self._purger: threading.Thread | None = None
         self._stop = threading.Event()
         self._bell: EnvironmentBell | None = None
-        self.group = _GroupCommit(self)
+        self.group = GroupCommit(self)
 
     @classmethod
     def acquire(cls, path: str, durability: str, map_size: int, max_dbs: int) -> _Environment:
@@ -211,6 +115,10 @@ class _Environment:
                     self._bell = EnvironmentBell(self.path, location)
         return self._bell
 
+    def bell_if_open(self) -> EnvironmentBell | None:
+        """The doorbell, if this process made it (a claim asks it without making one)."""
+        return self._bell
+
     def release(self) -> None:
         with self._registry_lock:
             self.users -= 1
@@ -218,6 +126,7 @@ class _Environment:
                 return
             self._open.pop(self.path, None)
             self._stop.set()
+            self.group.close()
             if self._purger is not None:
                 self._purger.join(timeout=5)
             if self._bell is not None:

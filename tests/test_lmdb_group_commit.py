@@ -1,0 +1,141 @@
+"""The lmdb store's group commit (ignis.storage.lmdb.group_commit): early writes, hooks, a failed commit."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+
+from ignis.storage.lmdb.group_commit import GroupCommit
+
+
+class _GatedTxn:
+    """A write transaction whose commit waits for a gate (the commit's flush, drawn out)."""
+
+    def __init__(self, txn: Any, gate: threading.Event, fail: bool) -> None:
+        self._txn, self._gate, self._fail = txn, gate, fail
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._txn, name)
+
+    def __enter__(self) -> _GatedTxn:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None:
+            self._txn.abort()
+            return
+        assert self._gate.wait(10)
+        if self._fail:
+            self._txn.abort()
+            raise lmdb.DiskError("injected: the commit's flush failed")
+        self._txn.commit()
+
+
+class _GatedEnvironment:
+    """Stands in for _Environment (its .env and .path): write transactions commit when the gate opens."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.lmdb = lmdb.open(str(path), map_size=1 << 24)
+        self.gate = threading.Event()
+        self.fail = False
+        self.env = self
+
+    def begin(self, _db: Any, _parent: Any, write: bool) -> Any:
+        txn = self.lmdb.begin(write=write)
+        return _GatedTxn(txn, self.gate, self.fail) if write else txn
+
+    def sync(self, _force: bool) -> None:
+        self.lmdb.sync(True)
+
+    def value(self, key: bytes) -> bytes | None:
+        with self.lmdb.begin() as txn:
+            return txn.get(key)
+
+
+def _put(key: bytes) -> Any:
+    def write(txn: Any) -> bytes:
+        txn.put(key, b"v")
+        return key
+    return write
+
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = fn()
+        except BaseException as exc:
+            out["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_an_early_write_returns_before_its_commit_and_a_plain_one_after(tmp_path: Path) -> None:
+    env = _GatedEnvironment(tmp_path)
+    group = GroupCommit(env)
+    try:
+        early, early_out = _in_thread(lambda: group.run(_put(b"claim"), durable=False, early=True))
+        early.join(5)
+        assert early_out == {"result": b"claim"}  # back while its commit still waits for the flush
+        assert env.value(b"claim") is None  # and no reader sees it yet
+        plain, plain_out = _in_thread(lambda: group.run(_put(b"ack"), durable=False))
+        plain.join(0.3)
+        assert plain.is_alive()  # queued behind the commit in flight: an ack lands after the claim it settles
+        env.gate.set()
+        plain.join(5)
+        assert plain_out == {"result": b"ack"}
+        assert env.value(b"claim") == b"v" and env.value(b"ack") == b"v"
+    finally:
+        env.gate.set()
+        group.close()
+
+
+def test_hooks_run_before_and_after_the_commit(tmp_path: Path) -> None:
+    env = _GatedEnvironment(tmp_path)
+    env.gate.set()
+    group = GroupCommit(env)
+    seen: list[tuple[str, bytes | None]] = []
+    group.run(_put(b"m"), durable=True, before=lambda key: seen.append(("before", env.value(key))),
+              after=lambda key: seen.append(("after", env.value(key))))
+    assert seen == [("before", None), ("after", b"v")]
+    # A hook that fails is a hint that failed: the write stands.
+    assert group.run(_put(b"n"), durable=True, before=lambda _: 1 / 0) == b"n"
+    assert env.value(b"n") == b"v"
+    group.close()
+
+
+def test_a_commit_that_fails_after_an_early_release_is_logged_and_a_waiting_write_gets_the_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    env = _GatedEnvironment(tmp_path)
+    env.fail = True
+    group = GroupCommit(env)
+    caplog.set_level(logging.WARNING, logger="ignis.storage.lmdb.group_commit")
+    early, early_out = _in_thread(lambda: group.run(_put(b"claim"), durable=False, early=True))
+    early.join(5)
+    assert early_out == {"result": b"claim"}
+    plain, plain_out = _in_thread(lambda: group.run(_put(b"load"), durable=True))
+    env.gate.set()
+    plain.join(5)
+    assert isinstance(plain_out["error"], lmdb.DiskError)
+    assert env.value(b"claim") is None  # aborted: its messages stay ready, to be delivered again
+    assert any("handed out" in r.getMessage() for r in caplog.records), caplog.records
+    group.close()
+
+
+def test_after_close_an_early_write_commits_in_its_own_thread(tmp_path: Path) -> None:
+    env = _GatedEnvironment(tmp_path)
+    env.gate.set()
+    group = GroupCommit(env)
+    assert group.run(_put(b"a"), durable=False, early=True) == b"a"
+    group.close()
+    thread, out = _in_thread(lambda: group.run(_put(b"b"), durable=False, early=True))
+    thread.join(5)
+    assert out == {"result": b"b"} and env.value(b"b") == b"v"
