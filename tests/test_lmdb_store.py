@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import pytest
@@ -265,3 +267,44 @@ def test_a_claim_rung_before_the_commit_waits_it_out_and_takes_the_message(tmp_p
         waited = time.time() - message.envelope.loaded_at / 1000
         assert hold <= waited < hold + 0.35, waited
         message.ack()
+
+
+class _SlowFlush:
+    """Stands in for an LMDB environment whose flush of the meta page (env.sync) takes `seconds`."""
+
+    def __init__(self, env: Any, seconds: float) -> None:
+        self._env, self._seconds = env, seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+    def sync(self, force: bool = False) -> None:
+        time.sleep(self._seconds)
+        self._env.sync(force)
+
+
+def test_a_consumer_in_the_publishers_process_gets_the_message_while_the_publish_flushes(tmp_path: Path) -> None:
+    # The publish wakes this process's waiting consumers before its commit, as it rings other processes;
+    # their claim then waits only for the commit, not for the flush after it and the publish's return.
+    flush = 0.5
+    with Ignis(f"lmdb://{tmp_path}/store") as ignis:
+        ignis.apply(QueueSpec.build(name="local", handlerType="local", shards=2))
+        publisher, consumer = ignis.queue("local"), ignis.queue("local")
+        environment = publisher.store._ctx.env
+        environment.env = _SlowFlush(environment.env, flush)
+        got: dict[str, Any] = {}
+
+        def consume() -> None:
+            got["message"] = consumer.fire(timeout=10)
+            got["at"] = time.monotonic()
+        thread = threading.Thread(target=consume)
+        thread.start()
+        time.sleep(0.2)  # waiting
+        began = time.monotonic()
+        publisher.publish(b"m")
+        returned = time.monotonic()
+        thread.join(10)
+        assert got["message"] is not None and got["message"].payload == b"m"
+        assert returned - began >= flush
+        assert got["at"] < began + flush - 0.2, (got["at"] - began, returned - began)
+        got["message"].ack()

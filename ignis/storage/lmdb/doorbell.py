@@ -12,11 +12,12 @@ The listener marks the shards active (ignis.activity) and so wakes the consumers
 
 A publish rings while it still holds the write lock, before its commit flushes ("committing": the
 datagram ends in "NUL committing"), so the listener's consumers wake while the flush runs instead of after
-it. Such a ring promises a commit that no reader can see yet, so the listener notes it, and the next claim
-of that shard (ignis.storage.lmdb.claims) takes the write lock even when a look without it finds the shard
-drained: the lock is free once the publisher's commit is done, and the claim then sees the message. A
-listener that understands committing rings says so with a "+committing" line in its listing; one that does
-not (an older version) is rung after the commit instead.
+it; the consumers waiting in the publisher's own process are woken the same way, without a datagram. Such a
+ring promises a commit that no reader can see yet, so the listener notes it, and the next claim of that
+shard (ignis.storage.lmdb.claims) takes the write lock even when a look without it finds the shard drained:
+the lock is free once the publisher's commit is done, and the claim then sees the message. A listener that
+understands committing rings says so with a "+committing" line in its listing; one that does not (an older
+version) is rung after the commit instead.
 
 A ring is a hint, never the only way a message is found: the watcher also reads the pointers now and then
 (ignis.watch.SAFETY_POLL_SECONDS), so a lost datagram delays a message, never strands it.
@@ -82,7 +83,13 @@ class EnvironmentBell:
         self._send(client, magazine, shards, skip_aware=after_committing)
 
     def ring_committing(self, client: str, magazine: str, shards: Iterable[int]) -> None:
-        """Like ring, from inside a write transaction before its commit: to the listeners that take it."""
+        """Like ring, from inside a write transaction before its commit: to the listeners that take it, and to
+        this process's consumers that wait on the magazine (their own mark comes after the flush)."""
+        shards = tuple(shards)
+        activity = activity_for(self.location, client, magazine)
+        if activity.waiting:
+            self._committing.update((client, magazine, shard) for shard in shards)
+            activity.mark(shards)
         self._send(client, magazine, shards, committing=True)
 
     def _send(self, client: str, magazine: str, shards: Iterable[int], committing: bool = False,
