@@ -139,3 +139,23 @@ def test_after_close_an_early_write_commits_in_its_own_thread(tmp_path: Path) ->
     thread, out = _in_thread(lambda: group.run(_put(b"b"), durable=False, early=True))
     thread.join(5)
     assert out == {"result": b"b"} and env.value(b"b") == b"v"
+
+
+def test_after_a_commit_failed_claims_wait_for_their_commits_until_one_succeeds(tmp_path: Path) -> None:
+    # A failing disk must not hand the same messages out again and again: the claimer gets the error.
+    env = _GatedEnvironment(tmp_path)
+    env.fail = True
+    env.gate.set()
+    group = GroupCommit(env)
+    assert group.run(_put(b"first"), durable=False, early=True) == b"first"  # released, then its commit failed
+    with pytest.raises(lmdb.DiskError):
+        group.run(_put(b"second"), durable=False, early=True)
+    env.fail = False
+    assert group.run(_put(b"third"), durable=False, early=True) == b"third"  # waited for its commit
+    env.gate.clear()
+    thread, out = _in_thread(lambda: group.run(_put(b"fourth"), durable=False, early=True))
+    thread.join(5)
+    assert out == {"result": b"fourth"}  # early again
+    env.gate.set()
+    group.close()
+    assert env.value(b"third") == b"v" and env.value(b"fourth") == b"v" and env.value(b"first") is None

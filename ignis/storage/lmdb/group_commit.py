@@ -13,7 +13,9 @@ and its cursors must only be used by a single thread", lmdb.h), so the claimer h
 thread instead of leading the commit itself. What an early write gives up is nothing at-least-once did not
 give up already: a claim that fails to commit (a failing disk) leaves its messages ready, so they are
 delivered again, as a claim undone by a machine crash is (durability=fsync never flushes a claim's meta
-page). An ack is a write too, so it commits after the claim it settles.
+page); then claims wait for their commits, and get their errors, until a commit succeeds, so a failing disk
+does not hand the same messages out again and again. An ack is a write too, so it commits after the claim it
+settles.
 """
 
 from __future__ import annotations
@@ -68,15 +70,19 @@ class GroupCommit:
         self._busy = False
         self._committer: threading.Thread | None = None
         self._closed = False
+        # False after a commit failed with early writes released, until one succeeds: a failing disk must not
+        # hand the same messages out again and again; meanwhile a claim waits for its commit and its error.
+        self._early_ok = True
 
     def run(self, fn: Callable[[Any], T], durable: bool, after: Callable[[T], None] | None = None,
             early: bool = False, before: Callable[[T], None] | None = None) -> T:
         """fn(txn) in a write transaction, committed (and flushed when `durable`) before this returns, or,
         when `early`, as soon as fn ran; before(result) before the commit, after(result) once it is committed
         (visible to every reader), before the flush. Both hooks are hints: an error of theirs is logged."""
-        item = _Write(fn, durable, after, early, before)
         batch: list[_Write] = []
         with self._cond:
+            early = early and self._early_ok
+            item = _Write(fn, durable, after, early, before)
             if early and self._committer is None and not self._closed:
                 self._committer = threading.Thread(target=self._commit_loop, name="ignis-lmdb-commit", daemon=True)
                 self._committer.start()
@@ -144,9 +150,10 @@ class GroupCommit:
                         self._cond.notify_all()
         except BaseException as exc:  # the transaction was aborted: none of its writes happened
             error = exc
-            if any(entry.released for entry in early):
+            if any(entry.released for entry in early) and self._early_ok:
                 log.warning("lmdb store at %s: a commit failed after its claims were handed out; their messages "
-                            "stay ready and will be delivered again: %s", self._environment.path, exc)
+                            "stay ready and will be delivered again; claims wait for their commits until one "
+                            "succeeds: %s", self._environment.path, exc)
         durable = [entry for entry in batch if entry.durable] if error is None else []
         if error is None:
             for entry in batch:
@@ -157,6 +164,10 @@ class GroupCommit:
                 if not entry.released:
                     entry.error = error
                     entry.done = entry not in durable
+            if error is None:
+                self._early_ok = True
+            elif any(entry.released for entry in early):
+                self._early_ok = False
             self._busy = False  # the next batch may commit while this one's meta page is flushed
             self._cond.notify_all()
         if durable:
