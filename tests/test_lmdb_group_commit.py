@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import lmdb
 import pytest
 
+from ignis import Ignis, QueueSpec
 from ignis.storage.lmdb.group_commit import GroupCommit
 
 
@@ -39,19 +41,22 @@ class _GatedTxn:
 class _GatedEnvironment:
     """Stands in for _Environment (its .env and .path): write transactions commit when the gate opens."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, opened: Any = None) -> None:
         self.path = str(path)
-        self.lmdb = lmdb.open(str(path), map_size=1 << 24)
+        self.lmdb = opened if opened is not None else lmdb.open(str(path), map_size=1 << 24)
         self.gate = threading.Event()
         self.fail = False
         self.env = self
 
-    def begin(self, _db: Any, _parent: Any, write: bool) -> Any:
-        txn = self.lmdb.begin(write=write)
+    def begin(self, db: Any = None, parent: Any = None, write: bool = False) -> Any:
+        txn = self.lmdb.begin(db, parent, write)
         return _GatedTxn(txn, self.gate, self.fail) if write else txn
 
     def sync(self, _force: bool) -> None:
         self.lmdb.sync(True)
+
+    def __getattr__(self, name: str) -> Any:  # the rest of an LMDB environment's API, for a store's own use
+        return getattr(self.lmdb, name)
 
     def value(self, key: bytes) -> bytes | None:
         with self.lmdb.begin() as txn:
@@ -148,6 +153,8 @@ def test_after_a_commit_failed_claims_wait_for_their_commits_until_one_succeeds(
     env.gate.set()
     group = GroupCommit(env)
     assert group.run(_put(b"first"), durable=False, early=True) == b"first"  # released, then its commit failed
+    with pytest.raises(lmdb.DiskError):  # (committed after that failure: this waits for it)
+        group.run(_put(b"plain"), durable=False)
     with pytest.raises(lmdb.DiskError):
         group.run(_put(b"second"), durable=False, early=True)
     env.fail = False
@@ -159,3 +166,30 @@ def test_after_a_commit_failed_claims_wait_for_their_commits_until_one_succeeds(
     env.gate.set()
     group.close()
     assert env.value(b"third") == b"v" and env.value(b"fourth") == b"v" and env.value(b"first") is None
+
+
+def test_a_consumer_woken_by_a_publish_of_its_process_claims_in_the_publishs_own_transaction(tmp_path: Path) -> None:
+    # Its claim rides along: it has the message while the publish's commit still waits (here, for the gate),
+    # where a claim of its own would wait for the write lock until that commit is done.
+    with Ignis(f"lmdb://{tmp_path}/store") as ignis:
+        ignis.apply(QueueSpec.build(name="along", handlerType="along", shards=2))
+        publisher, consumer = ignis.queue("along"), ignis.queue("along")
+        environment = publisher.store._ctx.env
+        gated = _GatedEnvironment(tmp_path, environment.env)
+        environment.env = gated
+        try:
+            fired, fired_out = _in_thread(lambda: consumer.fire(timeout=10))
+            time.sleep(0.3)  # waiting
+            published, published_out = _in_thread(lambda: publisher.publish(b"m"))
+            fired.join(3)
+            assert not fired.is_alive(), "the claim waited for the publish's commit"
+            assert published.is_alive()  # the publish's commit still waits for the gate
+        finally:
+            gated.gate.set()
+            environment.env = gated.lmdb
+        published.join(10)
+        assert "error" not in published_out, published_out
+        message = fired_out["result"]
+        assert message is not None and message.payload == b"m"
+        message.ack()
+        assert consumer.fire() is None  # claimed once, acked: gone

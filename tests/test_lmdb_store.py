@@ -235,8 +235,8 @@ from ignis.storage.lmdb.context import StoreContext
 
 ring = StoreContext.ring_committing
 
-def ring_then_hold(self, magazine, shards):
-    ring(self, magazine, shards)
+def ring_then_hold(self, magazine, shards, **options):
+    ring(self, magazine, shards, **options)
     time.sleep(float(sys.argv[3]))  # the write lock held, the commit not done: a slow flush
 
 StoreContext.ring_committing = ring_then_hold

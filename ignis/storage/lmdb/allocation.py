@@ -84,7 +84,7 @@ class Allocation:
             return load
 
         return self._ctx.grouped("load", write, durable=True,
-                                 before=lambda _slot: self._ctx.ring_committing(magazine, (shard,)),
+                                 before=lambda _slot: self._ctx.ring_committing(magazine, (shard,), grouped=True),
                                  after=lambda _slot: self._ctx.ring(magazine, (shard,), after_committing=True))
 
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int

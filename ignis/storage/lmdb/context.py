@@ -142,13 +142,16 @@ class StoreContext:
         if names.queue_and_kind(magazine)[1] == "main":
             self.env.bell(self.location).ring(self.client_id, magazine, shards, after_committing)
 
-    def ring_committing(self, magazine: str, shards: Iterable[int]) -> None:
+    def ring_committing(self, magazine: str, shards: Iterable[int], grouped: bool = False) -> None:
         """A load into a main magazine is about to commit (called inside its write transaction): ring the
-        listeners that take committing rings, so their consumers wake while the commit flushes. A hint: it
-        never fails the write."""
+        listeners that take committing rings, so their consumers wake while the commit flushes. `grouped`: a
+        before hook of the group commit, whose claims of this process's woken consumers ride along in its
+        transaction (GroupCommit.expect_claim). A hint: it never fails the write."""
         try:
             if names.queue_and_kind(magazine)[1] == "main":
-                self.env.bell(self.location).ring_committing(self.client_id, magazine, shards)
+                woke = self.env.bell(self.location).ring_committing(self.client_id, magazine, shards)
+                if woke and grouped and self.sync:
+                    self.env.group.expect_claim()
         except Exception:
             log.debug("committing ring failed", exc_info=True)
 

@@ -82,15 +82,18 @@ class EnvironmentBell:
         `after_committing`: a committing ring went before, so only the listeners that did not take it."""
         self._send(client, magazine, shards, skip_aware=after_committing)
 
-    def ring_committing(self, client: str, magazine: str, shards: Iterable[int]) -> None:
+    def ring_committing(self, client: str, magazine: str, shards: Iterable[int]) -> bool:
         """Like ring, from inside a write transaction before its commit: to the listeners that take it, and to
-        this process's consumers that wait on the magazine (their own mark comes after the flush)."""
+        this process's consumers that wait on the magazine (their own mark comes after the flush). True if
+        one of those was woken."""
         shards = tuple(shards)
         activity = activity_for(self.location, client, magazine)
-        if activity.waiting:
+        woke = activity.waiting > 0
+        if woke:
             self._committing.update((client, magazine, shard) for shard in shards)
             activity.mark(shards)
         self._send(client, magazine, shards, committing=True)
+        return woke
 
     def _send(self, client: str, magazine: str, shards: Iterable[int], committing: bool = False,
               skip_aware: bool = False) -> None:

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+RIDE_ALONG_SECONDS = 0.001  # how long a commit that woke a consumer of this process waits for its claim
 
 
 class _Write:
@@ -73,6 +76,7 @@ class GroupCommit:
         # False after a commit failed with early writes released, until one succeeds: a failing disk must not
         # hand the same messages out again and again; meanwhile a claim waits for its commit and its error.
         self._early_ok = True
+        self._expecting = False  # a before hook of the commit running now woke a consumer of this process
 
     def run(self, fn: Callable[[Any], T], durable: bool, after: Callable[[T], None] | None = None,
             early: bool = False, before: Callable[[T], None] | None = None) -> T:
@@ -111,6 +115,12 @@ class GroupCommit:
         if committer is not None and committer is not threading.current_thread():
             committer.join(timeout=5)
 
+    def expect_claim(self) -> None:
+        """From a before hook, in the leader's thread: the commit running now woke a consumer of this process
+        for what it writes. That consumer's claim rides along in the same transaction (it sees the writes
+        there, uncommitted) instead of waiting out this commit: see _ride_along."""
+        self._expecting = True
+
     def _take(self) -> list[_Write]:
         """The queued writes, for a leader to commit (the condition's lock held)."""
         self._busy = True
@@ -118,6 +128,24 @@ class GroupCommit:
         for entry in batch:
             entry.taken = True
         return batch
+
+    def _ride_along(self) -> list[_Write]:
+        """The early writes (claims) queued within RIDE_ALONG_SECONDS, taken for this transaction: a consumer of
+        this process that a publish woke gets the message before the publish's commit, not after it. The wait
+        holds the write lock, so it is short and only made when a consumer of this process was woken."""
+        self._expecting = False
+        deadline = time.monotonic() + RIDE_ALONG_SECONDS
+        with self._cond:
+            while not any(entry.early for entry in self._queue):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self._cond.wait(remaining)
+            riders = [entry for entry in self._queue if entry.early]
+            self._queue = [entry for entry in self._queue if not entry.early]
+            for entry in riders:
+                entry.taken = True
+        return riders
 
     def _commit_loop(self) -> None:
         """The committer thread: leads every batch with an early write in it."""
@@ -143,6 +171,12 @@ class GroupCommit:
                 for entry in batch:
                     if entry.before is not None:
                         _hint(entry.before, entry.result)
+                if self._expecting:
+                    riders = self._ride_along()
+                    batch += riders  # (before they run: a rider's error is the whole transaction's)
+                    early += riders
+                    for entry in riders:
+                        entry.result = entry.fn(txn)
                 if early:  # decided under the write lock: the commit below only makes them durable
                     with self._cond:
                         for entry in early:
