@@ -16,6 +16,11 @@ delivered again, as a claim undone by a machine crash is (durability=fsync never
 page); then claims wait for their commits, and get their errors, until a commit succeeds, so a failing disk
 does not hand the same messages out again and again. An ack is a write too, so it commits after the claim it
 settles.
+
+A claim can even ride along in a publish's own transaction: a publish that wakes a consumer of this process
+(its committing ring, ignis.storage.lmdb.doorbell) waits up to RIDE_ALONG_SECONDS, the write lock held, for
+that consumer's claim, and runs it after its own writes, where it sees them uncommitted. The consumer then
+has the message before the publish's commit flushes at all.
 """
 
 from __future__ import annotations
