@@ -2,8 +2,8 @@
 
 A claim moves the shard's FIRE_POINTER over the next slots and stamps fireTS and attempts into each record's
 fixed header in one transaction (group-committed with durability=fsync, and handed out before that commit
-flushes: ignis.storage.lmdb.group_commit), deleting the records that expired
-unclaimed and counting them as holes; `restamp` and `stamp_unfired` rewrite the same header fields, and
+flushes: ignis.storage.lmdb.group_commit), deleting the records that expired unclaimed and counting them as
+holes; `restamp` and `stamp_unfired` rewrite the same header fields, and
 `seal` / `resolve_claim` / `note_claimed_holes` are the hole bookkeeping `Storage` asks of a backend whose
 claims are never in doubt. Separate from loads (allocation) because this is the consumers' hot path.
 """
