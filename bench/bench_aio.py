@@ -3,9 +3,10 @@
 
 * publish throughput at the same concurrency: C asyncio tasks awaiting `AsyncQueue.publish` vs C threads
   calling `Queue.publish` (target: async >= 0.8x sync);
-* end-to-end latency at a fixed rate: a publisher on an intended schedule, a consumer waiting for each message
-  (`async for` over `AsyncQueue.iterator` vs a thread in `Queue.fire(timeout=)`), handler entry - send time,
-  p50 / p99 from an HDR histogram (the latency issue's bounds).
+* end-to-end latency at a fixed rate: a publisher on an intended schedule, `--consumers` consumers waiting for
+  each message (tasks doing `async for` over an `AsyncQueue.iterator` each vs threads in
+  `Queue.fire(timeout=)`), handler entry - send time, p50 / p99 from an HDR histogram (the latency issue's
+  bounds; it has 4 consumer workers at 1,000 msg/s).
 
     .venv/bin/python bench/bench_aio.py [--server host:port/ns] [--concurrency 8] [--json FILE]
 """
@@ -74,47 +75,60 @@ def schedule(publish: Any, rate: int, seconds: float) -> None:
         publish(STAMP.pack(time.time()) + PAYLOAD)
 
 
-def sync_e2e(q: Any, rate: int, seconds: float) -> HdrHistogram:
+def sync_e2e(q: Any, rate: int, seconds: float, consumers: int = 1) -> HdrHistogram:
     hist = HdrHistogram(1, 60_000_000, 3)  # microseconds
     expected = int(rate * seconds)
+    lock = threading.Lock()
+    got = [0]
     done = threading.Event()
 
     def consume() -> None:
-        got = 0
-        while got < expected:
-            m = q.fire(timeout=1.0)
+        while not done.is_set():
+            m = q.fire(timeout=0.2)
             if m is None:
                 continue
-            hist.record_value(max(1, int((time.time() - STAMP.unpack_from(m.data)[0]) * 1e6)))
+            with lock:
+                hist.record_value(max(1, int((time.time() - STAMP.unpack_from(m.data)[0]) * 1e6)))
             m.ack()
-            got += 1
-        done.set()
+            with lock:
+                got[0] += 1
+                if got[0] >= expected:
+                    done.set()
 
-    threading.Thread(target=consume, daemon=True).start()
+    for _ in range(consumers):
+        threading.Thread(target=consume, daemon=True).start()
     time.sleep(0.5)
     schedule(q.publish, rate, seconds)
     done.wait(30)
     return hist
 
 
-async def async_e2e(aq: Any, q: Any, rate: int, seconds: float) -> HdrHistogram:
+async def async_e2e(aq: Any, q: Any, rate: int, seconds: float, consumers: int = 1) -> HdrHistogram:
     hist = HdrHistogram(1, 60_000_000, 3)
     expected = int(rate * seconds)
+    got = [0]
+    done = asyncio.Event()
 
     async def consume() -> None:
-        got = 0
         async with aq.iterator(prefetch=1, wait=1.0) as it:
             async for m in it:
                 hist.record_value(max(1, int((time.time() - STAMP.unpack_from(m.data)[0]) * 1e6)))
                 await m.ack()
-                got += 1
-                if got >= expected:
+                got[0] += 1
+                if got[0] >= expected:
+                    done.set()
+                if done.is_set():
                     return
 
-    task = asyncio.create_task(consume())
+    tasks = [asyncio.create_task(consume()) for _ in range(consumers)]
     await asyncio.sleep(0.5)
     await asyncio.to_thread(schedule, q.publish, rate, seconds)  # the publisher: another process's stand-in
-    await asyncio.wait_for(task, 30)
+    try:
+        await asyncio.wait_for(done.wait(), 30)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     return hist
 
 
@@ -122,7 +136,8 @@ def ms(hist: HdrHistogram, q: float) -> float:
     return round(hist.get_value_at_percentile(q) / 1000, 2)
 
 
-async def one_store(url: str, concurrency: int, seconds: float, rate: int, rounds: int) -> dict[str, Any]:
+async def one_store(url: str, concurrency: int, seconds: float, rate: int, rounds: int, consumers: int = 1
+                    ) -> dict[str, Any]:
     async with AsyncIgnis(url, threads=max(16, concurrency * 2)) as aig:
         for name in ("pub", "e2e"):
             await aig.apply(QueueSpec.build(name=name, handlerType=name, shards=16))
@@ -140,13 +155,13 @@ async def one_store(url: str, concurrency: int, seconds: float, rate: int, round
             async_rates.append(a)
             ratios.append(a / s)
         e2e_q = ig.queue("e2e")
-        sync_hist = sync_e2e(e2e_q, rate, seconds * 2)
-        async_hist = await async_e2e(aig.queue("e2e"), e2e_q, rate, seconds * 2)
+        sync_hist = sync_e2e(e2e_q, rate, seconds * 2, consumers)
+        async_hist = await async_e2e(aig.queue("e2e"), e2e_q, rate, seconds * 2, consumers)
         return {"store": url.split(":")[0], "concurrency": concurrency,
                 "sync_publish_per_s": round(statistics.median(sync_rates)),
                 "async_publish_per_s": round(statistics.median(async_rates)),
                 "async_over_sync": round(statistics.median(ratios), 3),
-                "rate": rate,
+                "rate": rate, "consumers": consumers,
                 "sync_e2e_ms": {"p50": ms(sync_hist, 50), "p99": ms(sync_hist, 99)},
                 "async_e2e_ms": {"p50": ms(async_hist, 50), "p99": ms(async_hist, 99)}}
 
@@ -158,16 +173,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rate", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--consumers", type=int, default=1,
+                        help="consumers of the e2e phase: threads in fire() vs tasks over an iterator each")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="ignis-aio-") as tmp:
         results.append(asyncio.run(one_store(f"lmdb://{tmp}/store", args.concurrency, args.seconds, args.rate,
-                                             args.rounds)))
+                                             args.rounds, args.consumers)))
     if args.server:
         run = uuid.uuid4().hex[:6]
         results.append(asyncio.run(one_store(f"aerospike://{args.server}?farm=ba{run}&client=ba{run}",
-                                             args.concurrency, args.seconds, args.rate, args.rounds)))
+                                             args.concurrency, args.seconds, args.rate, args.rounds,
+                                             args.consumers)))
     table = Table(title="asyncio API vs the blocking API, same run")
     for column in ("store", "publish/s sync", "publish/s async", "async/sync (target >= 0.8)",
                    "e2e ms p50/p99 sync", "e2e ms p50/p99 async"):
