@@ -202,7 +202,7 @@ class GroupCommit:
             for entry in batch:
                 if not entry.released:
                     entry.error = error
-                    entry.done = entry not in durable
+                    entry.done = error is not None or not entry.durable  # a durable one: once flushed, below
             if error is None:
                 self._early_ok = True
             elif any(entry.released for entry in early):
