@@ -278,7 +278,13 @@ class AsyncQueueIterator:
         while not self._buffer:
             if self._closed:
                 raise StopAsyncIteration
-            self._buffer.extend(await self._queue.fire_many(self._prefetch, timeout=self._wait))
+            found = await self._queue.fire_many(self._prefetch, timeout=self._wait)
+            if self._closed:  # left while it waited (aclose() from another task): what it claimed goes back
+                if found:     # at once, from the pool, even if this task is cancelled now
+                    self._queue._owner._pool.submit(_release_quietly, found[0]._queue,
+                                                    [m.message for m in found], False)
+                raise StopAsyncIteration
+            self._buffer.extend(found)
         message = self._buffer.popleft()
         self._yielded = [m for m in self._yielded if not m.message.settled]
         self._yielded.append(message)

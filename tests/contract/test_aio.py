@@ -159,6 +159,30 @@ def test_a_cancelled_iterating_task_hands_its_messages_back(backend) -> None:
     run(main())
 
 
+def test_an_iterator_left_by_another_task_while_its_claim_waits_yields_nothing_and_hands_it_back(backend
+                                                                                                   ) -> None:
+    async def main() -> None:
+        async with AsyncIgnis(backend.url) as ig:
+            await declare(ig, "shutdown")
+            q = ig.queue("shutdown")
+            it = q.iterator(prefetch=2, wait=3.0)
+            waiting = asyncio.create_task(it.__anext__())
+            await asyncio.sleep(0.3)  # its claim waits in a thread
+            await it.aclose()  # a shutdown handler leaves the iterator the consumer task is in
+            ig.sync.queue("shutdown").publish(b"after")  # the waiting claim takes it
+            with pytest.raises(StopAsyncIteration):
+                await waiting  # nothing is yielded from a left iterator
+            deadline = time.monotonic() + 5
+            while counts(ig, "shutdown") != (1, 0) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert counts(ig, "shutdown") == (1, 0)  # back in main at once, not claimed for the sweeper
+            again = await q.fire(timeout=1)
+            assert again is not None and again.payload == b"after" and again.attempts == 1  # claim not counted
+            await again.ack()
+
+    run(main())
+
+
 def test_a_cancelled_fire_hands_back_what_its_thread_claimed(backend) -> None:
     async def main() -> None:
         async with AsyncIgnis(backend.url) as ig:
