@@ -3,7 +3,8 @@
 
 * publish throughput at the same concurrency: C asyncio tasks awaiting `AsyncQueue.publish` vs C threads
   calling `Queue.publish` (target: async >= 0.8x sync);
-* end-to-end latency at a fixed rate: a publisher on an intended schedule, `--consumers` consumers waiting for
+* end-to-end latency at a fixed rate: a publisher on an intended schedule in another process (as in the
+  latency issue's method: producers and consumers are different pods), `--consumers` consumers waiting for
   each message (tasks doing `async for` over an `AsyncQueue.iterator` each vs threads in
   `Queue.fire(timeout=)`), handler entry - send time, p50 / p99 from an HDR histogram (the latency issue's
   bounds; it has 4 consumer workers at 1,000 msg/s).
@@ -18,6 +19,8 @@ import asyncio
 import json
 import statistics
 import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -75,7 +78,25 @@ def schedule(publish: Any, rate: int, seconds: float) -> None:
         publish(STAMP.pack(time.time()) + PAYLOAD)
 
 
-def sync_e2e(q: Any, rate: int, seconds: float, consumers: int = 1) -> HdrHistogram:
+def run_publisher(url: str, queue: str, rate: int, seconds: float) -> None:
+    """The e2e phase's publisher (`_publish`): its own process, so it shares neither the GIL nor the handle
+    with the consumers measured."""
+    with Ignis(url) as ignis:
+        schedule(ignis.queue(queue).publish, rate, seconds)
+
+
+def publish_phase(url: str, q: Any, rate: int, seconds: float, where: str) -> None:
+    """Publish on schedule from another process (`where="process"`) or from this thread on `q` itself."""
+    if where == "thread":
+        time.sleep(0.5)  # the consumers are waiting
+        schedule(q.publish, rate, seconds)
+        return
+    proc = subprocess.Popen([sys.executable, __file__, "_publish", url, q.name, str(rate), str(seconds)])
+    if proc.wait(timeout=120 + seconds) != 0:
+        raise RuntimeError(f"the publisher process failed (exit {proc.returncode})")
+
+
+def sync_e2e(q: Any, url: str, rate: int, seconds: float, consumers: int, where: str) -> HdrHistogram:
     hist = HdrHistogram(1, 60_000_000, 3)  # microseconds
     expected = int(rate * seconds)
     lock = threading.Lock()
@@ -97,13 +118,13 @@ def sync_e2e(q: Any, rate: int, seconds: float, consumers: int = 1) -> HdrHistog
 
     for _ in range(consumers):
         threading.Thread(target=consume, daemon=True).start()
-    time.sleep(0.5)
-    schedule(q.publish, rate, seconds)
+    publish_phase(url, q, rate, seconds, where)
     done.wait(30)
     return hist
 
 
-async def async_e2e(aq: Any, q: Any, rate: int, seconds: float, consumers: int = 1) -> HdrHistogram:
+async def async_e2e(aq: Any, q: Any, url: str, rate: int, seconds: float, consumers: int, where: str
+                    ) -> HdrHistogram:
     hist = HdrHistogram(1, 60_000_000, 3)
     expected = int(rate * seconds)
     got = [0]
@@ -121,8 +142,7 @@ async def async_e2e(aq: Any, q: Any, rate: int, seconds: float, consumers: int =
                     return
 
     tasks = [asyncio.create_task(consume()) for _ in range(consumers)]
-    await asyncio.sleep(0.5)
-    await asyncio.to_thread(schedule, q.publish, rate, seconds)  # the publisher: another process's stand-in
+    await asyncio.to_thread(publish_phase, url, q, rate, seconds, where)
     try:
         await asyncio.wait_for(done.wait(), 30)
     finally:
@@ -136,8 +156,8 @@ def ms(hist: HdrHistogram, q: float) -> float:
     return round(hist.get_value_at_percentile(q) / 1000, 2)
 
 
-async def one_store(url: str, concurrency: int, seconds: float, rate: int, rounds: int, consumers: int = 1
-                    ) -> dict[str, Any]:
+async def one_store(url: str, concurrency: int, seconds: float, rate: int, rounds: int, consumers: int = 1,
+                    publisher: str = "process") -> dict[str, Any]:
     async with AsyncIgnis(url, threads=max(16, concurrency * 2)) as aig:
         for name in ("pub", "e2e"):
             await aig.apply(QueueSpec.build(name=name, handlerType=name, shards=16))
@@ -155,18 +175,22 @@ async def one_store(url: str, concurrency: int, seconds: float, rate: int, round
             async_rates.append(a)
             ratios.append(a / s)
         e2e_q = ig.queue("e2e")
-        sync_hist = sync_e2e(e2e_q, rate, seconds * 2, consumers)
-        async_hist = await async_e2e(aig.queue("e2e"), e2e_q, rate, seconds * 2, consumers)
+        sync_hist = await asyncio.to_thread(sync_e2e, e2e_q, url, rate, seconds * 2, consumers, publisher)
+        async_hist = await async_e2e(aig.queue("e2e"), e2e_q, url, rate, seconds * 2, consumers, publisher)
         return {"store": url.split(":")[0], "concurrency": concurrency,
                 "sync_publish_per_s": round(statistics.median(sync_rates)),
                 "async_publish_per_s": round(statistics.median(async_rates)),
                 "async_over_sync": round(statistics.median(ratios), 3),
-                "rate": rate, "consumers": consumers,
+                "rate": rate, "consumers": consumers, "publisher": publisher,
                 "sync_e2e_ms": {"p50": ms(sync_hist, 50), "p99": ms(sync_hist, 99)},
                 "async_e2e_ms": {"p50": ms(async_hist, 50), "p99": ms(async_hist, 99)}}
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["_publish"]:
+        url, queue, rate, seconds = sys.argv[2:6]
+        run_publisher(url, queue, int(rate), float(seconds))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", help="Aerospike host:port/namespace (also measured)")
     parser.add_argument("--concurrency", type=int, default=8)
@@ -175,17 +199,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--consumers", type=int, default=1,
                         help="consumers of the e2e phase: threads in fire() vs tasks over an iterator each")
+    parser.add_argument("--publisher", choices=("process", "thread"), default="process",
+                        help="where the e2e phase's publisher runs: its own process (the latency issue's method), or "
+                             "a thread of the consumers' process on their handle")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="ignis-aio-") as tmp:
         results.append(asyncio.run(one_store(f"lmdb://{tmp}/store", args.concurrency, args.seconds, args.rate,
-                                             args.rounds, args.consumers)))
+                                             args.rounds, args.consumers, args.publisher)))
     if args.server:
         run = uuid.uuid4().hex[:6]
         results.append(asyncio.run(one_store(f"aerospike://{args.server}?farm=ba{run}&client=ba{run}",
                                              args.concurrency, args.seconds, args.rate, args.rounds,
-                                             args.consumers)))
+                                             args.consumers, args.publisher)))
     table = Table(title="asyncio API vs the blocking API, same run")
     for column in ("store", "publish/s sync", "publish/s async", "async/sync (target >= 0.8)",
                    "e2e ms p50/p99 sync", "e2e ms p50/p99 async"):
