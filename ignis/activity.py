@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 _tokens = itertools.count(1)
@@ -148,18 +148,3 @@ def with_work(pointers: Mapping[int, Any]) -> list[int]:
     """The shards whose load pointer is past the fire pointer (ShardPointers per shard)."""
     return [shard for shard, p in pointers.items() if p.load > p.fire]
 
-
-def fire_with_wait(attempt: Callable[[], Any], activity: ShardActivity, timeout: float,
-                   before_wait: Callable[[], None] | None = None) -> Any:
-    """attempt() until it returns something truthy or `timeout` seconds passed, sleeping on `activity` between
-    attempts (so a mark wakes it at once). `before_wait` runs before each sleep (the watcher's keep-alive)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        seen = activity.changes
-        got = attempt()
-        remaining = deadline - time.monotonic()
-        if got or remaining <= 0:
-            return got
-        if before_wait is not None:
-            before_wait()
-        activity.wait(seen, remaining)

@@ -14,8 +14,11 @@ dropped). Two means, by what the store offers:
   with each poll that found them where they were. Once they stood still for IDLE_AFTER_SECONDS the queue is
   idle: then only its beacon is read, one record per queue, every IDLE_POLL_SECONDS, for all idle queues in
   one call (`Storage.read_beacons`; publishers bump it at most once a second, `Storage.beacon`); a bumped
-  beacon makes it flow again. An idle queue costs at most two store calls a second, shared by all of them,
-  and its pointers are read only every IDLE_SAFETY_POLL_SECONDS (in case a bump failed).
+  beacon makes it flow again. Its pointers are read too, every IDLE_SAFETY_POLL_SECONDS (in case a bump
+  failed), along with the beacons: one more call per beacon read for all the idle queues due, each first due
+  at a random point of that period so that they spread evenly (a thousand idle queues read one by one made
+  seventeen calls a second, and a wake of this thread for each). An idle queue costs at most two store calls
+  a second, shared by all of them.
 
 A magazine no consumer looked in lately (they are all busy with messages, and claim on their own) is only
 read every SAFETY_POLL_SECONDS. Only consumers (fires on a main magazine) are watched: the sweeper, the
@@ -26,6 +29,8 @@ backed off and said once (ignis.outage), like every other loop that talks to it.
 from __future__ import annotations
 
 import logging
+import math
+import random
 import threading
 import time
 import weakref
@@ -62,6 +67,7 @@ class _Watched:
     loaded: int = -1  # the sum of the load pointers at the last read (-1: never read)
     moved_at: float = 0.0  # when the load pointers last moved (monotonic)
     beacon: int | None = None  # idle: the beacon as last read (None: flowing)
+    safety_due: float = 0.0  # idle: the next read of its pointers, with the beacons (monotonic)
     busy: bool = False  # read slowly because no consumer looked for work lately
 
 
@@ -160,6 +166,20 @@ class Watcher:
                 wake_mover(store)  # perhaps a delayed publish: the mover reads the delay records now
             else:  # nothing published since: what its consumers know is as good as a fresh read of the pointers
                 w.activity.fresh_until = time.monotonic() + 2 * IDLE_POLL_SECONDS
+        now = time.monotonic()
+        due = [w for w in idle if w.beacon is not None and w.safety_due <= now]
+        if not due:
+            return
+        seen = [w.activity.before_read() for w in due]
+        read = store.watch_pointers([(w.magazine, w.shards) for w in due])
+        now = time.monotonic()
+        for w, before, (with_work, loaded) in zip(due, seen, read, strict=True):
+            w.activity.replace(with_work, before)
+            if loaded != w.loaded:  # published to although its beacon stood still (a bump failed): flowing
+                w.loaded, w.moved_at = loaded, now
+                w.beacon, w.interval, w.due = None, FAST_POLL_SECONDS, now
+            else:
+                w.safety_due = now + IDLE_SAFETY_POLL_SECONDS
 
     def _read_pointers(self, store: Storage, w: _Watched) -> None:
         seen = w.activity.before_read()
@@ -168,7 +188,7 @@ class Watcher:
         # process bumped it less than BEACON_SECONDS ago, for a publish IDLE_AFTER_SECONDS would have seen.
         settling = self._doorbell is None and w.beacon is None and time.monotonic() - w.moved_at >= IDLE_AFTER_SECONDS
         idle_beacon = store.read_beacons([w.magazine])[0] if settling else None
-        with_work, loaded = store.watch_pointers(w.magazine, w.shards)
+        [(with_work, loaded)] = store.watch_pointers([(w.magazine, w.shards)])
         w.activity.replace(with_work, seen)
         now = time.monotonic()
         moved = loaded != w.loaded
@@ -184,8 +204,12 @@ class Watcher:
             w.interval, w.busy = SAFETY_POLL_SECONDS, True
         elif moved:
             w.interval = FAST_POLL_SECONDS  # messages flow: look again soon
-        elif idle_beacon is not None or w.beacon is not None:  # idle: from now on its beacon, with the others
-            w.beacon, w.interval = idle_beacon if w.beacon is None else w.beacon, IDLE_SAFETY_POLL_SECONDS
+        elif idle_beacon is not None or w.beacon is not None:  # idle: from now on read with the others' beacons
+            if w.beacon is None:
+                w.safety_due = now + random.uniform(0, IDLE_SAFETY_POLL_SECONDS)  # (spread: the module docstring)
+            else:
+                w.safety_due = now + IDLE_SAFETY_POLL_SECONDS
+            w.beacon, w.interval = idle_beacon if w.beacon is None else w.beacon, math.inf
         else:
             w.interval = min(w.interval * POLL_GROWTH, IDLE_POLL_SECONDS)
         w.due = now + w.interval

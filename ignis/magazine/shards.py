@@ -13,6 +13,8 @@ import random
 import threading
 from collections.abc import Callable, Iterable
 
+import ignis.delay
+import ignis.watch
 from ignis.activity import ShardActivity, activity_for, with_work
 from ignis.delay import MainMagazine, mover_for
 from ignis.errors import LoadInterrupted
@@ -81,6 +83,12 @@ class ActiveShards:
                     activity.replace(with_work(self.store.pointers(self.name, self.shards)), seen)
         active = activity.active
         return active[int(_random() * len(active))] if active else None
+
+    @staticmethod
+    def followed_for() -> float:
+        """How long the watcher and the delay mover follow a magazine after `watch` (read when asked: tests
+        shorten it)."""
+        return min(ignis.watch.KEEP_WATCHING_SECONDS, ignis.delay.KEEP_FOLLOWING_SECONDS)
 
     def watch(self, main: MainMagazine) -> None:
         """Have the process's watcher follow this magazine (for the next ignis.watch.KEEP_WATCHING_SECONDS), and

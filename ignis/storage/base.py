@@ -501,10 +501,10 @@ class Storage(Protocol):
         """Remove every data and meta record of a magazine. Returns data records removed."""
         ...
 
-    def watch_pointers(self, magazine: str, shards: int) -> tuple[list[int], int]:
-        """(the shards of 0..shards-1 whose load pointer is past the fire pointer, the sum of the load pointers):
-        what the watcher (ignis.watch) needs, in one lean read. No rollback checks: claims and allocations make
-        those."""
+    def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
+        """For each (magazine, shards): (the shards of 0..shards-1 whose load pointer is past the fire pointer, the
+        sum of the load pointers). What the watcher (ignis.watch) needs, in one lean read for all of them (one
+        store call per few thousand shards). No rollback checks: claims and allocations make those."""
         ...
 
     def beacon(self, magazine: str) -> None:

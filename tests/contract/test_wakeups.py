@@ -8,6 +8,7 @@ this process."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import threading
@@ -133,3 +134,27 @@ def test_an_idle_consumer_stays_idle(backend: Any, make_queue: Any) -> None:
         finally:
             consumer.stop()
     assert per_queue_per_s <= 2.0, per_queue_per_s  # the issue's bound for an idle queue
+
+
+def test_a_wait_longer_than_the_watchers_follow_keeps_the_queue_followed(
+        backend: Any, make_queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A consumer's poll interval or a fire timeout may be longer than the watcher and the delay mover follow a
+    # magazine after a consumer looked in it: a wait renews that, or a publish elsewhere would go unseen.
+    import ignis.delay
+    import ignis.watch
+    monkeypatch.setattr(ignis.watch, "KEEP_WATCHING_SECONDS", 0.4)
+    monkeypatch.setattr(ignis.delay, "KEEP_FOLLOWING_SECONDS", 0.4)
+    queue = make_queue("wake", shards=4)
+    main = queue.main
+    ages: list[float] = []
+    waiting = threading.Thread(target=main.wait_for_work, args=(main.changes, 1.5))
+    waiting.start()
+    time.sleep(0.1)
+    watcher, mover = ignis.watch.watcher_for(queue.store), ignis.delay.mover_for(queue.store)
+    assert watcher is not None and mover is not None
+    while waiting.is_alive():
+        now = time.monotonic()
+        watched, followed = watcher._watched.get(main.name), mover._followed.get(main.name)  # (None: dropped)
+        ages += [now - (watched.touched if watched else -math.inf), now - (followed.touched if followed else -math.inf)]
+        time.sleep(0.05)
+    assert max(ages) < 0.4, max(ages)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from aerospike import exception as ex
 from aerospike_helpers.operations import operations as ops
@@ -54,24 +55,31 @@ class Pointers:
             raise self._ctx.fail(exc, "pointers", self._ctx.meta_set) from None
         return out
 
-    def watch_pointers(self, magazine: str, shards: int) -> tuple[list[int], int]:
-        keys = [self._ctx.meta_key(magazine, shard) for shard in range(shards)]
+    def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
+        keys = [self._ctx.meta_key(magazine, shard) for magazine, shards in magazines for shard in range(shards)]
+        records: list[Any] = []
         try:
-            done = self._ctx.call("watch", self._ctx.client.batch_read, keys, [LOAD_POINTER, FIRE_POINTER])
-            records = self._ctx.answers("watch", done, len(keys), self._ctx.meta_set)
+            for start in range(0, len(keys), BATCH_CHUNK):
+                chunk = keys[start:start + BATCH_CHUNK]
+                done = self._ctx.call("watch", self._ctx.client.batch_read, chunk, [LOAD_POINTER, FIRE_POINTER])
+                records += self._ctx.answers("watch", done, len(chunk), self._ctx.meta_set)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "watch", self._ctx.meta_set) from None
-        with_work, loaded = [], 0
-        for shard, record in enumerate(records):
-            if record.result == 0 and record.record is not None:
-                bins = record.record[2] or {}
-                load = bins.get(LOAD_POINTER) or 0
-                loaded += load
-                if load > (bins.get(FIRE_POINTER) or 0):
-                    with_work.append(shard)
-            elif record.result != NOT_FOUND:
-                raise self._ctx.record_failure("watch", record, self._ctx.meta_set)
-        return with_work, loaded
+        out, at = [], 0
+        for _, shards in magazines:
+            with_work, loaded = [], 0
+            for shard, record in enumerate(records[at:at + shards]):
+                if record.result == 0 and record.record is not None:
+                    bins = record.record[2] or {}
+                    load = bins.get(LOAD_POINTER) or 0
+                    loaded += load
+                    if load > (bins.get(FIRE_POINTER) or 0):
+                        with_work.append(shard)
+                elif record.result != NOT_FOUND:
+                    raise self._ctx.record_failure("watch", record, self._ctx.meta_set)
+            out.append((with_work, loaded))
+            at += shards
+        return out
 
     def beacon(self, magazine: str) -> None:
         beacons, key = self._ctx.shared.beacons, (self._ctx.meta_set, magazine)

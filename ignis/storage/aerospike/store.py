@@ -245,8 +245,8 @@ class AerospikeStore:
     def pointers(self, magazine: str, shards: int) -> dict[int, ShardPointers]:
         return self._pointers.pointers(magazine, shards)
 
-    def watch_pointers(self, magazine: str, shards: int) -> tuple[list[int], int]:
-        return self._pointers.watch_pointers(magazine, shards)
+    def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
+        return self._pointers.watch_pointers(magazines)
 
     def beacon(self, magazine: str) -> None:
         self._pointers.beacon(magazine)

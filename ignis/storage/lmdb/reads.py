@@ -29,18 +29,21 @@ class Reads:
     def __init__(self, ctx: StoreContext) -> None:
         self._ctx = ctx
 
-    def watch_pointers(self, magazine: str, shards: int) -> tuple[list[int], int]:
-        def read(txn: Any) -> tuple[list[int], int]:
+    def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
+        def read(txn: Any) -> list[tuple[list[int], int]]:
             get, meta_db, unpack = txn.get, self._ctx.meta, _META.unpack
-            with_work, loaded = [], 0
-            for shard in range(shards):
-                raw = get(self._ctx.keys(magazine, shard)[0], None, meta_db)
-                if raw is not None:
-                    _, load, fire = unpack(raw)
-                    loaded += load
-                    if load > fire:
-                        with_work.append(shard)
-            return with_work, loaded
+            out = []
+            for magazine, shards in magazines:
+                with_work, loaded = [], 0
+                for shard in range(shards):
+                    raw = get(self._ctx.keys(magazine, shard)[0], None, meta_db)
+                    if raw is not None:
+                        _, load, fire = unpack(raw)
+                        loaded += load
+                        if load > fire:
+                            with_work.append(shard)
+                out.append((with_work, loaded))
+            return out
 
         return self._ctx.read("watch", read)
 

@@ -238,8 +238,8 @@ class LmdbStore:
     def purge_magazine(self, magazine: str) -> int:
         return self._reads.purge_magazine(magazine)
 
-    def watch_pointers(self, magazine: str, shards: int) -> tuple[list[int], int]:
-        return self._reads.watch_pointers(magazine, shards)
+    def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
+        return self._reads.watch_pointers(magazines)
 
     def beacon(self, magazine: str) -> None:
         return self._reads.beacon(magazine)

@@ -1,0 +1,102 @@
+"""The watcher's idle pace (ignis.watch) against a store that counts its calls: idle queues' pointers are read in
+one call per beacon read, not one call per queue, and a queue whose pointers moved behind a beacon that stood
+still flows again. The timings are shortened here (monkeypatch); what they cost on a real server is
+bench/bench_latency.py's idle phase."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+
+import ignis.watch as watch
+from ignis.activity import ShardActivity
+
+
+class CountingStore:
+    """What a Watcher asks of a store without a doorbell (Aerospike), counted."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.loaded: dict[str, int] = {}  # the sum of each magazine's load pointers
+        self.beacons: dict[str, int] = {}
+        self.pointer_calls: list[list[str]] = []  # the magazines of each watch_pointers call
+        self.beacon_calls = 0
+
+    def doorbell(self) -> None:
+        return None
+
+    def read_beacons(self, magazines: Sequence[str]) -> list[int]:
+        with self.lock:
+            self.beacon_calls += 1
+            return [self.beacons.get(m, 0) for m in magazines]
+
+    def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
+        with self.lock:
+            self.pointer_calls.append([m for m, _ in magazines])
+            return [([0] if self.loaded.get(m, 0) else [], self.loaded.get(m, 0)) for m, _ in magazines]
+
+
+@pytest.fixture
+def fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watch, "IDLE_AFTER_SECONDS", 0.05)
+    monkeypatch.setattr(watch, "IDLE_POLL_SECONDS", 0.02)
+    monkeypatch.setattr(watch, "IDLE_SAFETY_POLL_SECONDS", 0.2)
+    monkeypatch.setattr(watch, "HUNGRY_SECONDS", 60.0)  # (no consumer waits here: each counts as looking)
+
+
+def wait_until(condition: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.01)
+    assert condition(), "not reached in time"  # type: ignore[operator]
+
+
+def idle(watcher: watch.Watcher, names: list[str]) -> bool:
+    return all(watcher._watched[n].beacon is not None for n in names)
+
+
+def test_idle_queues_pointers_are_read_together_with_the_beacons_not_one_call_each(fast: None) -> None:
+    store = CountingStore()
+    watcher = watch.Watcher(store)  # type: ignore[arg-type]
+    names = [f"q{i}" for i in range(50)]
+    try:
+        for name in names:
+            watcher.watch(name, 4, ShardActivity())
+        wait_until(lambda: idle(watcher, names))
+        with store.lock:
+            store.pointer_calls.clear()
+            beacons_before = store.beacon_calls
+        time.sleep(1.0)
+        with store.lock:
+            calls = list(store.pointer_calls)
+            beacon_reads = store.beacon_calls - beacons_before
+    finally:
+        watcher.stop()
+    # Every idle queue's pointers were still read, about every IDLE_SAFETY_POLL_SECONDS (five times a second)...
+    reads = {name: sum(name in call for call in calls) for name in names}
+    assert min(reads.values()) >= 2, reads
+    # ...but in at most one call per beacon read: one call each would have made 250.
+    assert len(calls) <= beacon_reads, (len(calls), beacon_reads)
+    assert max(len(call) for call in calls) > 1, calls
+
+
+def test_an_idle_queue_whose_pointers_moved_behind_a_still_beacon_flows_again(fast: None) -> None:
+    store = CountingStore()
+    watcher = watch.Watcher(store)  # type: ignore[arg-type]
+    activity = ShardActivity()
+    try:
+        watcher.watch("quiet", 4, ShardActivity())
+        watcher.watch("bumpless", 4, activity)
+        wait_until(lambda: idle(watcher, ["quiet", "bumpless"]))
+        with store.lock:
+            store.loaded["bumpless"] = 1  # a publish whose beacon bump failed
+        wait_until(lambda: activity.active == (0,))  # found by a safety read, its shard marked for the consumers
+        wait_until(lambda: watcher._watched["bumpless"].beacon is None)  # flowing: its pointers polled again
+        assert watcher._watched["quiet"].beacon is not None
+    finally:
+        watcher.stop()
