@@ -168,6 +168,9 @@ def test_paused_leader_cannot_write_a_stale_pointer(sweepers: Sweepers, queue: A
     wait_for(lambda: sweepers.holder() == "a", what="a to lead")
     abandon(queue, 10)
     wait_for(lambda: queue.sideline.pending() >= 10, what="a's sweep")
+    # a's pass ends after its moves (it then stores its epoch with the sweep pointers): pausing a before that
+    # left the pass to end after a woke, a pass that began while a led, which the check below then counted.
+    wait_for(lambda: any(p["who"] == "a" and p["moved"] for p in sweepers.passes()), what="a's pass to end")
     epoch_a = sweepers.store.get_queue("orders").bins[SWEEP_EPOCH]
     sweepers.start("b")
     a.send_signal(signal.SIGSTOP)
