@@ -246,17 +246,7 @@ class Magazine:
         """Sleep until shards get work after `seen` (`changes` read before the last fire found nothing), a
         `wake()`, or `timeout` seconds; meanwhile the process's watcher keeps this magazine's activity up to
         date with what other processes publish. True if woken."""
-        deadline = time.monotonic() + timeout
-        while True:
-            # Renewed while it sleeps: the watcher and the mover drop a magazine nobody looked in lately, and a
-            # longer wait (a poll interval or a fire timeout above that) would then sleep through a publish.
-            self.watch()
-            remaining = deadline - time.monotonic()
-            renew = self._active_shards.followed_for() / 2
-            if self._active_shards.activity.wait(seen, min(remaining, renew)):
-                return True
-            if remaining <= renew:
-                return False
+        return self._active_shards.wait_for_work(self, seen, timeout)
 
     def watch(self) -> None:
         """Have the process's watcher follow this magazine (for the next ignis.watch.KEEP_WATCHING_SECONDS), and

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 import ignis.delay
@@ -84,11 +85,20 @@ class ActiveShards:
         active = activity.active
         return active[int(_random() * len(active))] if active else None
 
-    @staticmethod
-    def followed_for() -> float:
-        """How long the watcher and the delay mover follow a magazine after `watch` (read when asked: tests
-        shorten it)."""
-        return min(ignis.watch.KEEP_WATCHING_SECONDS, ignis.delay.KEEP_FOLLOWING_SECONDS)
+    def wait_for_work(self, main: MainMagazine, seen: int, timeout: float) -> bool:
+        """Magazine.wait_for_work: sleep on the activity, followed by the watcher and the mover meanwhile. The
+        follow is renewed while it sleeps: they drop a magazine nobody looked in for a while (the shorter of
+        ignis.watch.KEEP_WATCHING_SECONDS and ignis.delay.KEEP_FOLLOWING_SECONDS, read when asked: tests shorten
+        them), and a longer wait (a poll interval or a fire timeout) would then sleep through a publish."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.watch(main)
+            remaining = deadline - time.monotonic()
+            renew = min(ignis.watch.KEEP_WATCHING_SECONDS, ignis.delay.KEEP_FOLLOWING_SECONDS) / 2
+            if self.activity.wait(seen, min(remaining, renew)):
+                return True
+            if remaining <= renew:
+                return False
 
     def watch(self, main: MainMagazine) -> None:
         """Have the process's watcher follow this magazine (for the next ignis.watch.KEEP_WATCHING_SECONDS), and
