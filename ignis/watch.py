@@ -17,8 +17,8 @@ dropped). Two means, by what the store offers:
   beacon makes it flow again. Its pointers are read too, every IDLE_SAFETY_POLL_SECONDS (in case a bump
   failed), along with the beacons: one more call per beacon read for all the idle queues due, each first due
   at a random point of that period so that they spread evenly (a thousand idle queues read one by one made
-  seventeen calls a second, and a wake of this thread for each). All the idle queues together cost at most
-  two store calls per IDLE_POLL_SECONDS.
+  seventeen calls a second, and a wake of this thread for each). All the idle queues together cost two store
+  calls per IDLE_POLL_SECONDS (one more per BATCH_CHUNK shards of pointers due, on Aerospike).
 
 A magazine no consumer looked in lately (they are all busy with messages, and claim on their own) is only
 read every SAFETY_POLL_SECONDS. Only consumers (fires on a main magazine) are watched: the sweeper, the
