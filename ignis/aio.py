@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import logging
 import signal
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from datetime import timedelta
@@ -37,16 +38,21 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_THREADS = 16
+DEFAULT_PUBLISH_THREADS = 4
 WAIT_SLICE_SECONDS = 1.0  # a thread waits for a message this long at most per call, so cancellation is quick
 AsyncHandler = Callable[["AsyncMessage"], Awaitable[bool | None]]
 
 
 class AsyncIgnis:
-    """`Ignis` for asyncio: the same URLs and settings; every store call runs on a pool of `threads`."""
+    """`Ignis` for asyncio: the same URLs and settings; every store call runs on a pool of `threads`, and plain
+    publishes go in batches through up to `publish_threads` threads of their own."""
 
-    def __init__(self, store: Any = None, *, threads: int = DEFAULT_THREADS, **kwargs: Any) -> None:
+    def __init__(self, store: Any = None, *, threads: int = DEFAULT_THREADS,
+                 publish_threads: int = DEFAULT_PUBLISH_THREADS, **kwargs: Any) -> None:
         self._args, self._kwargs = store, kwargs
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="ignis-aio")
+        self._publishers = _PublishThreads(publish_threads)
+        self._mailbox: _Mailbox | None = None
         self._ignis: Ignis | None = None
         self._queues: dict[str, AsyncQueue] = {}
 
@@ -62,6 +68,9 @@ class AsyncIgnis:
             self._ignis = await self.run(lambda: Ignis(self._args, **self._kwargs))
 
     async def close(self) -> None:
+        if not self._publishers.closed:
+            self._publishers.close()  # what was published before is written first
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._publishers.join)
         if self._ignis is not None:
             ignis, self._ignis = self._ignis, None
             await self.run(ignis.close)
@@ -78,6 +87,15 @@ class AsyncIgnis:
         """fn() on the pool."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
+    def _publish_plain(self, queue: Queue, payload: bytes) -> asyncio.Future[MessageRef]:
+        loop = asyncio.get_running_loop()
+        mailbox = self._mailbox
+        if mailbox is None or mailbox.loop is not loop:  # (a publish in flight keeps its own mailbox)
+            mailbox = self._mailbox = _Mailbox(loop)
+        future: asyncio.Future[MessageRef] = loop.create_future()
+        self._publishers.submit((queue, payload, future, mailbox))
+        return future
+
     async def apply(self, spec: QueueSpec) -> bool:
         return await self.run(lambda: self.sync.apply(spec))
 
@@ -92,53 +110,159 @@ class AsyncIgnis:
         return await self.run(lambda: self.sync.stats(name, in_flight))
 
 
-class _PublishBatcher:
-    """The plain publishes (bytes; no id, key, headers or delay) that a loop's tasks make at the same time go to
-    the pool as one `Queue.publish_plain` call: one hand-off to a thread and back per batch instead of per
-    message, and on Aerospike one round trip into reserved slots. A batch is what the tasks submitted before
-    the loop got round to it (call_soon: after every task ready in this turn), at most MAX_BATCH; up to
-    MAX_FLUSHES batches are in flight at once. Each message is its own publish: its task gets its reference, or
-    the store's error for the batch (then, like any publish that raised, it may still have been stored)."""
+_Result = tuple["asyncio.Future[Any]", Any, BaseException | None]
 
-    MAX_BATCH = 256
-    MAX_FLUSHES = 4
 
-    def __init__(self, owner: AsyncIgnis, queue: Queue, loop: asyncio.AbstractEventLoop) -> None:
-        self._owner, self._queue, self.loop = owner, queue, loop
-        self._pending: list[tuple[bytes, asyncio.Future[MessageRef]]] = []
-        self._flushes = 0
+class _Mailbox:
+    """Results that threads hand back to one event loop: posted from any thread, delivered on the loop by one
+    callback per burst, so a batch of results costs one wake-up of the loop, not one per result."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.hand_out_scheduled = False  # (_PublishThreads: this loop will hand the backlog out)
+        self._results: deque[_Result] = deque()
         self._scheduled = False
 
-    def submit(self, payload: bytes) -> asyncio.Future[MessageRef]:
-        future: asyncio.Future[MessageRef] = self.loop.create_future()
-        self._pending.append((payload, future))
-        if not self._scheduled:
+    def post(self, results: Iterable[_Result]) -> None:
+        self._results.extend(results)
+        if not self._scheduled:  # (two threads racing here only cost a spare call: _deliver clears it first)
             self._scheduled = True
-            self.loop.call_soon(self._flush)
-        return future
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits these any more
+                self.loop.call_soon_threadsafe(self._deliver)
 
-    def _flush(self) -> None:
+    def _deliver(self) -> None:
         self._scheduled = False
-        while self._pending and self._flushes < self.MAX_FLUSHES:
-            batch, self._pending = self._pending[:self.MAX_BATCH], self._pending[self.MAX_BATCH:]
-            self._flushes += 1
-            done = self.loop.run_in_executor(self._owner._pool, self._queue.publish_plain, [p for p, _ in batch])
-            done.add_done_callback(lambda outcome, batch=batch: self._settle(batch, outcome))  # type: ignore[misc]
-
-    def _settle(self, batch: list[tuple[bytes, asyncio.Future[MessageRef]]], outcome: asyncio.Future[Any]) -> None:
-        self._flushes -= 1
-        error = asyncio.CancelledError() if outcome.cancelled() else outcome.exception()
-        refs = outcome.result() if error is None else [None] * len(batch)
-        for (_, future), ref in zip(batch, refs, strict=True):
+        results = self._results
+        while results:
+            future, result, error = results.popleft()
             if future.done():  # its task was cancelled (the message may be stored all the same)
                 continue
             if error is not None:
                 future.set_exception(error)
             else:
-                future.set_result(ref)
-        if self._pending and not self._scheduled:
-            self._scheduled = True
-            self.loop.call_soon(self._flush)
+                future.set_result(result)
+
+
+_Publish = tuple[Queue, bytes, "asyncio.Future[MessageRef]", _Mailbox]
+
+
+class _PublishThreads:
+    """Writes the plain publishes (bytes; no id, key, headers or delay) of an AsyncIgnis's tasks on up to `size`
+    threads of its own. What the tasks publish in one turn of their loop is handed to one idle thread at the
+    end of the turn (one wake-up), which writes it per queue in one `Queue.publish_plain` call (on Aerospike
+    one batch write into reserved slots, on lmdb one group commit) and posts each publish its reference, or
+    the store's error, through its loop's mailbox. While every thread is busy, publishes queue up, and the
+    first thread to finish takes them all (up to MAX_BATCH). Dedicated threads cost the loop less than
+    `run_in_executor` (no concurrent Future chained to an asyncio one, one wake-up per batch each way)."""
+
+    MAX_BATCH = 256
+
+    def __init__(self, size: int) -> None:
+        self.size = max(1, size)
+        self._lock = threading.Lock()
+        self._backlog: deque[_Publish] = deque()
+        self._idle: list[_PublishThread] = []
+        self._threads: list[_PublishThread] = []
+        self.closed = False
+
+    def submit(self, item: _Publish) -> None:
+        """Queue one publish (on its loop); handed out at the end of the loop's turn."""
+        mailbox = item[3]
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("AsyncIgnis is closed: publish on an open one")
+            self._backlog.append(item)
+            if mailbox.hand_out_scheduled or not (self._idle or len(self._threads) < self.size):
+                return  # handed out already this turn, or a busy thread takes it when it comes free
+            mailbox.hand_out_scheduled = True
+        mailbox.loop.call_soon(self._hand_out, mailbox)
+
+    def _hand_out(self, mailbox: _Mailbox) -> None:
+        with self._lock:
+            mailbox.hand_out_scheduled = False
+            if self._backlog:
+                self._worker().hand(self._take())
+
+    def _worker(self) -> _PublishThread:
+        """An idle thread, or a new one (under the lock; the caller knows one is allowed)."""
+        if self._idle:
+            return self._idle.pop()
+        worker = _PublishThread(self)
+        self._threads.append(worker)
+        return worker
+
+    def _take(self) -> list[_Publish]:
+        backlog = self._backlog
+        return [backlog.popleft() for _ in range(min(len(backlog), self.MAX_BATCH))]
+
+    def next_batch(self, worker: _PublishThread) -> list[_Publish] | None:
+        """What `worker` writes next: the backlog; or [] after it joined the idle threads (it waits to be
+        handed a batch); or None when it is to end (closed, nothing left)."""
+        with self._lock:
+            if self._backlog:
+                return self._take()
+            if self.closed:
+                return None
+            self._idle.append(worker)
+            return []
+
+    def close(self) -> None:
+        """Take no more publishes; the threads write what is queued, then end (join them)."""
+        with self._lock:
+            self.closed = True
+            idle, self._idle = self._idle, []
+            if self._backlog and not self._threads:  # queued this turn, no thread yet to write it
+                idle = [self._worker()]
+            for worker in idle:
+                worker.hand(self._take() if self._backlog else None)
+
+    def join(self) -> None:
+        for worker in list(self._threads):
+            worker.thread.join()
+
+
+class _PublishThread:
+    def __init__(self, owner: _PublishThreads) -> None:
+        self._owner = owner
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        self._batch: list[_Publish] | None = None
+        self.thread = threading.Thread(target=self._run, name="ignis-aio-publish", daemon=True)
+        self.thread.start()
+
+    def hand(self, batch: list[_Publish] | None) -> None:
+        """Give the (waiting) thread a batch to write, or None to end."""
+        self._batch = batch
+        self._wake.release()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.acquire()
+            batch, self._batch = self._batch, None
+            while batch:
+                _write(batch)
+                batch = self._owner.next_batch(self)
+            if batch is None:
+                return
+
+
+def _write(batch: list[_Publish]) -> None:
+    """Write a batch of publishes, per queue in one call, and post each its reference or the error."""
+    by_queue: dict[Queue, list[_Publish]] = {}
+    for item in batch:
+        by_queue.setdefault(item[0], []).append(item)
+    for queue, items in by_queue.items():
+        error: BaseException | None = None
+        refs: list[Any] = [None] * len(items)
+        try:
+            refs = queue.publish_plain([payload for _, payload, _, _ in items])
+        except BaseException as exc:  # each of them raises it (like any publish that raised, it may be stored)
+            error = exc
+        by_mailbox: dict[_Mailbox, list[_Result]] = {}
+        for (_, _, future, mailbox), ref in zip(items, refs, strict=True):
+            by_mailbox.setdefault(mailbox, []).append((future, ref, error))
+        for mailbox, results in by_mailbox.items():
+            mailbox.post(results)
 
 
 class AsyncQueue:
@@ -146,7 +270,6 @@ class AsyncQueue:
         self._owner = owner
         self.name = name
         self._queue: Queue | None = None
-        self._batcher: _PublishBatcher | None = None
 
     async def sync(self) -> Queue:
         """The blocking Queue underneath (QueueNotFound / QueueInactive on first use)."""
@@ -160,11 +283,7 @@ class AsyncQueue:
         q = await self.sync()
         if id is None and key is None and headers is None and delay is None and type(payload) is bytes \
                 and len(payload) <= q.max_payload_bytes and tracing.tracer() is None:
-            loop = asyncio.get_running_loop()
-            batcher = self._batcher
-            if batcher is None or batcher.loop is not loop:
-                batcher = self._batcher = _PublishBatcher(self._owner, q, loop)
-            return await batcher.submit(payload)
+            return await self._owner._publish_plain(q, payload)
         return await self._owner.run(lambda: q.publish(payload, id=id, key=key, headers=headers, delay=delay))
 
     async def publish_many(self, payloads: Iterable[Any], *, key: str | None = None,

@@ -322,3 +322,130 @@ def test_concurrent_plain_publishes_go_to_the_store_together_and_each_is_its_own
             assert len({r.id for r in again}) == 5 and (await q.stats()).depth == 5
 
     run(main())
+
+
+def test_publishes_queue_while_the_publish_threads_are_busy_and_go_out_together(backend, monkeypatch) -> None:
+    """With every publish thread busy, the publishes of later turns wait, and the thread that comes free takes
+    them all in one call; each publish still gets its own reference."""
+    from ignis.queue import Queue
+
+    calls: list[int] = []
+    real = Queue.publish_plain
+
+    def slow(self: Queue, payloads: list[bytes]) -> Any:
+        calls.append(len(payloads))
+        time.sleep(0.3)
+        return real(self, payloads)
+
+    monkeypatch.setattr(Queue, "publish_plain", slow)
+
+    async def main() -> None:
+        async with AsyncIgnis(backend.url, publish_threads=1) as ig:
+            await declare(ig, "busy")
+            q = ig.queue("busy")
+            await q.sync()  # resolved: each publish hands over in the turn it is made
+            first = [asyncio.create_task(q.publish(b"a%d" % i)) for i in range(3)]
+            await asyncio.sleep(0.1)  # the first batch is being written
+            later = [asyncio.create_task(q.publish(b"b%d" % i)) for i in range(10)]
+            await asyncio.sleep(0)
+            more = [asyncio.create_task(q.publish(b"c%d" % i)) for i in range(5)]  # another turn, still busy
+            refs = await asyncio.gather(*first, *later, *more)
+            assert calls == [3, 15]
+            assert len({r.id for r in refs}) == 18 and (await q.stats()).depth == 18
+
+    run(main())
+
+
+def test_close_writes_what_was_published_before_it_and_refuses_publishes_after(backend, monkeypatch) -> None:
+    from ignis.queue import Queue
+
+    real = Queue.publish_plain
+
+    def slow(self: Queue, payloads: list[bytes]) -> Any:
+        time.sleep(0.3)  # still writing when close() is called
+        return real(self, payloads)
+
+    monkeypatch.setattr(Queue, "publish_plain", slow)
+
+    async def main() -> None:
+        ig = await opened(backend)
+        await declare(ig, "closing")
+        q = ig.queue("closing")
+        await q.sync()  # resolved: the next publishes hand over in the turn they are made
+        tasks = [asyncio.create_task(q.publish(b"m%d" % i)) for i in range(50)]
+        await asyncio.sleep(0)  # every task has handed its publish over; none is written yet
+        await ig.close()
+        await ig.close()  # a second close is harmless
+        refs = await asyncio.gather(*tasks)
+        assert len({r.id for r in refs}) == 50
+        with pytest.raises(RuntimeError, match="closed"):
+            await q.publish(b"late")
+        async with AsyncIgnis(backend.url) as again:
+            assert (await again.stats("closing")).depth == 50
+
+    run(main())
+
+
+def test_a_cancelled_publish_leaves_its_batch_and_later_loops_unharmed(backend, monkeypatch) -> None:
+    """Cancelling one publish of a batch in flight cancels only that await (its message may be stored all the
+    same, as for any publish cancelled mid-call); the others get their references. A loop that ends with a
+    publish in flight does not stop the next loop's publishes on the same handle."""
+    from ignis.queue import Queue
+
+    real = Queue.publish_plain
+    delay = [0.3]
+
+    def slow(self: Queue, payloads: list[bytes]) -> Any:
+        time.sleep(delay[0])
+        return real(self, payloads)
+
+    monkeypatch.setattr(Queue, "publish_plain", slow)
+    errors: list[dict[str, Any]] = []
+    ig = AsyncIgnis(backend.url)
+
+    async def first_loop() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, context: errors.append(context))
+        await ig.open()
+        await declare(ig, "cancelled")
+        q = ig.queue("cancelled")
+        tasks = [asyncio.create_task(q.publish(b"p%d" % i)) for i in range(5)]
+        await asyncio.sleep(0.1)
+        tasks[0].cancel()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(outcomes[0], asyncio.CancelledError)
+        assert len({r.id for r in outcomes[1:]}) == 4
+        left = asyncio.create_task(q.publish(b"left in flight"))  # asyncio.run cancels it when this loop ends
+        await asyncio.sleep(0.05)
+        assert not left.done()
+
+    async def second_loop() -> None:
+        delay[0] = 0
+        q = ig.queue("cancelled")
+        refs = await asyncio.gather(*(q.publish(b"n%d" % i) for i in range(20)))
+        assert len({r.id for r in refs}) == 20
+        await ig.close()
+
+    run(first_loop())
+    time.sleep(0.4)  # the write left in flight ends after its loop closed
+    run(second_loop())
+    assert errors == []
+
+
+def test_publishes_from_two_event_loops_share_one_handle(backend) -> None:
+    async def main() -> None:
+        async with AsyncIgnis(backend.url) as ig:
+            await declare(ig, "two-loops", shards=4)
+
+            async def publish(prefix: bytes) -> list[Any]:
+                q = ig.queue("two-loops")
+                return await asyncio.gather(*(q.publish(prefix + b"%d" % i) for i in range(100)))
+
+            other: list[Any] = []
+            thread = threading.Thread(target=lambda: other.extend(asyncio.run(publish(b"b"))))
+            thread.start()
+            mine = await publish(b"a")
+            await asyncio.to_thread(thread.join)
+            assert len({r.id for r in mine + other}) == 200
+            assert (await ig.stats("two-loops")).depth == 200
+
+    run(main())
