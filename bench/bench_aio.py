@@ -7,7 +7,8 @@
   latency issue's method: producers and consumers are different pods), `--consumers` consumers waiting for
   each message (tasks doing `async for` over an `AsyncQueue.iterator` each vs threads in
   `Queue.fire(timeout=)`), handler entry - send time, p50 / p99 from an HDR histogram (the latency issue's
-  bounds; it has 4 consumer workers at 1,000 msg/s).
+  bounds; it has 4 consumer workers at 1,000 msg/s). As in the latency issue's method, the messages of a
+  warm-up (`--warmup` seconds: new connections, first claims) are delivered and not counted.
 
     .venv/bin/python bench/bench_aio.py [--server host:port/ns] [--concurrency 8] [--json FILE]
 """
@@ -36,7 +37,7 @@ from ignis import Ignis, QueueSpec
 from ignis.aio import AsyncIgnis
 
 PAYLOAD = b"x" * 1024
-STAMP = struct.Struct(">d")
+STAMP = struct.Struct(">d?")  # send time, counted (False: a warm-up message)
 
 
 def sync_publish_rate(q: Any, concurrency: int, seconds: float) -> float:
@@ -71,34 +72,44 @@ async def async_publish_rate(q: Any, concurrency: int, seconds: float) -> float:
     return sum(counts) / (time.perf_counter() - started)
 
 
-def schedule(publish: Any, rate: int, seconds: float) -> None:
+def schedule(publish: Any, rate: int, seconds: float, warmup: float = 0.0) -> None:
     start = time.perf_counter()
-    for i in range(int(rate * seconds)):
+    first_counted = int(rate * warmup)
+    for i in range(first_counted + int(rate * seconds)):
         time.sleep(max(0.0, start + i / rate - time.perf_counter()))
-        publish(STAMP.pack(time.time()) + PAYLOAD)
+        publish(STAMP.pack(time.time(), i >= first_counted) + PAYLOAD)
 
 
-def run_publisher(url: str, queue: str, rate: int, seconds: float) -> None:
+def record(hist: HdrHistogram, data: bytes) -> None:
+    """The message's e2e latency, if it counts (not a warm-up message)."""
+    sent, counted = STAMP.unpack_from(data)
+    if counted:
+        hist.record_value(max(1, int((time.time() - sent) * 1e6)))
+
+
+def run_publisher(url: str, queue: str, rate: int, seconds: float, warmup: float) -> None:
     """The e2e phase's publisher (`_publish`): its own process, so it shares neither the GIL nor the handle
     with the consumers measured."""
     with Ignis(url) as ignis:
-        schedule(ignis.queue(queue).publish, rate, seconds)
+        schedule(ignis.queue(queue).publish, rate, seconds, warmup)
 
 
-def publish_phase(url: str, q: Any, rate: int, seconds: float, where: str) -> None:
+def publish_phase(url: str, q: Any, rate: int, seconds: float, where: str, warmup: float) -> None:
     """Publish on schedule from another process (`where="process"`) or from this thread on `q` itself."""
     if where == "thread":
         time.sleep(0.5)  # the consumers are waiting
-        schedule(q.publish, rate, seconds)
+        schedule(q.publish, rate, seconds, warmup)
         return
-    proc = subprocess.Popen([sys.executable, __file__, "_publish", url, q.name, str(rate), str(seconds)])
-    if proc.wait(timeout=120 + seconds) != 0:
+    proc = subprocess.Popen([sys.executable, __file__, "_publish", url, q.name, str(rate), str(seconds),
+                             str(warmup)])
+    if proc.wait(timeout=120 + warmup + seconds) != 0:
         raise RuntimeError(f"the publisher process failed (exit {proc.returncode})")
 
 
-def sync_e2e(q: Any, url: str, rate: int, seconds: float, consumers: int, where: str) -> HdrHistogram:
+def sync_e2e(q: Any, url: str, rate: int, seconds: float, consumers: int, where: str, warmup: float
+             ) -> HdrHistogram:
     hist = HdrHistogram(1, 60_000_000, 3)  # microseconds
-    expected = int(rate * seconds)
+    expected = int(rate * warmup) + int(rate * seconds)
     lock = threading.Lock()
     got = [0]
     done = threading.Event()
@@ -109,7 +120,7 @@ def sync_e2e(q: Any, url: str, rate: int, seconds: float, consumers: int, where:
             if m is None:
                 continue
             with lock:
-                hist.record_value(max(1, int((time.time() - STAMP.unpack_from(m.data)[0]) * 1e6)))
+                record(hist, m.data)
             m.ack()
             with lock:
                 got[0] += 1
@@ -118,22 +129,22 @@ def sync_e2e(q: Any, url: str, rate: int, seconds: float, consumers: int, where:
 
     for _ in range(consumers):
         threading.Thread(target=consume, daemon=True).start()
-    publish_phase(url, q, rate, seconds, where)
+    publish_phase(url, q, rate, seconds, where, warmup)
     done.wait(30)
     return hist
 
 
-async def async_e2e(aq: Any, q: Any, url: str, rate: int, seconds: float, consumers: int, where: str
-                    ) -> HdrHistogram:
+async def async_e2e(aq: Any, q: Any, url: str, rate: int, seconds: float, consumers: int, where: str,
+                    warmup: float) -> HdrHistogram:
     hist = HdrHistogram(1, 60_000_000, 3)
-    expected = int(rate * seconds)
+    expected = int(rate * warmup) + int(rate * seconds)
     got = [0]
     done = asyncio.Event()
 
     async def consume() -> None:
         async with aq.iterator(prefetch=1, wait=1.0) as it:
             async for m in it:
-                hist.record_value(max(1, int((time.time() - STAMP.unpack_from(m.data)[0]) * 1e6)))
+                record(hist, m.data)
                 await m.ack()
                 got[0] += 1
                 if got[0] >= expected:
@@ -142,7 +153,7 @@ async def async_e2e(aq: Any, q: Any, url: str, rate: int, seconds: float, consum
                     return
 
     tasks = [asyncio.create_task(consume()) for _ in range(consumers)]
-    await asyncio.to_thread(publish_phase, url, q, rate, seconds, where)
+    await asyncio.to_thread(publish_phase, url, q, rate, seconds, where, warmup)
     try:
         await asyncio.wait_for(done.wait(), 30)
     finally:
@@ -157,7 +168,7 @@ def ms(hist: HdrHistogram, q: float) -> float:
 
 
 async def one_store(url: str, concurrency: int, seconds: float, rate: int, rounds: int, consumers: int = 1,
-                    publisher: str = "process") -> dict[str, Any]:
+                    publisher: str = "process", warmup: float = 2.0) -> dict[str, Any]:
     async with AsyncIgnis(url, threads=max(16, concurrency * 2)) as aig:
         for name in ("pub", "e2e"):
             await aig.apply(QueueSpec.build(name=name, handlerType=name, shards=16))
@@ -175,21 +186,22 @@ async def one_store(url: str, concurrency: int, seconds: float, rate: int, round
             async_rates.append(a)
             ratios.append(a / s)
         e2e_q = ig.queue("e2e")
-        sync_hist = await asyncio.to_thread(sync_e2e, e2e_q, url, rate, seconds * 2, consumers, publisher)
-        async_hist = await async_e2e(aig.queue("e2e"), e2e_q, url, rate, seconds * 2, consumers, publisher)
+        sync_hist = await asyncio.to_thread(sync_e2e, e2e_q, url, rate, seconds * 2, consumers, publisher,
+                                            warmup)
+        async_hist = await async_e2e(aig.queue("e2e"), e2e_q, url, rate, seconds * 2, consumers, publisher, warmup)
         return {"store": url.split(":")[0], "concurrency": concurrency,
                 "sync_publish_per_s": round(statistics.median(sync_rates)),
                 "async_publish_per_s": round(statistics.median(async_rates)),
                 "async_over_sync": round(statistics.median(ratios), 3),
-                "rate": rate, "consumers": consumers, "publisher": publisher,
+                "rate": rate, "consumers": consumers, "publisher": publisher, "warmup_s": warmup,
                 "sync_e2e_ms": {"p50": ms(sync_hist, 50), "p99": ms(sync_hist, 99)},
                 "async_e2e_ms": {"p50": ms(async_hist, 50), "p99": ms(async_hist, 99)}}
 
 
 def main() -> None:
     if sys.argv[1:2] == ["_publish"]:
-        url, queue, rate, seconds = sys.argv[2:6]
-        run_publisher(url, queue, int(rate), float(seconds))
+        url, queue, rate, seconds, warmup = sys.argv[2:7]
+        run_publisher(url, queue, int(rate), float(seconds), float(warmup))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", help="Aerospike host:port/namespace (also measured)")
@@ -202,17 +214,20 @@ def main() -> None:
     parser.add_argument("--publisher", choices=("process", "thread"), default="process",
                         help="where the e2e phase's publisher runs: its own process (the latency issue's method), or "
                              "a thread of the consumers' process on their handle")
+    parser.add_argument("--warmup", type=float, default=2.0,
+                        help="seconds of e2e messages before those counted, delivered and not counted (the latency "
+                             "issue's method; 0 counts every message)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="ignis-aio-") as tmp:
         results.append(asyncio.run(one_store(f"lmdb://{tmp}/store", args.concurrency, args.seconds, args.rate,
-                                             args.rounds, args.consumers, args.publisher)))
+                                             args.rounds, args.consumers, args.publisher, args.warmup)))
     if args.server:
         run = uuid.uuid4().hex[:6]
         results.append(asyncio.run(one_store(f"aerospike://{args.server}?farm=ba{run}&client=ba{run}",
                                              args.concurrency, args.seconds, args.rate, args.rounds,
-                                             args.consumers, args.publisher)))
+                                             args.consumers, args.publisher, args.warmup)))
     table = Table(title="asyncio API vs the blocking API, same run")
     for column in ("store", "publish/s sync", "publish/s async", "async/sync (target >= 0.8)",
                    "e2e ms p50/p99 sync", "e2e ms p50/p99 async"):
