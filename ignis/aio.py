@@ -180,11 +180,11 @@ class _PublishThreads:
     def _hand_out(self, mailbox: _Mailbox) -> None:
         with self._lock:
             mailbox.hand_out_scheduled = False
-            if self._backlog:
+            if self._backlog and (self._idle or len(self._threads) < self.size):  # else a busy thread takes it
                 self._worker().hand(self._take())
 
     def _worker(self) -> _PublishThread:
-        """An idle thread, or a new one (under the lock; the caller knows one is allowed)."""
+        """An idle thread, or a new one (under the lock; the caller checked that one is allowed)."""
         if self._idle:
             return self._idle.pop()
         worker = _PublishThread(self)
