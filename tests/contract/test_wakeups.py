@@ -20,6 +20,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from ignis import Consumer, Ignis
+from ignis.envelope import now_ms
+from ignis.storage.base import SlotRef
 from ignis.watch import IDLE_POLL_SECONDS
 
 WORKER = str(Path(__file__).resolve().parent.parent / "support" / "proc_worker.py")
@@ -158,3 +160,29 @@ def test_a_wait_longer_than_the_watchers_follow_keeps_the_queue_followed(
         ages += [now - (watched.touched if watched else -math.inf), now - (followed.touched if followed else -math.inf)]
         time.sleep(0.05)
     assert max(ages) < 0.4, max(ages)
+
+
+@pytest.mark.parametrize("fire", ["fire", "fire_many"])
+def test_a_waiting_fire_hands_out_a_slot_it_claimed_before_its_record_landed(backend: Any, make_queue: Any,
+                                                                              fire: str) -> None:
+    """A fire(timeout=) that claimed a slot whose publisher has not written it yet (two-step stores) re-reads
+    it on the awaited schedule, as a push consumer's worker does: the message comes soon after it lands, not
+    at the end of the timeout. (A landing moves no pointer, so no wake-up comes for it.)"""
+    queue = make_queue("landing", shards=1)
+    store = queue.main.store
+    if not store.write_grace_ms:
+        pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing is claimed before it lands")
+    slot = store.reserve(queue.main.name, 0, 1)  # allocated by a publisher that has not written it yet
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(getattr(queue, fire)(**(
+        {"timeout": 10} if fire == "fire" else {"max_messages": 5, "timeout": 10}))))
+    waiter.start()
+    time.sleep(0.5)  # the waiting fire saw the slot (the watcher follows the queue), claimed it, awaits it
+    assert not got
+    landed = time.monotonic()
+    assert store.load_reserved(SlotRef(queue.main.name, 0, slot), b"late", "m-late", now_ms(), 60)
+    waiter.join(15)
+    waited = time.monotonic() - landed
+    message = got[0] if fire == "fire" else got[0][0]
+    assert message is not None and message.data == b"late"
+    assert waited < BOUND_S, waited
