@@ -319,9 +319,9 @@ class Consumer:
             if not worked:
                 # Sleep until the queue gets work (a publish in this process, or one elsewhere that the
                 # watcher or the doorbell reports: ignis.watch), or a slot claimed before its record landed
-                # is due for a re-read, or the poll interval passed (a safety net: a wake-up is a hint).
-                due = main.next_check_in()
-                main.wait_for_work(seen, self._poll if due is None else min(self._poll, due))
+                # is due for a re-read (Magazine.wait_for_work), or the poll interval passed (a safety net:
+                # a wake-up is a hint).
+                main.wait_for_work(seen, self._poll)
         self._hand_out_kept(rt)
 
     def _hand_out_kept(self, rt: _QueueRuntime) -> None:

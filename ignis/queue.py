@@ -456,7 +456,7 @@ class Queue:
             if remaining <= 0:
                 self.main.watch()
                 return None
-            self._wait_for_work(seen, remaining)
+            self.main.wait_for_work(seen, remaining)
 
     def _fire_one(self) -> Message | None:
         claimed = self.main.fire_one()
@@ -487,13 +487,7 @@ class Queue:
             if remaining <= 0:
                 self.main.watch()
                 return []
-            self._wait_for_work(seen, remaining)
-
-    def _wait_for_work(self, seen: int, remaining: float) -> None:
-        """A waiting fire's sleep: until the queue gets work, or a slot it claimed before its record landed is
-        due for a re-read (a landing moves no pointer: nothing else would wake it), within `remaining`."""
-        due = self.main.next_check_in()
-        self.main.wait_for_work(seen, remaining if due is None else min(remaining, due))
+            self.main.wait_for_work(seen, remaining)
 
     def _fire_many(self, max_messages: int) -> list[Message]:
         for _ in range(DIVERT_ROUNDS):

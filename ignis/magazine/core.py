@@ -244,9 +244,11 @@ class Magazine:
 
     def wait_for_work(self, seen: int, timeout: float) -> bool:
         """Sleep until shards get work after `seen` (`changes` read before the last fire found nothing), a
-        `wake()`, or `timeout` seconds; meanwhile the process's watcher keeps this magazine's activity up to
-        date with what other processes publish. True if woken."""
-        return self._active_shards.wait_for_work(self, seen, timeout)
+        `wake()`, a slot claimed before its record landed is due for a re-read (a landing moves no pointer,
+        so nothing else would wake the wait), or `timeout` seconds; meanwhile the process's watcher keeps this
+        magazine's activity up to date with what other processes publish. True if woken."""
+        due = self.next_check_in()
+        return self._active_shards.wait_for_work(self, seen, timeout if due is None else min(timeout, due))
 
     def watch(self) -> None:
         """Have the process's watcher follow this magazine (for the next ignis.watch.KEEP_WATCHING_SECONDS), and
