@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The asyncio API against the blocking one, side by side in one run (issue 29, part 1):
 
-* publish throughput at the same concurrency: C asyncio tasks awaiting `AsyncQueue.publish` vs C threads
-  calling `Queue.publish` (target: async >= 0.8x sync);
+* publish throughput at the same concurrency, for each C of `--concurrency`: C asyncio tasks awaiting
+  `AsyncQueue.publish` vs C threads calling `Queue.publish` (target: async >= 0.8x sync);
 * end-to-end latency at a fixed rate: a publisher on an intended schedule in another process (as in the
   latency issue's method: producers and consumers are different pods), `--consumers` consumers waiting for
   each message (tasks doing `async for` over an `AsyncQueue.iterator` each vs threads in
@@ -10,7 +10,7 @@
   bounds; it has 4 consumer workers at 1,000 msg/s). As in the latency issue's method, the messages of a
   warm-up (`--warmup` seconds: new connections, first claims) are delivered and not counted.
 
-    .venv/bin/python bench/bench_aio.py [--server host:port/ns] [--concurrency 8] [--json FILE]
+    .venv/bin/python bench/bench_aio.py [--server host:port/ns] [--concurrency 1,8,32] [--json FILE]
 """
 
 from __future__ import annotations
@@ -167,35 +167,51 @@ def ms(hist: HdrHistogram, q: float) -> float:
     return round(hist.get_value_at_percentile(q) / 1000, 2)
 
 
-async def one_store(url: str, concurrency: int, seconds: float, rate: int, rounds: int, consumers: int = 1,
-                    publisher: str = "process", warmup: float = 2.0) -> dict[str, Any]:
-    async with AsyncIgnis(url, threads=max(16, concurrency * 2)) as aig:
+async def publish_rates(sync_q: Any, async_q: Any, concurrency: int, seconds: float, rounds: int
+                        ) -> dict[str, Any]:
+    """Publish throughput of C tasks against C threads, in alternating rounds (so drift hits both alike)."""
+    ratios, sync_rates, async_rates = [], [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            s = sync_publish_rate(sync_q, concurrency, seconds)
+            a = await async_publish_rate(async_q, concurrency, seconds)
+        else:
+            a = await async_publish_rate(async_q, concurrency, seconds)
+            s = sync_publish_rate(sync_q, concurrency, seconds)
+        sync_rates.append(s)
+        async_rates.append(a)
+        ratios.append(a / s)
+    return {"concurrency": concurrency, "sync_publish_per_s": round(statistics.median(sync_rates)),
+            "async_publish_per_s": round(statistics.median(async_rates)),
+            "async_over_sync": round(statistics.median(ratios), 3)}
+
+
+async def one_store(url: str, concurrencies: list[int], seconds: float, rate: int, rounds: int,
+                    consumers: int = 1, publisher: str = "process", warmup: float = 2.0) -> dict[str, Any]:
+    async with AsyncIgnis(url, threads=max(16, max(concurrencies) * 2)) as aig:
         for name in ("pub", "e2e"):
             await aig.apply(QueueSpec.build(name=name, handlerType=name, shards=16))
         ig: Ignis = aig.sync
         sync_q, async_q = ig.queue("pub"), aig.queue("pub")
-        ratios, sync_rates, async_rates = [], [], []
-        for r in range(rounds):
-            if r % 2 == 0:
-                s = sync_publish_rate(sync_q, concurrency, seconds)
-                a = await async_publish_rate(async_q, concurrency, seconds)
-            else:
-                a = await async_publish_rate(async_q, concurrency, seconds)
-                s = sync_publish_rate(sync_q, concurrency, seconds)
-            sync_rates.append(s)
-            async_rates.append(a)
-            ratios.append(a / s)
+        publish = [await publish_rates(sync_q, async_q, c, seconds, rounds) for c in concurrencies]
         e2e_q = ig.queue("e2e")
         sync_hist = await asyncio.to_thread(sync_e2e, e2e_q, url, rate, seconds * 2, consumers, publisher,
                                             warmup)
         async_hist = await async_e2e(aig.queue("e2e"), e2e_q, url, rate, seconds * 2, consumers, publisher, warmup)
-        return {"store": url.split(":")[0], "concurrency": concurrency,
-                "sync_publish_per_s": round(statistics.median(sync_rates)),
-                "async_publish_per_s": round(statistics.median(async_rates)),
-                "async_over_sync": round(statistics.median(ratios), 3),
+        return {"store": url.split(":")[0], "publish": publish,
                 "rate": rate, "consumers": consumers, "publisher": publisher, "warmup_s": warmup,
                 "sync_e2e_ms": {"p50": ms(sync_hist, 50), "p99": ms(sync_hist, 99)},
                 "async_e2e_ms": {"p50": ms(async_hist, 50), "p99": ms(async_hist, 99)}}
+
+
+def concurrency_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers separated by commas, e.g. 1,8,32")
+    return values
 
 
 def main() -> None:
@@ -205,7 +221,9 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", help="Aerospike host:port/namespace (also measured)")
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", type=concurrency_list, default=[1, 8, 32],
+                        help="publishers (tasks against threads) of the throughput phase, one measurement each: "
+                             "a comma-separated list")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rate", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
@@ -228,15 +246,22 @@ def main() -> None:
         results.append(asyncio.run(one_store(f"aerospike://{args.server}?farm=ba{run}&client=ba{run}",
                                              args.concurrency, args.seconds, args.rate, args.rounds,
                                              args.consumers, args.publisher, args.warmup)))
-    table = Table(title="asyncio API vs the blocking API, same run")
-    for column in ("store", "publish/s sync", "publish/s async", "async/sync (target >= 0.8)",
-                   "e2e ms p50/p99 sync", "e2e ms p50/p99 async"):
+    console = Console()
+    table = Table(title="publish throughput: C tasks against C threads, same run")
+    for column in ("store", "concurrency", "publish/s sync", "publish/s async", "async/sync (target >= 0.8)"):
         table.add_column(column, justify="right")
     for r in results:
-        table.add_row(r["store"], f"{r['sync_publish_per_s']:,}", f"{r['async_publish_per_s']:,}",
-                      f"{r['async_over_sync']:.2f}x", f"{r['sync_e2e_ms']['p50']} / {r['sync_e2e_ms']['p99']}",
+        for p in r["publish"]:
+            table.add_row(r["store"], str(p["concurrency"]), f"{p['sync_publish_per_s']:,}",
+                          f"{p['async_publish_per_s']:,}", f"{p['async_over_sync']:.2f}x")
+    console.print(table)
+    table = Table(title=f"e2e latency at {args.rate} msg/s, {args.consumers} consumer(s), same run")
+    for column in ("store", "e2e ms p50/p99 sync", "e2e ms p50/p99 async"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(r["store"], f"{r['sync_e2e_ms']['p50']} / {r['sync_e2e_ms']['p99']}",
                       f"{r['async_e2e_ms']['p50']} / {r['async_e2e_ms']['p99']}")
-    Console().print(table)
+    console.print(table)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -137,8 +137,8 @@ class Magazine:
         (reserving what is missing in one allocation); others in one group commit (load_new)."""
         store, name, ttl = self._store, self.name, self.ttl_seconds
         count = len(payloads)
-        if not count:
-            return []
+        if count < 2:  # one (a lone async publisher's): publish_one's leaner path, as a blocking publish takes
+            return [self.publish_one(payloads[0], ids[0], loaded_at)] if count else []
         if not self._reserves:
             return self.load_new(_new_tuple(NewMessages, (payloads, ids, None, loaded_at, None, None)))
         reservations = self._reservations  # (ignis.magazine.reservations)

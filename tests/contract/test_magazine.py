@@ -225,6 +225,21 @@ def test_a_plain_batch_takes_reserved_slots_and_republishes_what_reached_a_seal(
     assert all(m.attempts == 1 for m in got)
 
 
+def test_a_plain_batch_of_one_takes_the_lone_publish_path(make_queue, monkeypatch) -> None:
+    """A lone async publisher's batch is one payload: written as a blocking `publish` writes it (publish_one's
+    leaner path), delivered like any other; an empty batch writes nothing."""
+    q = make_queue("plain1", shards=2)
+    main = q.main
+    lone = []
+    real = type(main).publish_one
+    monkeypatch.setattr(main, "publish_one", lambda *a: lone.append(a[1]) or real(main, *a))
+    assert q.publish_plain([]) == []
+    refs = q.publish_plain([b"only"])
+    assert [r.id for r in refs] == lone and len(lone) == 1
+    got = q.fire_many(5)
+    assert [(m.id, m.data) for m in got] == [(refs[0].id, b"only")]
+
+
 def test_move_copies_then_deletes_and_skips_a_record_that_changed_or_went(store: Storage) -> None:
     from ignis.storage.base import Move
 
