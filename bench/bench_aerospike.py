@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,6 @@ from rich.console import Console
 from rich.table import Table
 
 from ignis import Ignis, QueueSpec
-from ignis.storage.aerospike import context
 
 ENV = "IGNIS_TEST_AEROSPIKE"
 CONSUMERS = (1, 8, 32)
@@ -155,24 +154,29 @@ def batched_round(ignis: Ignis, n: int, name: str, consumers: int = 8, batch: in
 
 
 def measure(ignis: Ignis, client: Any, namespace: str, raw_set: str, n: int, rounds: int,
-            progress: Callable[[str], None]) -> list[dict[str, Any]]:
+            progress: Callable[[str], None], consumers: Sequence[int] = CONSUMERS,
+            raw: bool = True) -> list[dict[str, Any]]:
     """Per row, `rounds` rounds of raw client then ignis back to back; the medians, and the median of
-    each round's own ratio (a round's raw and ignis figures share the machine's load of the moment)."""
+    each round's own ratio (a round's raw and ignis figures share the machine's load of the moment).
+    `raw=False`: ignis only (bench/compare.py, which compares two revisions, not ignis with its ceiling)."""
     rows = []
     plans: list[tuple[str, int, Callable[[str], dict[str, float]]]] = [
-        (str(t), t, lambda name, t=t: one_by_one_round(ignis, t, n, name)) for t in CONSUMERS]
+        (str(t), t, lambda name, t=t: one_by_one_round(ignis, t, n, name)) for t in consumers]
     plans.append(("8 (batches)", 8, lambda name: batched_round(ignis, n, name)))
     for label, threads, run_ignis in plans:
         samples: list[dict[str, float]] = []
         for r in range(rounds):
             progress(f"consumers {label}, round {r + 1}/{rounds}")
             tag = f"{threads}-{len(rows)}-{r}"
-            raw = raw_round(client, namespace, raw_set, threads, n, tag)
             mine = run_ignis(f"bench-{len(rows)}-{r}")
-            samples.append({**{f"raw {k}": v for k, v in raw.items()}, **mine,
-                            "publish/raw put": mine["publish/s"] / raw["put/s"],
-                            "publish/raw operate+put": mine["publish/s"] / raw["operate+put/s"],
-                            "drain/raw get": mine["drain/s"] / raw["get/s"]})
+            if not raw:
+                samples.append(mine)
+                continue
+            ceiling = raw_round(client, namespace, raw_set, threads, n, tag)
+            samples.append({**{f"raw {k}": v for k, v in ceiling.items()}, **mine,
+                            "publish/raw put": mine["publish/s"] / ceiling["put/s"],
+                            "publish/raw operate+put": mine["publish/s"] / ceiling["operate+put/s"],
+                            "drain/raw get": mine["drain/s"] / ceiling["get/s"]})
         row: dict[str, Any] = {"consumers": label}
         for key in samples[0]:
             row[key] = statistics.median(sample[key] for sample in samples)
@@ -188,7 +192,18 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=20000, help="messages per row")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per row (medians are reported)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.add_argument("--consumers", default=",".join(map(str, CONSUMERS)),
+                        help="comma list of consumer (and producer) thread counts of the one-by-one rows "
+                             f"(default {','.join(map(str, CONSUMERS))}); the batched row always has 8")
+    parser.add_argument("--no-raw", action="store_true",
+                        help="skip the raw client's rounds (the ceiling): ignis rows only, as bench/compare.py runs")
     args = parser.parse_args()
+    try:
+        consumers = [int(c) for c in args.consumers.split(",") if c.strip()]
+        if not consumers or min(consumers) < 1:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--consumers {args.consumers!r}: a comma list of positive thread counts, e.g. 1,8,32")
     console = Console(width=max(Console().width, 180))
     if not args.server and not args.emulator:
         console.print(f"bench_aerospike needs an Aerospike server: pass --server host:port[/namespace] or set "
@@ -198,6 +213,8 @@ def main() -> int:
     if args.emulator:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         from support.aerospike_emulator import EmulatedServer
+
+        from ignis.storage.aerospike import context  # (here: bench/compare.py runs the server rows on old trees)
 
         context.client_factory = EmulatedServer().client
         hostport, namespace = "emulator:3000", "test"
@@ -212,14 +229,14 @@ def main() -> int:
         with status:
             if args.emulator:  # calls per message only: one round, no raw client
                 rows = []
-                for t in CONSUMERS:
+                for t in consumers:
                     rows.append({"consumers": str(t), **one_by_one_round(ignis, t, args.messages, f"bench-{t}")})
                 rows.append({"consumers": "8 (batches)", **batched_round(ignis, args.messages, "bench-batched")})
                 for row in rows:
                     row["calls/delivered msg"] = row["publish calls/msg"] + row["fire+ack calls/msg"]
             else:
                 rows = measure(ignis, store.client, namespace, f"b{run}_raw", args.messages, args.rounds,
-                               lambda text: status.update(text))
+                               lambda text: status.update(text), consumers, raw=not args.no_raw)
     finally:
         if not args.emulator:
             for set_name in (f"b{run}_raw", f"b{run}_b{run}_ignis_queues", f"b{run}_data_set", f"b{run}_meta_set",
@@ -241,7 +258,7 @@ def main() -> int:
     for row in rows:
         table.add_row(*(f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row.values()))
     console.print(table)
-    if not args.emulator:
+    if not args.emulator and not args.no_raw and set(CONSUMERS) <= set(consumers):  # the targets' rows ran
         by = {row["consumers"]: row for row in rows}
         one, eight = by["1"], by["8"]
         console.print(f"one by one, 8 consumers: drain {eight['drain/raw get']:.2f}x raw get (target >= 0.30), "

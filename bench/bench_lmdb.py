@@ -14,6 +14,7 @@ afterwards) before their speed is reported. See bench/README.md for what each ro
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import gc
 import hashlib
 import json
@@ -448,6 +449,14 @@ def main_rows(n: int) -> list[Row]:
     ]
 
 
+def select_rows(rows: list[Row], globs: str | None) -> list[Row]:
+    """The rows whose key matches one of the comma-separated `globs` (all rows for None)."""
+    if globs is None:
+        return rows
+    patterns = [g.strip() for g in globs.split(",") if g.strip()]
+    return [row for row in rows if any(fnmatch.fnmatchcase(row.key, p) for p in patterns)]
+
+
 def fsync_rows(n: int) -> list[Row]:
     return [
         Row("fsync.raw.put.1", RAW, "put, 1 per write txn, sync=True, metasync=True",
@@ -481,7 +490,7 @@ def measure(rows: list[Row], repeat: int, root: Path, payload: bytes, progress: 
 # ---- reporting ----------------------------------------------------------------------------------------
 def ratio(rows: dict[str, Row], key: str, other: str | None) -> float | None:
     """rate(key) / rate(other); None when either is missing or failed verification."""
-    if other is None or other not in rows:
+    if other is None or other not in rows or key not in rows:
         return None
     mine, theirs = rows[key].rate, rows[other].rate
     return mine / theirs if mine and theirs else None
@@ -501,6 +510,8 @@ def paired_ratio(rows: dict[str, Row], key: str, other: str) -> float | None:
 def target_results(rows: dict[str, Row]) -> list[dict[str, Any]]:
     out = []
     for t in TARGETS:
+        if t.row not in rows or t.baseline not in rows:  # a --rows selection left one side out
+            continue
         value = ratio(rows, t.row, t.baseline)
         paired = paired_ratio(rows, t.row, t.baseline)
         out.append({"target": t.name, "row": t.row, "baseline": t.baseline, "required_ratio": t.factor,
@@ -643,6 +654,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--fsync", action="store_true", help="add a small fsync-mode publish comparison")
     parser.add_argument("--fsync-messages", type=positive, default=1000,
                         help="messages per row in the fsync comparison (default 1000)")
+    parser.add_argument("--rows", default=None, metavar="GLOBS",
+                        help="only the rows whose key matches one of these comma-separated globs, e.g. "
+                             "'ignis.*' (keys: raw.put.1, peer.put, ignis.publish, ignis.drain.8, ...)")
     parser.add_argument("--dir", type=Path, default=None,
                         help="where the temporary stores go (default: the system temp dir; use a real disk)")
     return parser.parse_args(argv)
@@ -652,7 +666,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     payload = os.urandom(PAYLOAD_BYTES)
     load_before = os.getloadavg()
-    main_set = main_rows(args.messages)
+    main_set = select_rows(main_rows(args.messages), args.rows)
+    if not main_set:
+        print(f"error: --rows {args.rows!r} matches no row (keys: "
+              f"{', '.join(row.key for row in main_rows(1))})", file=sys.stderr)
+        return 2
     fsync_set = fsync_rows(args.fsync_messages) if args.fsync else []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with tempfile.TemporaryDirectory(prefix="ignis-bench-", dir=args.dir) as tmp:
