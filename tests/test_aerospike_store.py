@@ -453,3 +453,16 @@ def test_queues_are_listed_while_the_index_is_not_queryable(server: EmulatedServ
     store.ensure_index()
     queries = server.calls["query"]
     assert [r.name for r in store.list_queues(True)] == ["orders"] and server.calls["query"] == queries + 1
+
+
+def test_a_settles_filter_built_from_its_template_is_the_compiled_expression() -> None:
+    """One message's settle filter is a template compiled once with the id put in (Reads._this_message): it must
+    be exactly what compiling the expression for that id gives, whatever the id holds."""
+    from aerospike_helpers import expressions as exp
+
+    from ignis.envelope import MSG_ID
+    from ignis.storage.aerospike.context import LIVE
+    from ignis.storage.aerospike.reads import Reads
+
+    for msg_id in ("0190c6d3a1b2c3d4e5f60718293a4b5c", "", "a\0b", "ünïcode"):
+        assert Reads._this_message(msg_id) == exp.And(LIVE, exp.Eq(exp.StrBin(MSG_ID), msg_id)).compile()

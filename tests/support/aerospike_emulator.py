@@ -291,6 +291,14 @@ class _Expr:
             if return_type == aerospike.MAP_RETURN_EXISTS:
                 return map_key in the_map
             raise NotImplementedError(f"aerospike emulator: MapGetByKey return type {return_type}")
+        if op == aerospike.OP_LIST_GET_BY_VALUE:
+            value, the_list = values[0], values[-1]
+            return_type = self.fixed.get("return_type")
+            if not isinstance(the_list, list):
+                return UNKNOWN
+            if return_type == aerospike.LIST_RETURN_COUNT:
+                return sum(1 for item in the_list if item == value)
+            raise NotImplementedError(f"aerospike emulator: ListGetByValue return type {return_type}")
         if op == aerospike.OP_MAP_PUT:
             map_key, value, the_map = values[0], values[1], values[-1]
             if not isinstance(the_map, dict):
@@ -301,6 +309,15 @@ class _Expr:
 
 def _eval(compiled: list[tuple], bins: dict[str, Any], key: Any) -> Any:
     return _Expr.parse(compiled).eval(bins, key)
+
+
+def _with_parent_filter(policy: dict | None, parent: dict | None) -> dict | None:
+    """A batch record's policy as the server applies it: the batch policy's filter ("expressions") applies to every
+    key, unless the record's own policy has one ("filterExp", BatchPolicy and BatchWritePolicy: a record's own
+    filter overrides the batch parent's)."""
+    if not parent or parent.get("expressions") is None or (policy or {}).get("expressions") is not None:
+        return policy
+    return {**(policy or {}), "expressions": parent["expressions"]}
 
 
 class EmulatedQuery:
@@ -625,9 +642,14 @@ class EmulatedClient:
                 return failed
             self._enter("batch_read")
             out = BatchRecords([BatchRecord(key) for key in keys])
+            only = (policy or {}).get("expressions")
             for record in out.batch_records:
                 try:
                     got = self.get_unlocked(record.key)
+                    if only is not None and _eval(only, got[2], self._live(self._check_key(record.key),
+                                                                         _now_ms()).user_key) is not True:
+                        record.result = ex.FilteredOut.code
+                        continue
                     if bins is not None:
                         got = (got[0], got[1], {b: v for b, v in got[2].items() if b in bins})
                     record.record = got
@@ -656,14 +678,14 @@ class EmulatedClient:
                 return failed
             fault = self._enter("batch_write")
             for record in batch_records.batch_records:
+                policy = _with_parent_filter(record.policy, policy_batch)
                 try:
                     if isinstance(record, Write):
-                        record.record = self._operate(record.key, record.ops, record.meta, record.policy,
-                                                      all_ops=True)
+                        record.record = self._operate(record.key, record.ops, record.meta, policy, all_ops=True)
                     elif isinstance(record, Read):
-                        record.record = self._operate(record.key, record.ops or [], None, record.policy)
+                        record.record = self._operate(record.key, record.ops or [], None, policy)
                     elif isinstance(record, Remove):
-                        self._remove(record.key, record.policy)
+                        self._remove(record.key, policy)
                     else:
                         raise NotImplementedError(f"aerospike emulator: batch record {type(record).__name__}")
                     record.result = 0
@@ -688,9 +710,10 @@ class EmulatedClient:
                 return failed
             self._enter("batch_remove")
             out = BatchRecords([BatchRecord(key) for key in keys])
+            policy = _with_parent_filter(policy_batch_remove, policy_batch)
             for record in out.batch_records:
                 try:
-                    self._remove(record.key, policy_batch_remove)
+                    self._remove(record.key, policy)
                 except ex.AerospikeError as exc:
                     record.result = exc.code
             return out

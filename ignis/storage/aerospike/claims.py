@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import aerospike
 from aerospike import exception as ex
 from aerospike_helpers import expressions as exp
 from aerospike_helpers.expressions import arithmetic
@@ -100,7 +101,9 @@ class Claims:
         try:
             try:
                 _, _, got = self._ctx.call("claim", self._ctx.client.operate, key,
-                                           [*operations, ops.write(LAST_CLAIM, token)], None, policy, idempotent=False)
+                                           [*operations, {"op": aerospike.OPERATOR_WRITE, "bin": LAST_CLAIM,
+                                                          "val": token}],  # (ops.write, inlined: every claim)
+                                           None, policy, idempotent=False)
             except MISSING:  # no meta record, or FIRE == LOAD: drained
                 return []
         except ex.AerospikeError as exc:

@@ -160,9 +160,11 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
         self.update = {**self.keep, "exists": aerospike.POLICY_EXISTS_UPDATE}
         self.update_live = {**self.update, "expressions": NOT_TOMBSTONED}
         self.replace_same = {**self.keep, "exists": aerospike.POLICY_EXISTS_REPLACE, "gen": aerospike.POLICY_GEN_EQ}
-        self.replace_live = {**self.keep, "exists": aerospike.POLICY_EXISTS_REPLACE, "expressions": NOT_TOMBSTONED}
+        self.replace = {**self.keep, "exists": aerospike.POLICY_EXISTS_REPLACE}
+        self.replace_live = {**self.replace, "expressions": NOT_TOMBSTONED}
+        self.batch = settings.client_config()["policies"]["batch"]  # (a policy given to a call replaces it)
         self.durable_remove = {**wp, "durable_delete": True}
-        self.small_batch = {**settings.client_config()["policies"]["batch"], "allow_inline": True,
+        self.small_batch = {**self.batch, "allow_inline": True,
                             "allow_inline_ssd": True}
         # The producer's write deadline: every attempt of a load's write and the waits between them, the
         # longest a reserved slot waits for its write (Storage.reserve), and a second for the gap between

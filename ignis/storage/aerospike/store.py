@@ -63,6 +63,12 @@ class AerospikeStore:
         self._pointers = Pointers(ctx, self._allocation, self._reads)
         self._delayed = Delayed(ctx, self._registry, self._reads)
         self._purge = Purge(ctx, self._delayed)
+        # The hot paths skip this facade's delegating frame (one Python call per publish, claim or ack): the
+        # methods below stay for the interface's sake and are shadowed here by the concern's own.
+        self.load_reserved = self._allocation.load_reserved  # type: ignore[method-assign]
+        self.claim = self._claims.claim  # type: ignore[method-assign]
+        self.delete = self._reads.delete  # type: ignore[method-assign]
+        self.beacon = self._pointers.beacon  # type: ignore[method-assign]
         failure = self._registry.create_index()
         if failure is not None:
             # A producer or consumer whose user may read and write but not manage indexes still works;
@@ -132,6 +138,9 @@ class AerospikeStore:
     @property
     def write_grace_ms(self) -> int:
         return self._ctx.write_grace_ms
+
+    needs_beacon = True  # no doorbell: watchers of idle queues elsewhere read the beacon (Pointers.beacon)
+    settles_by_id = True  # a rollback can hand a lost message's slot to a newer one (rollback.py)
 
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
                  ) -> list[Sequence[int]]:
