@@ -60,7 +60,10 @@ class ShardActivity:
             with self._cond:
                 if shard not in self.active:
                     self.active += (shard,)
-        self._changed(1)
+        self.changes = next(_tokens)  # (_changed(1), inlined: every publish comes here)
+        if self._waiting:
+            with self._cond:
+                self._cond.notify(1)
 
     def _changed(self, wake: int) -> None:
         """After the active set changed: wake `wake` waiters (one per shard marked: each can claim there; a

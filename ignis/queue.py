@@ -146,8 +146,11 @@ class Message:
         # Queue.ack for one message, without its lists: this is the per-message consume path.
         if self._settled:
             raise AlreadySettled(f"message {self.id} ({self.ref}) was already acked or nacked")
-        queue = self.queue
-        queue.store.delete((self.ref,), (self.envelope.version,), _ids((self,)))
+        queue, envelope = self.queue, self.envelope
+        store = queue.store
+        store.delete((self.ref,), (envelope.version,),  # (ids as _ids builds them, inlined: one message)
+                     ((None if envelope.codec == CODEC_UNREADABLE else envelope.msg_id),) if store.settles_by_id
+                     else None)
         self._settled = True
         queue._acked.tick()
 
@@ -175,9 +178,12 @@ class Message:
         return f"Message({self.ref}, id={self.id}, attempts={self.attempts})"
 
 
-def _ids(messages: Sequence[Message]) -> list[str | None]:
+def _ids(messages: Sequence[Message], store: Storage) -> list[str | None] | None:
     """The ids a settle checks the store's records against (Storage.delete); None for a record that was no
-    IgnisMQ message (its id is made up), which is settled whatever it holds."""
+    IgnisMQ message (its id is made up), which is settled whatever it holds. None for a store that never
+    reads them (Storage.settles_by_id)."""
+    if not store.settles_by_id:
+        return None
     return [None if m.envelope.codec == CODEC_UNREADABLE else m.envelope.msg_id for m in messages]
 
 
@@ -441,29 +447,14 @@ class Queue:
     def fire(self, timeout: float | None = None) -> Message | None:
         """Claim the next message, or None when the queue has nothing to deliver (within `timeout` seconds,
         when given)."""
-        if not timeout:
-            message = self._fire_one()
-            if message is None:
-                self.main.watch()
-            return message
-        deadline = time.monotonic() + timeout
-        while True:
-            seen = self.main.changes
-            message = self._fire_one()
-            if message is not None:
-                return message
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.main.watch()
-                return None
-            self.main.wait_for_work(seen, remaining)
-
-    def _fire_one(self) -> Message | None:
-        claimed = self.main.fire_one()
+        if timeout:
+            return self._fire_waiting(timeout)
+        claimed = self.main.fire_one()  # (the per-message consume path: no helper calls of its own)
         while claimed is not None and claimed.envelope.codec == CODEC_UNREADABLE:  # type: ignore[union-attr]
             self._divert([claimed])
             claimed = self.main.fire_one()
         if claimed is None:
+            self.main.watch()
             return None
         self._delivered.tick()
         envelope = claimed.envelope
@@ -473,6 +464,19 @@ class Queue:
             since = envelope.due_at or envelope.loaded_at  # type: ignore[union-attr]  # (a delayed one: its due time)
             self._latency.observe(max(time.time() - since / 1000, 0.0))
         return Message(self, claimed.ref, envelope)  # type: ignore[arg-type]
+
+    def _fire_waiting(self, timeout: float) -> Message | None:
+        """fire(timeout): fire until a message comes or `timeout` seconds passed, waiting for work between."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = self.main.changes
+            message = self.fire()
+            if message is not None:
+                return message
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self.main.wait_for_work(seen, remaining)
 
     def fire_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
         """Claim up to `max_messages` messages in as few storage calls as the shards allow ([] when there are
@@ -512,7 +516,7 @@ class Queue:
             copy.reason = m.envelope.reason
             copies.append(copy)
         self.main.load(copies)
-        self.store.delete([m.ref for m in todo], ids=_ids(todo))  # after the copy landed
+        self.store.delete([m.ref for m in todo], ids=_ids(todo, self.store))  # after the copy landed
         for m in todo:
             m._settled = True
         return len(todo)
@@ -546,7 +550,7 @@ class Queue:
     def ack(self, messages: Sequence[Message]) -> None:
         """Acknowledge (delete) messages in one batch."""
         _check_unsettled(messages)
-        self.store.delete([m.ref for m in messages], ids=_ids(messages))
+        self.store.delete([m.ref for m in messages], ids=_ids(messages, self.store))
         for m in messages:
             m._settled = True
         self._acked.inc(len(messages))
@@ -595,7 +599,7 @@ class Queue:
                       self.name, type(exc).__name__, one_line(exc), exc_info=not isinstance(exc, IgnisError))
             SIDELINE_REFUSED.labels(self.name).inc(len(later))
             return Transfer(outcome.sidelined, outcome.dead_lettered, outcome.refused + len(later))
-        self.store.delete([m.ref for m in later], ids=_ids(later))  # after the copy landed
+        self.store.delete([m.ref for m in later], ids=_ids(later, self.store))  # after the copy landed
         for m in later:
             m._settled = True
         RETRIED.labels(self.name, reason).inc(len(later))
@@ -606,7 +610,7 @@ class Queue:
     def drop(self, messages: Sequence[Message]) -> None:
         """Delete without sidelining: the handler raised an exception declared ignorable."""
         _check_unsettled(messages)
-        self.store.delete([m.ref for m in messages], ids=_ids(messages))
+        self.store.delete([m.ref for m in messages], ids=_ids(messages, self.store))
         for m in messages:
             m._settled = True
         IGNORED.labels(self.name).inc(len(messages))
@@ -650,7 +654,7 @@ class Queue:
             counts[target.kind] = len(group)
             moved.extend(group)
         if moved:
-            self.store.delete([m.ref for m in moved], ids=_ids(moved))  # after the copy landed
+            self.store.delete([m.ref for m in moved], ids=_ids(moved, self.store))  # after the copy landed
             for m in moved:
                 m._settled = True
         return Transfer(counts["sideline"], counts["dead"], len(messages) - len(moved))

@@ -41,6 +41,7 @@ class FakeStore:
         self.location = f"fake-{uuid.uuid4().hex}"  # (a ShardActivity of its own)
         self.client_id = "client"
         self.write_grace_ms = grace_ms
+        self.needs_beacon = True  # (it records the beacons a publish bumps)
         self.restamps: list[list[SlotRef]] = []
         self.sealed: list[list[SlotRef]] = []
         self.beacons: list[str] = []

@@ -332,21 +332,22 @@ class Magazine:
     def fire_one(self) -> Claimed | None:
         """The next present record, or None: fire(1), the per-message consume path."""
         prefetcher, awaited = self._prefetcher, self._awaited_slots
-        if prefetcher.enabled:  # (pruned by Prefetch._others_consuming: only a prefetching handle calls it)
-            prefetcher.fired()
-        if awaited.slots or awaited.landed:
-            ready = self._take_ready(1)
-            if ready:
-                return ready[0]
-        elif prefetcher.kept:  # _take_ready(1) without its lists: the common case of busy consumers
-            kept = prefetcher.take_one()
-            if kept is not None:  # (None: another thread took the last one)
-                item, fresh = kept
-                if fresh:
-                    return item
-                restamped = self._awaited_slots.restamp_kept([item])
-                if restamped:
-                    return restamped[0]
+        if awaited.slots or awaited.landed or prefetcher.kept:
+            if prefetcher.enabled:  # (begin does this for a fire that claims)
+                prefetcher.fired()
+            if awaited.slots or awaited.landed:
+                ready = self._take_ready(1)
+                if ready:
+                    return ready[0]
+            else:  # _take_ready(1) without its lists: the common case of busy consumers
+                kept = prefetcher.take_one()
+                if kept is not None:  # (None: another thread took the last one)
+                    item, fresh = kept
+                    if fresh:
+                        return item
+                    restamped = self._awaited_slots.restamp_kept([item])
+                    if restamped:
+                        return restamped[0]
         others = prefetcher.begin()
         try:
             if not others:
@@ -365,11 +366,11 @@ class Magazine:
         without a message it raises HoleBudgetExceeded (data may remain: fire again). A slot whose
         record is still being written is awaited, not skipped: a later fire delivers it once it lands."""
         prefetcher = self._prefetcher
-        if prefetcher.enabled:  # (pruned by Prefetch._others_consuming: only a prefetching handle calls it)
-            prefetcher.fired()
         got = self.take_kept(max_messages)
         want = max_messages - len(got)
         if want <= 0:
+            if prefetcher.enabled:  # (begin does this for a fire that claims)
+                prefetcher.fired()
             return got
         others = prefetcher.begin()
         try:

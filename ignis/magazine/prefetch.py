@@ -50,20 +50,23 @@ class Prefetch:
         """The calling thread fires on the handle now (it counts as a consumer for a while)."""
         self.consumers[_thread_id()] = time.monotonic()
 
-    def _others_consuming(self) -> int:
-        """Under _firing_lock: other consumers of this handle, for the prefetch (see above)."""
-        consumers = self.consumers
-        recent = time.monotonic() - CONSUMER_RECENT_SECONDS
-        if len(consumers) > 1:
-            for thread in [t for t, at in consumers.items() if at < recent]:
-                del consumers[thread]
-        return max(self._firing, len(consumers) - 1)
-
     def begin(self) -> int:
-        """A fire starts: the other consumers it claims for (0 when this handle does not prefetch). Pair it
-        with `end`."""
+        """A fire starts: the calling thread fires on the handle now (as `fired`), and the other consumers it
+        claims for (0 when this handle does not prefetch) are the fires in progress beside it or the other
+        threads that fired lately (see above). Pair it with `end`. (Every fire comes here: one call.)"""
+        if not self.enabled:
+            with self._firing_lock:
+                self._firing += 1
+            return 0
+        now = time.monotonic()
+        consumers = self.consumers
+        consumers[_thread_id()] = now
         with self._firing_lock:
-            others = self._others_consuming() if self.enabled else 0
+            if len(consumers) > 1:
+                recent = now - CONSUMER_RECENT_SECONDS
+                for thread in [t for t, at in consumers.items() if at < recent]:
+                    del consumers[thread]
+            others = max(self._firing, len(consumers) - 1)
             self._firing += 1
         return others
 

@@ -40,9 +40,13 @@ class ActiveShards:
         self.refresh_seconds = refresh_seconds
         # Which shards have work, shared with every handle of this magazine in the process (ignis.activity).
         self.activity: ShardActivity = activity_for(store.location, store.client_id, name)
-        self._beacon = store.beacon  # (bound now: tests stand other stores in for `store` later)
+        # Only main has consumers (rung on a load), and only a store without a doorbell needs its beacon bumped.
+        # (Bound now: tests stand other stores in for `store` later.)
+        self._beacon = store.beacon if is_main and store.needs_beacon else None
         self._lock = lock  # the magazine handle's lock
-        self._is_main = is_main  # only main has consumers (rung on a load) and due messages moved into it
+        self._is_main = is_main  # only main has due messages moved into it
+        if self._beacon is None:  # mark_one is then the activity's own (every publish comes here: one call)
+            self.mark_one = self.activity.mark_one  # type: ignore[method-assign]
 
     def mark(self, shards: Iterable[int]) -> None:
         shards = tuple(shards)
@@ -64,12 +68,13 @@ class ActiveShards:
 
     def mark_one(self, shard: int) -> None:
         self.activity.mark_one(shard)
-        self.ring((shard,))
+        if self._beacon is not None:  # (ring, inlined: every publish comes here)
+            self._beacon(self.name)
 
     def ring(self, shards: Iterable[int]) -> None:
         """Tell consumers in other processes (only main has consumers): the store's beacon (a store with a
-        doorbell rang it in the load itself, and its beacon does nothing)."""
-        if self._is_main:
+        doorbell rang it in the load itself)."""
+        if self._beacon is not None:
             self._beacon(self.name)
 
     def suppress(self, shard: int, loads_seen: int) -> None:
@@ -77,7 +82,8 @@ class ActiveShards:
 
     def pick(self) -> int | None:
         activity = self.activity
-        if activity.refresh_due(self.refresh_seconds):
+        now = time.monotonic()  # (activity.refresh_due, inlined: every fire comes here)
+        if now - activity.refreshed_at >= self.refresh_seconds and now >= activity.fresh_until:
             with self._lock:
                 if activity.refresh_due(self.refresh_seconds):
                     seen = activity.before_read()

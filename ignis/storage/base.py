@@ -479,6 +479,10 @@ class Storage(Protocol):
         until the slot's write deadline is known to be over)."""
         ...
 
+    # Whether delete() reads its `ids`: False where a slot is never handed out twice (an lmdb environment), so a
+    # settle skips building them (a hot path).
+    settles_by_id: bool = True
+
     def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
                ids: Sequence[str | None] | None = None) -> int:
         """Delete records so they stay deleted (one batch). Returns how many were present (an expired
@@ -507,10 +511,14 @@ class Storage(Protocol):
         store call per few thousand shards). No rollback checks: claims and allocations make those."""
         ...
 
+    # Whether a publish must bump the beacon (beacon below); False where the load itself rings a doorbell, so a
+    # publish skips the call (a hot path).
+    needs_beacon: bool = True
+
     def beacon(self, magazine: str) -> None:
         """After a publish: bump the magazine's beacon, at most once per BEACON_SECONDS in this process, so a
         watcher of an idle queue can tell it woke by reading one record, not every shard's (ignis.watch). Never
-        raises: the publish itself is done. A store with a doorbell needs none (no-op)."""
+        raises: the publish itself is done. A store with a doorbell needs none (no-op, and needs_beacon False)."""
         ...
 
     def read_beacons(self, magazines: Sequence[str]) -> list[int]:

@@ -9,6 +9,7 @@ reason. Separate from claims: loads are the publishers' hot path, claims the con
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,18 @@ from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.storage.base import Placement, SlotRef
 from ignis.storage.lmdb.context import StoreContext
 from ignis.storage.lmdb.records import _FORMAT, _META, _expire_at, _new_ref, _pack_data, _pack_new, _plain_head
+
+
+def _load_into(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_db: Any, txn: Any) -> int:
+    """Write one record into the shard's next slot and move its load pointer, in `txn`; the slot."""
+    # Positional arguments (get: key, default, db; put: key, value, dupdata, overwrite, append, db): py-lmdb's
+    # keyword parsing costs about 0.1 µs a call.
+    raw = txn.get(meta_key, None, meta_db)
+    _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+    load += 1
+    txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
+    txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
+    return load
 
 
 class Allocation:
@@ -70,22 +83,28 @@ class Allocation:
         raw_id = msg_id.encode()
         value = _plain_head(len(raw_id)).pack(loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0, 0, 0,
                                               _FORMAT, loaded_at, 0, 0, len(raw_id), raw_id, len(payload)) + payload
-        meta_key, prefix = self._ctx.keys(magazine, shard)
-        meta_db, data_db = self._ctx.meta, self._ctx.data
-
-        def write(txn: Any) -> int:
-            # Positional arguments (get: key, default, db; put: key, value, dupdata, overwrite, append,
-            # db): py-lmdb's keyword parsing costs about 0.1 µs a call.
-            raw = txn.get(meta_key, None, meta_db)
-            _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
-            load += 1
-            txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
-            txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
-            return load
-
-        return self._ctx.grouped("load", write, durable=True,
-                                 before=lambda _slot: self._ctx.ring_committing(magazine, (shard,), grouped=True),
-                                 after=lambda _slot: self._ctx.ring(magazine, (shard,), after_committing=True))
+        ctx = self._ctx
+        meta_key, prefix = ctx.keys(magazine, shard)
+        if ctx.sync:
+            return ctx.grouped("load", functools.partial(_load_into, meta_key, prefix, value, ctx.meta, ctx.data),
+                               durable=True,
+                               before=lambda _slot: ctx.ring_committing(magazine, (shard,), grouped=True),
+                               after=lambda _slot: ctx.ring(magazine, (shard,), after_committing=True))
+        # durability=fast: its own transaction, as a claim's (StoreContext.grouped), rung once committed: a commit
+        # that flushes nothing is over in microseconds, so ringing before it (to wake consumers during a flush)
+        # would only have them wait on the write lock. The publishers' hot path: no closure, and StoreContext.ring
+        # inlined (a Python call is a visible share of a publish).
+        try:
+            with ctx.begin("load", True) as txn:
+                load = _load_into(meta_key, prefix, value, ctx.meta, ctx.data, txn)
+        except lmdb.Error as exc:
+            raise ctx.map_error(exc) from None
+        bell = ctx.bells.get(magazine, False)
+        if bell is False:
+            bell = ctx.bell_of(magazine)
+        if bell is not None:
+            bell.ring(ctx.client_id, magazine, (shard,))
+        return load
 
     def load_new(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int
                  ) -> list[range]:

@@ -22,6 +22,12 @@ from ignis.storage.lmdb.reads import Reads
 from ignis.storage.lmdb.records import _DATA_HEADER, _META, _expired, _new_ref, _unpack_data
 
 
+def _available(meta: bytes, max_slots: int, up_to: int | None) -> tuple[int, int, int]:
+    """(load pointer, fire pointer, slots a claim takes) of a shard's meta record."""
+    _, load, fire = _META.unpack(meta)
+    return load, fire, min(max_slots, (load if up_to is None else min(load, up_to)) - fire)
+
+
 class Claims:
     """Claims, stamps, seals and hole counts (`Storage.claim`, `restamp`, `stamp_unfired`, `seal`, ...)."""
 
@@ -46,24 +52,23 @@ class Claims:
         meta_key, prefix = self._ctx.keys(magazine, shard)
         meta_db, data_db = self._ctx.meta, self._ctx.data
 
-        def available(meta: bytes | None) -> tuple[int, int, int]:
-            if meta is None:
-                return 0, 0, 0
-            _, load, fire = _META.unpack(meta)
-            return load, fire, min(max_slots, (load if up_to is None else min(load, up_to)) - fire)
-
         if self._ctx.sync:  # a look first, without the write lock every process shares: a drained shard waits for
             try:      # no other process's flush (with durability=fast the lock is held for microseconds)
                 with self._ctx.env.env.begin(None, None, False) as txn:
-                    drained = available(txn.get(meta_key, None, meta_db))[2] <= 0
+                    meta = txn.get(meta_key, None, meta_db)
             except lmdb.Error as exc:
                 raise self._ctx.map_error(exc) from None
+            drained = meta is None or _available(meta, max_slots, up_to)[2] <= 0
             # Unless a publisher rang before its commit (doorbell): then the write lock waits that commit out.
             if drained and (up_to is not None or not self._ctx.committing(magazine, shard)):
                 return []
 
         def write(txn: Any) -> list[tuple[int, bytes | None]]:
-            load, fire, count = available(txn.get(meta_key, None, meta_db))  # positional: see load_one
+            meta = txn.get(meta_key, None, meta_db)  # positional: see load_one
+            if meta is None:
+                return []
+            _, load, fire = _META.unpack(meta)  # (_available, inlined: every claim comes here)
+            count = min(max_slots, (load if up_to is None else min(load, up_to)) - fire)
             if count <= 0:  # another claimer took them meanwhile
                 return []
             raws: list[tuple[int, bytes | None]] = []

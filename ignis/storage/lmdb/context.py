@@ -21,6 +21,7 @@ from ignis import names
 from ignis.errors import StoreError, StoreFull, StoreUnavailable
 from ignis.metrics import STORAGE_CALLS
 from ignis.storage.base import SlotRef
+from ignis.storage.lmdb.doorbell import EnvironmentBell
 from ignis.storage.lmdb.environment import _Environment
 from ignis.storage.lmdb.records import _HEADER, _HOLES, _HOLES_SUFFIX, _META, _expired, _unpack
 
@@ -49,6 +50,7 @@ class StoreContext:
         self.calls: dict[str, Any] = {}
         self.call_counters: list[Any] = []
         self.key_cache: dict[tuple[str, int], tuple[bytes, bytes]] = {}
+        self.bells: dict[str, EnvironmentBell | None] = {}  # magazine -> the doorbell a load into it rings (bell_of)
         try:
             self.queues = env.db(names.queue_set(farm_id, client_id))
             self.index = env.db(names.active_index(farm_id, client_id))
@@ -135,12 +137,24 @@ class StoreContext:
         except lmdb.Error as exc:
             raise self.map_error(exc) from None
 
+    def bell_of(self, magazine: str) -> EnvironmentBell | None:
+        """The doorbell a load into `magazine` rings: the environment's for a main magazine (only those have
+        consumers), None for the others."""
+        bell = self.bells.get(magazine, False)
+        if bell is False:
+            if len(self.bells) > 100_000:
+                self.bells.clear()
+            bell = self.bells[magazine] = \
+                self.env.bell(self.location) if names.queue_and_kind(magazine)[1] == "main" else None
+        return bell  # type: ignore[return-value]
+
     def ring(self, magazine: str, shards: Iterable[int], after_committing: bool = False) -> None:
         """A load into a main magazine committed: ring the consumer processes that wait on it (doorbell),
         before the publish's own flush, so they claim it meanwhile. `after_committing`: ring_committing
         rang already, so only the listeners that do not take committing rings."""
-        if names.queue_and_kind(magazine)[1] == "main":
-            self.env.bell(self.location).ring(self.client_id, magazine, shards, after_committing)
+        bell = self.bell_of(magazine)
+        if bell is not None:
+            bell.ring(self.client_id, magazine, shards, after_committing)
 
     def ring_committing(self, magazine: str, shards: Iterable[int], grouped: bool = False) -> None:
         """A load into a main magazine is about to commit (called inside its write transaction): ring the
@@ -148,8 +162,9 @@ class StoreContext:
         before hook of the group commit, whose claims of this process's woken consumers ride along in its
         transaction (GroupCommit.expect_claim). A hint: it never fails the write."""
         try:
-            if names.queue_and_kind(magazine)[1] == "main":
-                woke = self.env.bell(self.location).ring_committing(self.client_id, magazine, shards)
+            bell = self.bell_of(magazine)
+            if bell is not None:
+                woke = bell.ring_committing(self.client_id, magazine, shards)
                 if woke and grouped and self.sync:
                     self.env.group.expect_claim()
         except Exception:

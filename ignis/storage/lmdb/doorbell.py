@@ -77,10 +77,30 @@ class EnvironmentBell:
         return full if len(full) <= SUN_PATH_MAX else f"/proc/self/fd/{self._dir_fd}/{name}"
 
     # ---- publisher side ---------------------------------------------------------------------------------
-    def ring(self, client: str, magazine: str, shards: Iterable[int], after_committing: bool = False) -> None:
+    def ring(self, client: str, magazine: str, shards: Iterable[int], after_committing: bool = False,
+             committing: bool = False) -> None:
         """Tell the listeners of client/magazine that these shards got messages (best effort, never blocks).
-        `after_committing`: a committing ring went before, so only the listeners that did not take it."""
-        self._send(client, magazine, shards, skip_aware=after_committing)
+        `after_committing`: a committing ring went before, so only the listeners that did not take it.
+        `committing` (ring_committing's): a ring before the commit, only to the listeners that take it."""
+        now = time.monotonic()
+        if now - self._listed_at >= LISTING_TTL_SECONDS:
+            self._relist(now)
+        if not self._targets:  # no other process listens (a lone process's every publish)
+            return
+        key = f"{client}/{magazine}"
+        targets = self._targets.get(key)
+        if not targets:
+            return
+        message = f"{key}\0{','.join(map(str, shards))}".encode() + (b"\0" + COMMITTING.encode() if committing else b"")
+        for listener, sock, aware in targets:
+            if (committing and not aware) or (after_committing and aware):
+                continue
+            try:
+                sock.send(message, socket.MSG_DONTWAIT)
+            except BlockingIOError:  # its buffer is full: it has rings to read already
+                continue
+            except OSError:  # its process is gone
+                self._forget(listener)
 
     def ring_committing(self, client: str, magazine: str, shards: Iterable[int]) -> bool:
         """Like ring, from inside a write transaction before its commit: to the listeners that take it, and to
@@ -92,28 +112,8 @@ class EnvironmentBell:
         if woke:
             self._committing.update((client, magazine, shard) for shard in shards)
             activity.mark(shards)
-        self._send(client, magazine, shards, committing=True)
+        self.ring(client, magazine, shards, committing=True)
         return woke
-
-    def _send(self, client: str, magazine: str, shards: Iterable[int], committing: bool = False,
-              skip_aware: bool = False) -> None:
-        now = time.monotonic()
-        if now - self._listed_at >= LISTING_TTL_SECONDS:
-            self._relist(now)
-        key = f"{client}/{magazine}"
-        targets = self._targets.get(key)
-        if not targets:
-            return
-        message = f"{key}\0{','.join(map(str, shards))}".encode() + (b"\0" + COMMITTING.encode() if committing else b"")
-        for listener, sock, aware in targets:
-            if (committing and not aware) or (skip_aware and aware):
-                continue
-            try:
-                sock.send(message, socket.MSG_DONTWAIT)
-            except BlockingIOError:  # its buffer is full: it has rings to read already
-                continue
-            except OSError:  # its process is gone
-                self._forget(listener)
 
     def _relist(self, now: float) -> None:
         with self._lock:
