@@ -9,7 +9,7 @@ import threading
 import weakref
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import REGISTRY, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
@@ -255,6 +255,21 @@ class _HistogramChild:
             counts = cell[self._key] = [0.0] * self._size
         counts[bisect_left(self._bounds, value)] += 1
         counts[-1] += value
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        """observe() each of `values`, in one call (a batch of deliveries)."""
+        try:
+            cell = self._local.cell
+        except AttributeError:
+            cell = self._parent._cell()
+        counts = cell.get(self._key)
+        if counts is None:
+            counts = cell[self._key] = [0.0] * self._size
+        bounds, total = self._bounds, 0.0
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+            total += value
+        counts[-1] += total
 
 
 # First delivery time minus publish time (or due time, for a delayed message), on the consumer's clock against

@@ -7,7 +7,7 @@ import threading
 
 from prometheus_client import REGISTRY, generate_latest
 
-from ignis.metrics import FastCounter
+from ignis.metrics import FastCounter, FastHistogram
 
 
 def test_fast_counter_counts_every_increment_across_threads() -> None:
@@ -106,3 +106,20 @@ def test_fast_counter_forgets_children_nobody_holds_but_keeps_their_counts() -> 
         assert total == sum(i % 3 for i in range(1000)) + 1 + 3
     finally:
         REGISTRY.unregister(counter)
+
+
+def test_fast_histogram_observe_many_counts_as_observe_does() -> None:
+    """A batch of deliveries observes its latencies in one call: the same buckets and sum as one call each."""
+    histogram = FastHistogram("ignis_test_observe_many_seconds", "test", ["way"], buckets=(0.001, 0.01, 0.1, 1))
+    values = [0.0, 0.0005, 0.001, 0.002, 0.05, 0.5, 2.0, 7.25]
+    for value in values:
+        histogram.labels("one").observe(value)
+    histogram.labels("many").observe_many(values)
+    histogram.labels("many").observe_many([])  # nothing: changes nothing
+    samples = {(s.name, s.labels["way"], s.labels.get("le")): s.value
+               for family in histogram.collect() for s in family.samples}
+    one = {(name, le): v for (name, way, le), v in samples.items() if way == "one"}
+    many = {(name, le): v for (name, way, le), v in samples.items() if way == "many"}
+    assert one == many and one[("ignis_test_observe_many_seconds_count", None)] == len(values)
+    assert one[("ignis_test_observe_many_seconds_bucket", "0.01")] == 4
+    REGISTRY.unregister(histogram)
