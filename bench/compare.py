@@ -126,7 +126,8 @@ def run_json(argv: list[str], revision: Revision, timeout: float) -> dict[str, A
 
 def lmdb_suite(args: argparse.Namespace) -> Callable[[Revision], dict[str, float]]:
     def run(revision: Revision) -> dict[str, float]:
-        doc = run_json([str(BENCH / "bench_lmdb.py"), "--json", "--repeat", "1", "--messages", str(args.messages),
+        doc = run_json([str(BENCH / "bench_lmdb.py"), "--json", "--repeat", str(args.repeat), "--messages",
+                        str(args.messages),
                         "--rows", args.lmdb_rows], revision, args.timeout)
         out = {}
         for row in doc["rows"]:
@@ -195,6 +196,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (at least 3; default 3)")
     parser.add_argument("--suite", default="lmdb", help=f"comma list of {', '.join(SUITES)} (default lmdb)")
     parser.add_argument("--messages", type=int, default=20000, help="messages per lmdb row (default 20000)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each lmdb row per round, the best kept (bench_lmdb.py --repeat; default 3)")
     parser.add_argument("--lmdb-rows", default=LMDB_ROWS, help=f"bench_lmdb.py --rows (default {LMDB_ROWS!r})")
     parser.add_argument("--server", default=os.environ.get("IGNIS_TEST_AEROSPIKE"),
                         help="Aerospike host:port[/namespace] for the aerospike suite (default $IGNIS_TEST_AEROSPIKE)")

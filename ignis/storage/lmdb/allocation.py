@@ -10,6 +10,7 @@ reason. Separate from claims: loads are the publishers' hot path, claims the con
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,15 +95,20 @@ class Allocation:
         # that flushes nothing is over in microseconds, so ringing before it (to wake consumers during a flush)
         # would only have them wait on the write lock. The publishers' hot path: no closure, and StoreContext.ring
         # inlined (a Python call is a visible share of a publish).
+        meta_db, data_db = ctx.meta, ctx.data
         try:
-            with ctx.begin("load", True) as txn:
-                load = _load_into(meta_key, prefix, value, ctx.meta, ctx.data, txn)
+            with ctx.begin("load", True) as txn:  # (_load_into, inlined)
+                raw = txn.get(meta_key, None, meta_db)
+                _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+                load += 1
+                txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
+                txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
         except lmdb.Error as exc:
             raise ctx.map_error(exc) from None
         bell = ctx.bells.get(magazine, False)
         if bell is False:
             bell = ctx.bell_of(magazine)
-        if bell is not None:
+        if bell is not None and time.monotonic() >= bell.quiet_until:
             bell.ring(ctx.client_id, magazine, (shard,))
         return load
 

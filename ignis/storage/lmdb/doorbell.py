@@ -66,6 +66,9 @@ class EnvironmentBell:
         self._targets: dict[str, list[tuple[str, socket.socket, bool]]] = {}
         self._connections: dict[str, socket.socket] = {}
         self._listed_at = float("-inf")
+        # Until then (monotonic) no other process listens, as far as the listing tells: a publish need not ring
+        # (checked by the caller, without a call: a publish's hot path).
+        self.quiet_until = float("-inf")
         self._listed_mtime = -1
         # Listener side: the (client, magazine, shard)s that a committing ring vouched for, no claim asked since.
         # Never dropped by age: the claim that asks takes the write lock, so it sees a commit however slow
@@ -85,7 +88,8 @@ class EnvironmentBell:
         now = time.monotonic()
         if now - self._listed_at >= LISTING_TTL_SECONDS:
             self._relist(now)
-        if not self._targets:  # no other process listens (a lone process's every publish)
+        if not self._targets:  # no other process listens (a lone process's every publish): none till the next look
+            self.quiet_until = self._listed_at + LISTING_TTL_SECONDS
             return
         key = f"{client}/{magazine}"
         targets = self._targets.get(key)
