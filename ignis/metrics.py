@@ -200,6 +200,8 @@ class FastHistogram(Collector):
         return cell
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
+        for child in list(self._children.values()):
+            child.fold()
         with self._lock:
             live = []
             for thread, cell in self._cells:
@@ -235,8 +237,15 @@ def _bucket_label(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
 
+FOLD_AT = 4096  # observations a histogram child's `pending` list holds at most before its appender folds them
+
+
 class _HistogramChild:
-    __slots__ = ("_bounds", "_key", "_local", "_parent", "_size")
+    """One label set's histogram. `observe` counts a value at once; a per-message path appends values to `pending`
+    instead (one list.append: no call into here, a tenth of observe's cost) and calls `fold` once it holds FOLD_AT
+    of them; a scrape folds what is pending first, so no observation is ever missing from one."""
+
+    __slots__ = ("_bounds", "_fold_lock", "_key", "_local", "_parent", "_size", "pending")
 
     def __init__(self, parent: FastHistogram, key: tuple[str, ...]) -> None:
         self._parent = parent
@@ -244,6 +253,19 @@ class _HistogramChild:
         self._key = key
         self._bounds = parent.bounds
         self._size = len(parent.bounds) + 2  # the buckets, +Inf, and the sum
+        self.pending: list[float] = []
+        self._fold_lock = threading.Lock()
+
+    def fold(self) -> None:
+        """Count the pending observations (negative ones as 0: clocks of two hosts). Appends that land meanwhile
+        stay pending: under the interpreter lock a copy and a slice deletion are each atomic, and an append goes
+        after both."""
+        with self._fold_lock:  # (two folders would count the same values twice)
+            pending = self.pending
+            values = pending[:]
+            del pending[:len(values)]
+        if values:
+            self.observe_many([v if v > 0.0 else 0.0 for v in values])
 
     def observe(self, value: float) -> None:
         try:

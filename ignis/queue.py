@@ -40,6 +40,7 @@ from ignis.metrics import (
     DELAYED_PUBLISHED,
     DELIVERED,
     DELIVERY_LATENCY,
+    FOLD_AT,
     IGNORED,
     PUBLISHED,
     REDELIVERED,
@@ -217,6 +218,7 @@ class Queue:
         self._redelivered = REDELIVERED.labels(spec.name)
         self._acked = ACKED.labels(spec.name)
         self._latency = DELIVERY_LATENCY.labels(spec.name)
+        self._latency_pending = self._latency.pending
 
     def adopt(self, previous: Queue) -> None:
         """Take over the claimed-not-handed-out slots of an earlier handle of this queue (see
@@ -462,7 +464,10 @@ class Queue:
             self._redelivered.tick()
         else:
             since = envelope.due_at or envelope.loaded_at  # type: ignore[union-attr]  # (a delayed one: its due time)
-            self._latency.observe(max(time.time() - since / 1000, 0.0))
+            pending = self._latency_pending  # (observed in bulk: see metrics.FastHistogram's pending)
+            pending.append(time.time() - since / 1000)
+            if len(pending) >= FOLD_AT:
+                self._latency.fold()
         return Message(self, claimed.ref, envelope)  # type: ignore[arg-type]
 
     def _fire_waiting(self, timeout: float) -> Message | None:
@@ -533,9 +538,12 @@ class Queue:
         if claimed:
             self._delivered.inc(len(claimed))
             now = time.time()
-            firsts = [max(now - (c.envelope.due_at or c.envelope.loaded_at) / 1000, 0.0)  # type: ignore[union-attr]
+            firsts = [now - (c.envelope.due_at or c.envelope.loaded_at) / 1000  # type: ignore[union-attr]
                       for c in claimed if c.envelope.attempts <= 1]  # type: ignore[union-attr]
-            self._latency.observe_many(firsts)
+            pending = self._latency_pending
+            pending += firsts
+            if len(pending) >= FOLD_AT:
+                self._latency.fold()
             if len(firsts) < len(claimed):
                 self._redelivered.inc(len(claimed) - len(firsts))
         return [Message(self, c.ref, c.envelope) for c in claimed]  # type: ignore[arg-type]

@@ -37,13 +37,13 @@ PAYLOAD = b"x" * 256
 LMDB_BUDGETS: dict[str, dict[str, tuple[int, int]]] = {
     "fast": {  # bench/bench_lmdb.py's setting
         "publish": (16, 32),  # 14, 29
-        "fire+ack": (26, 46),  # 23, 42
-        "fire_many(100)+ack": (700, 1930),  # 638, 1754
+        "fire+ack": (25, 45),  # 22, 41
+        "fire_many(100)+ack": (700, 1710),  # 637, 1553
     },
     "fsync": {  # the default
         "publish": (50, 46),  # 45, 42
-        "fire+ack": (67, 74),  # 61, 67
-        "fire_many(100)+ack": (870, 1325),  # 793, 1204
+        "fire+ack": (66, 73),  # 60, 66
+        "fire_many(100)+ack": (870, 1105),  # 792, 1003
     },
 }
 # Store calls per message on the emulator (publish, fire + ack); today's figures in the comments.

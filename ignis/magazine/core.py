@@ -22,6 +22,7 @@ from typing import Any
 from ignis import names
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.errors import HoleBudgetExceeded, StoreError
+from ignis.magazine import prefetch as _prefetch
 from ignis.magazine.awaited import AwaitedSlots
 from ignis.magazine.prefetch import PREFETCH_MAX, PREFETCH_PER_FIRE, Prefetch
 from ignis.magazine.reservations import Reservations
@@ -41,6 +42,8 @@ from ignis.storage.base import (
 )
 
 _random = random.random
+_monotonic = time.monotonic
+_thread_id = threading.get_ident
 _new_tuple = tuple.__new__  # NamedTuples without their slower generated __init__
 _new_message_ref = functools.partial(_new_tuple, MessageRef)  # MessageRef from an (id, magazine, shard, slot)
 
@@ -333,17 +336,22 @@ class Magazine:
         """The next present record, or None: fire(1), the per-message consume path."""
         prefetcher, awaited = self._prefetcher, self._awaited_slots
         if awaited.slots or awaited.landed or prefetcher.kept:
-            if prefetcher.enabled:  # (begin does this for a fire that claims)
-                prefetcher.fired()
+            # Busy consumers come here per message: prefetcher.fired() and take_one() inlined (a Python call is a
+            # visible share of a handed-out message). begin() notes the thread for a fire that claims.
+            now = _monotonic()
+            if prefetcher.enabled:
+                prefetcher.consumers[_thread_id()] = now
             if awaited.slots or awaited.landed:
                 ready = self._take_ready(1)
                 if ready:
                     return ready[0]
             else:  # _take_ready(1) without its lists: the common case of busy consumers
-                kept = prefetcher.take_one()
-                if kept is not None:  # (None: another thread took the last one)
-                    item, fresh = kept
-                    if fresh:
+                try:
+                    at, item = prefetcher.kept.popleft()
+                except IndexError:  # another thread took the last one
+                    pass
+                else:
+                    if at >= now - _prefetch.PREFETCH_FRESH_SECONDS:
                         return item
                     restamped = self._awaited_slots.restamp_kept([item])
                     if restamped:
