@@ -292,12 +292,15 @@ class Queue:
         magazine = self.name + names.DELAYED_SUFFIX
         return [MessageRef(env.msg_id, magazine, 0, env.due_at or 0) for env in envelopes]
 
-    @tracing.traced_send
     def publish(self, payload: Any, *, id: str | None = None, key: str | None = None,
                 headers: Mapping[str, str] | None = None, delay: float | timedelta | None = None) -> MessageRef:
         """Store one message durably (per the store's durability mode) and return its reference.
         A given `key` always maps to the same shard, which keeps per-key order within the shard.
         `delay` (seconds, or a timedelta): not delivered before then (README "Delayed delivery")."""
+        # The tracing wrapper (_publish_traced) only where a span may be recorded, this method being its inside:
+        # untraced, a lean publish skips a wrapper's frame (a visible share of it).
+        if not tracing.sending_untraced() and not tracing.sending_now():
+            return self._publish_traced(payload, id=id, key=key, headers=headers, delay=delay)
         at = now_ms()
         if delay is not None:
             due = self.due_at(delay, at)
@@ -316,6 +319,8 @@ class Queue:
                                                               key)))[0]
         self._published_tick()
         return ref
+
+    _publish_traced = tracing.traced_send(publish)
 
     def publish_plain(self, payloads: list[bytes]) -> list[MessageRef]:
         """Many publishes of plain bytes with no id, key, headers or delay, each its own message as `publish`

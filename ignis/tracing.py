@@ -145,6 +145,17 @@ def _shard(refs: Sequence[MessageRef]) -> int | None:
 
 
 # ---- send ------------------------------------------------------------------------------------------
+def sending_untraced() -> bool:
+    """Whether a send would record no span: traced_send's first check, for a method that calls its wrapper only
+    when it may trace (Queue.publish). False when unsure: the wrapper then decides."""
+    return _GLOBAL_SLOT and _provider is None and _trace._TRACER_PROVIDER is None
+
+
+def sending_now() -> bool:
+    """Whether this call runs inside a traced send (whose span covers it)."""
+    return _sending.get()
+
+
 def traced_send(method: F) -> F:
     """Wrap Queue.publish, publish_many or publish_each in a `send {queue}` span (a no-op when tracing is
     off). Their payload(s) come first (by position or by name), every other argument by keyword."""
