@@ -10,8 +10,8 @@
 # debian:<release>-slim, itself a minbase), with the same dpkg path-excludes as the slim images (no
 # /usr/share/man, doc, info or locale: so it shows the same OpenJDK post-install clash the real base does),
 # ca-certificates, netbase and tzdata as the official image adds them, and the same Python layout:
-# python3, python3.11, python and pip in /usr/local/bin, pip installing into /usr/local, no
-# EXTERNALLY-MANAGED marker.
+# python3, python3.11, python and pip in /usr/local/bin, pip installed into /usr/local and installing there,
+# no EXTERNALLY-MANAGED marker.
 #
 # How it differs from the official image (docs/kubernetes/install.md says the same):
 # - its Python is Debian's python3 package, not CPython built from source into /usr/local: on bookworm that
@@ -19,8 +19,8 @@
 #   /usr/local/bin/python3.11 is a link to python3.13 and the image's wheels are cp313 ones;
 # - the Python files live in /usr/lib/python3.X (+ /usr/local/lib/python3.X/dist-packages for what pip
 #   installs), not /usr/local/lib/python3.11/site-packages;
-# - it carries Debian's python3-pip / python3-setuptools / python3-wheel instead of the pinned pip the
-#   official image bootstraps;
+# - its pip is the version Debian bundles for ensurepip (bookworm 23.0.1, trixie 25.1), not the one the
+#   official image pins, and it has no setuptools or wheel in /usr/local;
 # - its digest is its own: build with --build-arg BASE_IMAGE=localhost/python:3.11-slim-<release>.
 #
 # Needs root (or mmdebstrap's unshare mode), mmdebstrap and podman (Debian: apt-get install -y podman
@@ -48,15 +48,20 @@ EXCLUDES=(
     --dpkgopt='path-include=/usr/share/doc/*/copyright'
 )
 
-# The official image's Python layout, made of Debian's python3: the names in /usr/local/bin, pip free to
-# install into /usr/local (the official interpreter carries no EXTERNALLY-MANAGED marker either).
+# The official image's Python layout, made of Debian's python3: the names in /usr/local/bin, and pip
+# installed into /usr/local from the wheel Debian ships for ensurepip (python3-pip-whl; Debian's ensurepip
+# refuses the system Python), not byte-compiled, as the official image installs it: so pip may upgrade or
+# replace what it installed, which it may not do to Debian's python3-* packages. Free to install there: the
+# official interpreter carries no EXTERNALLY-MANAGED marker either.
 # shellcheck disable=SC2016  # expanded by the shell in the chroot, not by this one
 PYTHON_LAYOUT='set -eu
 py=$(readlink -f /usr/bin/python3)
 for name in python3.11 python3 python; do ln -sf "$py" "/usr/local/bin/$name"; done
-for name in pip pip3 pip3.11; do ln -sf /usr/bin/pip3 "/usr/local/bin/$name"; done
 rm -f /usr/lib/python3*/EXTERNALLY-MANAGED
-"$py" --version'
+set -- /usr/share/python-wheels/pip-*.whl
+"$py" "$1/pip" install --quiet --no-index --no-compile --disable-pip-version-check --root-user-action=ignore "$1"
+[ -e /usr/local/bin/pip3.11 ] || ln -s pip3 /usr/local/bin/pip3.11
+"$py" --version; /usr/local/bin/pip --version'
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -73,7 +78,7 @@ for release in "${RELEASES[@]}"; do
         --aptopt='Acquire::Languages "none"' \
         --aptopt='APT::Install-Recommends "false"' \
         "${EXCLUDES[@]}" \
-        --include=ca-certificates,netbase,tzdata,python3,python3-pip,python3-venv \
+        --include=ca-certificates,netbase,tzdata,python3,python3-venv \
         --customize-hook="chroot \"\$1\" sh -c '$PYTHON_LAYOUT'" \
         "$release" "$work/$release.tar" \
         "deb $MIRROR/debian $release main" \
