@@ -47,7 +47,7 @@ cleanup() {
     # an IgnisQueue left by a failure goes while its operator still runs (so its finalizer is released)
     [ -z "$applied_queue" ] || kubectl delete -n "$NAMESPACE" ignisqueue "$applied_queue" --ignore-not-found \
         --timeout 30s >/dev/null 2>&1 || true
-    for c in "${containers[@]}"; do podman rm --force --time 10 "$c" >/dev/null 2>&1 || true; done
+    for c in "${containers[@]}"; do podman rm --force --volumes --time 10 "$c" >/dev/null 2>&1 || true; done
     [ -z "$volume" ] || podman volume rm --force "$volume" >/dev/null 2>&1 || true
     rm -rf "$work"
 }
