@@ -112,9 +112,11 @@ def _run_manifests(store: Storage, directory: Path, client_id: str, *, port: int
         if not all(r.ready for r in results):
             raise typer.Exit(EXIT_INVALID)
         return
+    from ignis_operator.handlers import OperatorConfig
+
     stop = threading.Event()
     set_on_signals(stop)
-    with ProbeServer(port=port, ready=lambda: _store_ready(store)) as probes:
+    with ProbeServer(OperatorConfig().probe_host, port, ready=lambda: _store_ready(store)) as probes:
         announce("manifests", store, probes.port, manifests=str(directory))
         sync.run(stop, interval=interval)
 
@@ -134,7 +136,7 @@ def _run_kopf(store: Storage, namespaces: list[str], *, port: int) -> None:
     registry = build_registry(OperatorContext(store, config, kube=kube))
     settings = kopf.OperatorSettings()
     configure(settings, scanning=config.scanning)
-    with ProbeServer(port=port, ready=lambda: _store_ready(store)) as probes:
+    with ProbeServer(config.probe_host, port, ready=lambda: _store_ready(store)) as probes:
         announce("kubernetes", store, probes.port, namespaces=",".join(namespaces) or "all",
                  scanning="on" if config.scanning else "off")
         # standalone: no peering objects (one replica, Recreate strategy), so no kopfpeerings RBAC.

@@ -68,6 +68,8 @@ class OperatorConfig(BaseSettings):
     backoff_max_seconds: float = Field(120.0, gt=0, description="largest retry delay when the store is unreachable")
     scanning: bool = Field(True, description="let kopf watch CRDs (and, with named namespaces, Namespaces) so "
                            "changes are noticed without a restart; off = no cluster-scoped API calls at all")
+    probe_host: str = Field("0.0.0.0", min_length=1, description="address of the /metrics, /healthz and /readyz "
+                            "port (127.0.0.1: reachable from this host only, e.g. on a shared host network)")
 
     def backoff(self, retry: int) -> float:
         """Exponential, capped and jittered (up to 20% shorter, so retries of many objects spread out): a

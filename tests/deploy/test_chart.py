@@ -152,6 +152,19 @@ def test_every_pod_meets_the_restricted_pod_security_standard(chart: Any, profil
             assert container["resources"]["requests"] and container["resources"]["limits"]["memory"], name
 
 
+def test_every_pod_runs_the_small_image(chart: Any) -> None:
+    """The operator, the sweeper and the helm-test pod run the Dockerfile's `ignismq` target (no JVM, no
+    Spark: tests/deploy/test_image.py ties the name to the target), tagged with the chart's appVersion."""
+    app_version = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
+    pods = dict(pod_specs(render(chart)))
+    assert len(pods) == 3
+    for name, spec in pods.items():
+        assert [c["image"] for c in spec["containers"]] == [f"ignismq:{app_version}"], name
+    pinned = render(chart, {"image": {"repository": "registry.example.com/ignismq", "digest": "sha256:" + "b" * 64}})
+    assert {c["image"] for _, spec in pod_specs(pinned) for c in spec["containers"]} == {
+        "registry.example.com/ignismq@sha256:" + "b" * 64}
+
+
 def test_security_contexts_are_overridable(chart: Any) -> None:
     docs = render(chart, {"podSecurityContext": {"runAsUser": 20002, "runAsNonRoot": True,
                                                  "seccompProfile": {"type": "RuntimeDefault"}}})

@@ -127,3 +127,31 @@ async def test_manifest_mode_process(tmp_path: Path) -> None:
         assert [r.name for r in store.list_queues(active=True)] == ["audit", "events", "orders"]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(("probe_host", "listening"), [(None, "0.0.0.0"), ("127.0.0.1", "127.0.0.1")])
+async def test_probe_host_setting(tmp_path: Path, probe_host: str | None, listening: str) -> None:
+    """IGNIS_OPERATOR_PROBE_HOST is the address of the probes' port (a container on a host's network listens
+    on loopback only with 127.0.0.1); by default every address, as a pod's port must be."""
+    import psutil
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "IGNIS_OPERATOR_PROBE_HOST"}
+    if probe_host is not None:
+        env["IGNIS_OPERATOR_PROBE_HOST"] = probe_host
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ignis.cli.app", "--store", f"lmdb://{tmp_path}/store?durability=fast", "operator",
+        "--manifests", str(tmp_path), "--port", str(port), env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while (await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/healthz"))[0] != 200:
+            assert proc.returncode is None, "the operator exited early"
+            assert time.monotonic() < deadline, "the probes never answered"
+            await asyncio.sleep(0.1)
+        bound = {c.laddr.ip for c in psutil.Process(proc.pid).net_connections(kind="tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        assert bound == {listening}
+    finally:
+        output = await stop(proc)
+    assert proc.returncode == 0, output.decode()[-3000:]
