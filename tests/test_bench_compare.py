@@ -1,0 +1,60 @@
+"""bench/compare.py, the throughput gate: it checks two revisions out into temporary worktrees, runs the lmdb rows
+of each alternately, and writes each row's ratio, spread and verdict (JSON and pyperf files). Its figures are not
+checked here (speed lives in bench/, on a quiet machine); its arithmetic is, on made-up rates."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import compare  # noqa: E402  (bench/ is not a package)
+
+
+def test_a_row_fell_only_when_its_ratio_is_below_the_noise() -> None:
+    steady = compare.Row("lmdb", "publish", {"base": [100.0, 102.0, 101.0], "head": [80.0, 81.0, 82.0]})
+    verdict = steady.verdict()
+    assert verdict["ratio"] == pytest.approx(81 / 101, rel=0.02) and verdict["fell"]
+    assert verdict["noise"] == pytest.approx(max(2 / 101, 2 / 81))  # the larger revision's spread
+    noisy = compare.Row("lmdb", "publish", {"base": [100.0, 50.0, 100.0], "head": [80.0, 81.0, 82.0]})
+    assert not noisy.verdict()["fell"]  # a spread of 50 % hides a 20 % fall: more rounds, a quieter machine
+    faster = compare.Row("lmdb", "drain", {"base": [100.0, 101.0, 99.0], "head": [130.0, 128.0, 131.0]})
+    assert faster.verdict()["ratio"] > 1 and not faster.verdict()["fell"]
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the repository's git history")
+def test_the_gate_compares_two_revisions_in_worktrees_and_leaves_none_behind(tmp_path: Path) -> None:
+    before = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+    done = subprocess.run([sys.executable, "bench/compare.py", "HEAD", ".", "--rounds", "3", "--repeat", "1",
+                           "--messages", "300", "--lmdb-rows", "ignis.publish,ignis.drain.1", "--json",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode in (0, 1), done.stderr  # 1: a row fell (this machine's noise decides at 300 messages)
+    result = json.loads(done.stdout)
+    assert result["rounds"] == 3 and result["base"]["label"] == "HEAD" and result["head"]["label"] == "."
+    rows = {r["row"]: r for r in result["rows"]}
+    assert set(rows) == {"publish", "fire + message.ack, 1 consumer"}
+    for row in rows.values():
+        assert len(row["base_rates"]) == len(row["head_rates"]) == 3
+        assert row["ratio_low"] <= row["ratio"] <= row["ratio_high"] and row["noise"] >= 0
+    assert (done.returncode == 1) == bool(result["fell"])
+    assert json.loads((tmp_path / "compare.json").read_text()) == result
+    pyperf = subprocess.run([sys.executable, "-m", "pyperf", "compare_to", "--table", str(tmp_path / "base.json"),
+                             str(tmp_path / "head.json")], capture_output=True, text=True, timeout=60)
+    assert pyperf.returncode == 0 and "lmdb: publish" in pyperf.stdout
+    after = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+    assert after == before  # the temporary worktree is gone
+
+
+def test_the_gate_refuses_fewer_than_three_rounds_and_an_unknown_revision() -> None:
+    done = subprocess.run([sys.executable, "bench/compare.py", "--rounds", "2"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "at least 3 rounds" in done.stderr
+    done = subprocess.run([sys.executable, "bench/compare.py", "no-such-revision-xyz", "."], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "'no-such-revision-xyz' is not a revision" in done.stderr
