@@ -25,6 +25,7 @@ CODEC = "codec"
 PARTITION_KEY = "pkey"
 HISTORY = "history"
 DUE_AT = "dueAt"  # a delayed message's due time, epoch ms (absent: not delayed)
+SUBJECT = "subject"  # a topic message's subject (ignis.subjects; absent: a queue message)
 
 # Payload codecs: how `payload` bytes turn back into the value that was published.
 CODEC_BYTES = "bytes"
@@ -98,6 +99,7 @@ _BIN_TYPES: tuple[tuple[str, tuple[type, ...], bool], ...] = (
     (PAYLOAD, (bytes, bytearray), True), (MSG_ID, (str,), True), (LOADED_AT, (int,), True),
     (CODEC, (str,), False), (HEADERS, (dict,), False), (PARTITION_KEY, (str,), False), (FIRE_TS, (int,), False),
     (ATTEMPTS, (int,), False), (REASON, (str,), False), (HISTORY, (list,), False), (DUE_AT, (int,), False),
+    (SUBJECT, (str,), False),
 )
 
 
@@ -162,7 +164,7 @@ class Envelope:
     """One message as stored. Mutable on purpose: fire stamps it, sideline annotates it."""
 
     __slots__ = ("attempts", "codec", "due_at", "fire_ts", "headers", "history", "key", "loaded_at", "msg_id",
-                 "payload", "reason", "version")
+                 "payload", "reason", "subject", "version")
 
     def __init__(
         self,
@@ -177,6 +179,7 @@ class Envelope:
         reason: str | None = None,
         history: list[list[Any]] | None = None,
         due_at: int | None = None,
+        subject: str | None = None,
     ) -> None:
         self.payload = payload
         self.msg_id = msg_id
@@ -189,6 +192,7 @@ class Envelope:
         self.reason = reason
         self.history = history
         self.due_at = due_at
+        self.subject = subject
         # The store's version of the record as read (Aerospike: its generation), or None: lets an ack
         # check in one cheap compare that nobody wrote the record since this handle claimed it.
         self.version: int | None = None
@@ -214,6 +218,8 @@ class Envelope:
             bins[HISTORY] = self.history
         if self.due_at is not None:
             bins[DUE_AT] = self.due_at
+        if self.subject is not None:
+            bins[SUBJECT] = self.subject
         return bins
 
     @classmethod
@@ -230,6 +236,7 @@ class Envelope:
             reason=bins.get(REASON),
             history=bins.get(HISTORY),
             due_at=bins.get(DUE_AT),
+            subject=bins.get(SUBJECT),
         )
 
     def for_transfer(self, reason: str | None, at_ms: int, attempts: int | None = None) -> Envelope:
@@ -241,7 +248,8 @@ class Envelope:
             history.append([at_ms, reason, attempts])
             history = history[-HISTORY_LIMIT:]
         return Envelope(self.payload, self.msg_id, self.loaded_at, codec=self.codec, headers=self.headers,
-                        key=self.key, attempts=attempts, reason=reason, history=history or None, due_at=self.due_at)
+                        key=self.key, attempts=attempts, reason=reason, history=history or None, due_at=self.due_at,
+                        subject=self.subject)
 
     def decoded(self) -> Any:
         return decode_payload(self.payload, self.codec)
@@ -266,8 +274,10 @@ class NewMessages(NamedTuple):
     loaded_at: int
     headers: dict[str, str] | None = None
     key: str | None = None
+    subject: str | None = None  # a topic publish's subject (every message of the call has it)
 
     def envelope(self, index: int) -> Envelope:
         """Message `index` as an Envelope (for backends that write one record object per message)."""
         codec = CODEC_BYTES if self.codecs is None else self.codecs[index]
-        return Envelope(self.payloads[index], self.ids[index], self.loaded_at, codec, self.headers, self.key)
+        return Envelope(self.payloads[index], self.ids[index], self.loaded_at, codec, self.headers, self.key,
+                        subject=self.subject)

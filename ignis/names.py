@@ -48,12 +48,36 @@ def dead_of(queue: str) -> str:
     return queue + DEAD_SUFFIX
 
 
+# A subscription's cursor over its topic (ignis.topics): per topic shard, its meta record holds the subscription's
+# position (the fire pointer) and its data records are the claims of the topic's slots (the message stays in the
+# topic). The topic is in the name, so the store resolves a cursor's load pointer, records and wake-ups without a
+# lookup; queue and topic names contain no '_', so the name splits unambiguously.
+CURSOR_INFIX = "_FROM_"
+
+
+def cursor_of(subscription: str, topic: str) -> str:
+    return f"{subscription}{CURSOR_INFIX}{topic}"
+
+
+def cursor_topic(magazine: str) -> str | None:
+    """The topic a cursor magazine reads, None for any other magazine."""
+    head, infix, topic = magazine.partition(CURSOR_INFIX)
+    return topic if infix and head else None
+
+
 def queue_and_kind(magazine: str) -> tuple[str, str]:
-    """(queue, main | sideline | dead) of a magazine name."""
+    """(queue, main | sideline | dead | cursor) of a magazine name (a topic's own magazine reads as main)."""
     for suffix, kind in ((SIDELINE_SUFFIX, "sideline"), (DEAD_SUFFIX, "dead")):
         if magazine.endswith(suffix):
             return magazine[: -len(suffix)], kind
+    if CURSOR_INFIX in magazine:
+        return magazine.partition(CURSOR_INFIX)[0], "cursor"
     return magazine, "main"
+
+
+def topic_set(farm_id: str, client_id: str) -> str:
+    """Topic metadata records (ignis.topics), one per topic, beside the queue set."""
+    return _set_name(f"{farm_id}_{client_id}_ignis_topics")
 
 
 def data_key(magazine: str, shard: int, slot: int) -> str:

@@ -316,7 +316,7 @@ class Queue:
             data, codec = self._encode(payload)
             msg_id = id or new_message_id(at)
             ref = self.main.load_new(_new_tuple(NewMessages, ((data,), (msg_id,), (codec,), at, shared_headers,
-                                                              key)))[0]
+                                                              key, None)))[0]
         self._published_tick()
         return ref
 
@@ -353,7 +353,7 @@ class Queue:
         if not data:
             return []
         refs = self.main.load_new(_new_tuple(NewMessages, (data, new_message_ids(len(data)), codecs, now_ms(),
-                                                           shared_headers, key)))
+                                                           shared_headers, key, None)))
         self._published.inc(len(refs))
         return refs
 
@@ -398,7 +398,7 @@ class Queue:
         if not any(keys or ()) and not any(headers or ()):
             # Nothing per message but id and codec: the columnar publish path (as publish_many).
             refs = self.main.load_new(_new_tuple(NewMessages, (payloads, ids or new_message_ids(count), codecs, at,
-                                                               None, None)))
+                                                               None, None, None)))
         else:  # per-message keys or headers: one envelope each, placed by key, one group commit
             all_ids = ids or new_message_ids(count)
             envelopes = [Envelope(data, all_ids[i], at, codec=codecs[i] if codecs else CODEC_BYTES,

@@ -7,6 +7,7 @@ Every violation becomes one line naming the field, the value and the rule.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -78,6 +79,61 @@ class RetrySpec(_Model):
         return min(self.max_backoff_seconds, wait)
 
 
+class StartPosition(StrEnum):
+    EARLIEST = "earliest"  # everything the topic retains
+    LATEST = "latest"  # only what is published after the subscription exists
+
+
+class SubscribeSpec(_Model):
+    """A subscription: the queue's messages come from a topic (ignis.topics). `filter` selects subjects (MQTT
+    wildcards: `+` one level, `#` the remaining levels, last only); `start` is where a new subscription begins:
+    `earliest`, `latest` (the default), or a time (ISO-8601, or epoch milliseconds) from which the retained log is
+    replayed."""
+
+    topic: str = Field(min_length=1, max_length=63, pattern=QUEUE_NAME_PATTERN)
+    filter: str = "#"
+    start: str | int = StartPosition.LATEST.value
+
+    @model_validator(mode="after")
+    def _valid(self) -> SubscribeSpec:
+        from ignis.subjects import filter_problem
+
+        problem = filter_problem(self.filter)
+        if problem is not None:
+            raise ValueError(f"subscribe.{problem}")
+        start_ms(self.start)  # raises with the rule
+        return self
+
+    def start_ms(self) -> int | None:
+        """The start as a time (epoch ms); None for earliest and latest."""
+        return start_ms(self.start)
+
+    def bins(self) -> dict[str, Any]:
+        return {"subTopic": self.topic, "subFilter": self.filter, "subStart": str(self.start)}
+
+
+def start_ms(start: str | int) -> int | None:
+    """A subscription's start as epoch ms (None for earliest / latest); ValueError naming the rule otherwise."""
+    if isinstance(start, bool):
+        raise ValueError(f"subscribe.start={start!r}: must be earliest, latest, an ISO-8601 time or epoch ms")
+    if isinstance(start, int):
+        if start < 0:
+            raise ValueError(f"subscribe.start={start}: epoch milliseconds must be >= 0")
+        return start
+    if start in (StartPosition.EARLIEST.value, StartPosition.LATEST.value):
+        return None
+    if start.isdigit():
+        return int(start)
+    try:
+        moment = datetime.fromisoformat(start.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"subscribe.start={start!r}: must be earliest, latest, an ISO-8601 time "
+                         "(2026-11-28T12:00:00Z) or epoch milliseconds") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
 class QueueSpec(_Model):
     name: str = Field(min_length=1, max_length=63, pattern=QUEUE_NAME_PATTERN)
     handler_type: str = Field(min_length=1, max_length=100, pattern=HANDLER_TYPE_PATTERN)
@@ -93,6 +149,7 @@ class QueueSpec(_Model):
     handler_timeout_seconds: int = Field(600, ge=1, le=1800)
     deletion_policy: DeletionPolicy = DeletionPolicy.RETAIN
     retry: RetrySpec | None = None
+    subscribe: SubscribeSpec | None = None
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> QueueSpec:
@@ -184,6 +241,8 @@ class QueueSpec(_Model):
                 "retryMaxMs": round(self.retry.max_backoff_seconds * 1000),
                 "retryMult": float(self.retry.multiplier), "retryJitter": int(self.retry.jitter)}
                if self.retry is not None else {}),
+            # only for a subscription: a queue fed by a topic (ignis.topics)
+            **(self.subscribe.bins() if self.subscribe is not None else {}),
         }
 
     @classmethod
@@ -217,6 +276,11 @@ class QueueSpec(_Model):
                  "maxBackoffSeconds": int(bins.get("retryMaxMs") or bins["retryMinMs"]) / 1000,
                  "multiplier": float(bins.get("retryMult") or 1.0), "jitter": bool(bins.get("retryJitter"))}
                 if int(bins.get("retryMinMs", 0) or 0) > 0 else None
+            ),
+            "subscribe": (
+                {"topic": bins["subTopic"], "filter": bins.get("subFilter") or "#",
+                 "start": bins.get("subStart") or StartPosition.LATEST.value}
+                if bins.get("subTopic") else None
             ),
         }
         return cls.build(f"stored record {name!r}", **{k: v for k, v in fields.items() if v is not None})

@@ -143,7 +143,7 @@ class Magazine:
         if count < 2:  # one (a lone async publisher's): publish_one's leaner path, as a blocking publish takes
             return [self.publish_one(payloads[0], ids[0], loaded_at)] if count else []
         if not self._reserves:
-            return self.load_new(_new_tuple(NewMessages, (payloads, ids, None, loaded_at, None, None)))
+            return self.load_new(_new_tuple(NewMessages, (payloads, ids, None, loaded_at, None, None, None)))
         reservations = self._reservations  # (ignis.magazine.reservations)
         refs: list[SlotRef] = []
         while len(refs) < count and reservations.slots:

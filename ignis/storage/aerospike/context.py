@@ -35,6 +35,7 @@ from ignis.envelope import (
     PAYLOAD,
     REASON,
     STORED_CODECS,
+    SUBJECT,
     Envelope,
     envelope_problem,
     unreadable_envelope,
@@ -52,7 +53,7 @@ TOMBSTONE = "deletedAt"  # the one bin of a tombstoned record (Community Edition
 SEALED = "sealedAt"  # with deletedAt: a slot given up as a hole for good; refuses a late write
 PURGED = "purgedAt"  # the one bin a magazine purge leaves; a new message may replace it
 ENVELOPE_BINS = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, REASON, HISTORY, FIRE_TS, ATTEMPTS,
-                 DUE_AT)
+                 DUE_AT, SUBJECT)
 BATCH_CHUNK = 5000  # keys per batch call in peeks and purges
 # A batch of at most this many records is processed in the server thread that receives it (allow_inline_ssd): a
 # device namespace otherwise hands every batch to separate service threads, which cost a publish batch of 8
@@ -265,14 +266,15 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
         get = bins.get
         payload, msg_id, loaded_at, codec = get(PAYLOAD), get(MSG_ID), get(LOADED_AT), get(CODEC) or CODEC_BYTES
         headers, key, fire_ts, attempts = get(HEADERS), get(PARTITION_KEY), get(FIRE_TS), get(ATTEMPTS) or 0
-        reason, history, due_at = get(REASON), get(HISTORY), get(DUE_AT)
+        reason, history, due_at, subject = get(REASON), get(HISTORY), get(DUE_AT), get(SUBJECT)
         if type(payload) is not bytes or type(msg_id) is not str or not msg_id or type(loaded_at) is not int \
                 or type(attempts) is not int or codec not in STORED_CODECS \
                 or (fire_ts is not None and type(fire_ts) is not int) \
                 or (headers is not None and type(headers) is not dict) \
                 or (key is not None and type(key) is not str) or (reason is not None and type(reason) is not str) \
                 or (history is not None and type(history) is not list) \
-                or (due_at is not None and type(due_at) is not int):
+                or (due_at is not None and type(due_at) is not int) \
+                or (subject is not None and type(subject) is not str):
             problem = envelope_problem(dict(bins))
             if problem is not None:
                 envelope = unreadable_envelope(problem, dict(bins), where)
@@ -284,7 +286,7 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
             envelope.version = version
             return envelope
         envelope = Envelope(payload, msg_id, loaded_at, codec, headers, key, fire_ts, attempts, reason, history,
-                            due_at)
+                            due_at, subject)
         envelope.version = version
         return envelope
 

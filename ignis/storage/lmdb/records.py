@@ -30,6 +30,7 @@ from ignis.envelope import (
     LOADED_AT,
     PARTITION_KEY,
     REASON,
+    SUBJECT,
     Envelope,
     NewMessages,
     envelope_problem,
@@ -84,14 +85,14 @@ def _pack_data(envelope: Envelope, expire_at: int) -> bytes:
     msg_id = envelope.msg_id.encode()
     payload = envelope.payload
     if not (envelope.headers or envelope.key is not None or envelope.reason is not None or envelope.history
-            or envelope.due_at is not None):
+            or envelope.due_at is not None or envelope.subject is not None):
         # The common record: header, id and payload length in one pack call (publish's hot path).
         return _plain_head(len(msg_id)).pack(
             expire_at, envelope.fire_ts or 0, envelope.attempts, _FORMAT, envelope.loaded_at,
             _CODEC_IDS[envelope.codec], 0, len(msg_id), msg_id, len(payload)) + payload
     extras = {name: value for name, value in ((HEADERS, envelope.headers), (PARTITION_KEY, envelope.key),
                                               (REASON, envelope.reason), (HISTORY, envelope.history),
-                                              (DUE_AT, envelope.due_at)) if value}
+                                              (DUE_AT, envelope.due_at), (SUBJECT, envelope.subject)) if value}
     return b"".join((
         _DATA.pack(expire_at, envelope.fire_ts or 0, envelope.attempts, _FORMAT, envelope.loaded_at,
                    _CODEC_IDS[envelope.codec], _HAS_EXTRAS, len(msg_id)),
@@ -103,7 +104,8 @@ def _pack_new(batch: NewMessages, expire_at: int) -> list[bytes]:
     """The data records of newly published messages (fireTS 0, attempts 0): the batch's shared
     headers and key are packed once, not per message."""
     ids, payloads, at = batch.ids, batch.payloads, batch.loaded_at
-    extras = {name: value for name, value in ((HEADERS, batch.headers), (PARTITION_KEY, batch.key))
+    extras = {name: value for name, value in ((HEADERS, batch.headers), (PARTITION_KEY, batch.key),
+                                              (SUBJECT, batch.subject))
               if value is not None and value != {}}
     if batch.codecs is None and not extras and len(set(map(len, ids))) == 1 and "".join(ids).isascii():
         # Generated ids: one length, ASCII, so one struct packs header, id and payload length, and when
@@ -155,7 +157,7 @@ def _unpack_data(raw: bytes, where: object = "?") -> Envelope:
             extras = msgpack.unpackb(raw[end:], raw=False)
             envelope = Envelope(payload, msg_id, loaded_at, _CODEC_NAMES[codec], extras.get(HEADERS),
                                 extras.get(PARTITION_KEY), fire_ts or None, attempts, extras.get(REASON),
-                                extras.get(HISTORY), extras.get(DUE_AT))
+                                extras.get(HISTORY), extras.get(DUE_AT), extras.get(SUBJECT))
             problem = envelope_problem(envelope.to_bins())
             if problem is not None:
                 raise ValueError(problem)
