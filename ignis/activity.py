@@ -33,7 +33,8 @@ _tokens = itertools.count(1)
 class ShardActivity:
     """The shards of one magazine known to have work in this process, and its waiting consumers."""
 
-    __slots__ = ("_cond", "_waiting", "active", "changes", "fresh_until", "last_load", "refreshed_at")
+    __slots__ = ("_cond", "_waiting", "active", "changes", "followers", "fresh_until", "last_load", "refreshed_at",
+                 "wakes")
 
     def __init__(self) -> None:
         self.active: tuple[int, ...] = ()
@@ -43,6 +44,30 @@ class ShardActivity:
         self.fresh_until = float("-inf")  # the watcher vouches for the active set until then (monotonic)
         self._cond = threading.Condition(threading.Lock())
         self._waiting = 0
+        # A topic's activity: the activities of its subscriptions' cursors, marked with every mark of this one (a
+        # topic's shards are its cursors' shards). A cursor's: its subscription's main magazine's activity, woken
+        # with every change of this one (its consumers wait there for either).
+        self.followers: tuple[ShardActivity, ...] = ()
+        self.wakes: tuple[ShardActivity, ...] = ()
+
+    def follow(self, leader: ShardActivity) -> None:
+        """Be marked with every mark of `leader` (a cursor follows its topic)."""
+        with leader._cond:
+            if self not in leader.followers:
+                leader.followers += (self,)
+
+    def wake_with(self, other: ShardActivity) -> None:
+        """Wake `other`'s waiters with every change of this one (a cursor wakes its subscription's consumers)."""
+        with self._cond:
+            if other not in self.wakes:
+                self.wakes += (other,)
+
+    def poke(self) -> None:
+        """Count a change and wake every waiter, without marking a shard (a cursor's change, for its queue)."""
+        self.changes = next(_tokens)
+        if self._waiting:
+            with self._cond:
+                self._cond.notify_all()
 
     # ---- marks --------------------------------------------------------------------------------------
     def mark(self, shards: Iterable[int]) -> None:
@@ -53,6 +78,8 @@ class ShardActivity:
             with self._cond:
                 self.active += tuple(shard for shard in set(shards) if shard not in self.active)
         self._changed(len(shards))
+        for follower in self.followers:
+            follower.mark(shards)
 
     def mark_one(self, shard: int) -> None:
         self.last_load = next(_tokens)
@@ -64,6 +91,11 @@ class ShardActivity:
         if self._waiting:
             with self._cond:
                 self._cond.notify(1)
+        if self.followers or self.wakes:
+            for follower in self.followers:
+                follower.mark_one(shard)
+            for other in self.wakes:
+                other.poke()
 
     def _changed(self, wake: int) -> None:
         """After the active set changed: wake `wake` waiters (one per shard marked: each can claim there; a
@@ -72,6 +104,8 @@ class ShardActivity:
         if self._waiting:
             with self._cond:
                 self._cond.notify(wake)
+        for other in self.wakes:
+            other.poke()
 
     def suppress(self, shard: int, loads_seen: int) -> None:
         """A claim found `shard` drained: drop it, unless a load marked it since the claim began."""

@@ -155,6 +155,9 @@ LATE_WRITES = FastCounter("ignis_late_writes", "Claimed slots whose record was s
                           "and delivered once it landed", ["queue", "magazine"])
 HOLE_BUDGET_EXHAUSTED = FastCounter("ignis_hole_budget_exhausted",
                                     "Fire calls that gave up after skipping their hole budget", ["queue"])
+SUBSCRIPTION_EXPIRED = FastCounter("ignis_subscription_expired", "Messages a subscription lost to its topic's "
+                                   "retention: they left the topic before the subscription claimed them", ["queue"])
+TOPIC_PUBLISHED = FastCounter("ignis_topic_published", "Messages published to a topic", ["topic"])
 FIRE_CLAIMS = FastCounter("ignis_fire_claims", "Claim attempts by outcome (won, drained)", ["queue", "outcome"])
 STORAGE_CALLS = FastCounter("ignis_storage_calls", "Storage round trips by operation", ["operation"])
 STORAGE_RETRIES = FastCounter("ignis_storage_retries", "Storage retries by operation", ["operation"])

@@ -360,9 +360,14 @@ def test_emulator_refuses_what_it_does_not_emulate(server: EmulatedServer) -> No
 
     client = server.client({})
     client.put(("test", "s", "k"), {"a": "text"})
-    regex = exp.CmpRegex(0, "t.*", exp.StrBin("a")).compile()
+    unknown = exp.Eq(exp.DigestMod(3), 1).compile()
     with pytest.raises(NotImplementedError, match="expression op"):
-        client.get(("test", "s", "k"), {"expressions": regex})
+        client.get(("test", "s", "k"), {"expressions": unknown})
+    basic = exp.CmpRegex(0, "t.*", exp.StrBin("a")).compile()  # (IgnisMQ writes extended ones only)
+    with pytest.raises(NotImplementedError, match="only REGEX_EXTENDED"):
+        client.get(("test", "s", "k"), {"expressions": basic})
+    extended = exp.CmpRegex(aerospike.REGEX_EXTENDED, "^t(e|x)+t$", exp.StrBin("a")).compile()
+    assert client.get(("test", "s", "k"), {"expressions": extended})[2] == {"a": "text"}
 
 
 def test_client_views_share_one_connection(server: EmulatedServer, make) -> None:

@@ -3,7 +3,8 @@ it composes, one concern per module: active shards (shards), awaited slots (awai
 publishes (reservations) and the prefetch (prefetch). Callers import from here.
 """
 
-from ignis.magazine.core import Magazine, shard_for_key
+from ignis.magazine.core import Magazine
+from ignis.magazine.loads import shard_for_key
 from ignis.magazine.prefetch import PREFETCH_PER_FIRE
 from ignis.magazine.reservations import RESERVE_MAX
 

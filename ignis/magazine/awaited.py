@@ -17,6 +17,7 @@ from ignis.envelope import now_ms
 from ignis.errors import StoreError
 from ignis.metrics import LATE_WRITES
 from ignis.storage.base import Claimed, SlotRef, Storage
+from ignis.subjects import SubjectFilter
 
 # An awaited slot (claimed, its record still being written) is re-read first this soon, then less and
 # less often, until the store's write grace has passed. A publish lands within a round trip or two, but a
@@ -52,8 +53,11 @@ class AwaitedSlots:
     not handed out yet (`landed`). Re-read on later fires of the handle: a worker never blocks on them."""
 
     def __init__(self, store: Storage, lock: threading.Lock, *, ttl_seconds: int, count_attempt: bool, queue: str,
-                 kind: str) -> None:
+                 kind: str, only: SubjectFilter | None = None) -> None:
         self.store = store
+        # A subscription's cursor (kind "cursor") re-reads and seals through its topic, with its filter.
+        self._cursor = kind == "cursor"
+        self._only = only
         self._lock = lock  # the magazine handle's lock
         self.ttl_seconds = ttl_seconds
         self._count_attempt = count_attempt  # a claim from the sideline is a shovel move, not a delivery
@@ -95,7 +99,7 @@ class AwaitedSlots:
         at delivery; one the sweeper took meanwhile is dropped. (Here because a message the store does not
         answer for stays the handle's: it is awaited.)"""
         try:
-            restamped = self.store.restamp([c.ref for c in stale], now_ms(), False)
+            restamped = self._restamp([c.ref for c in stale], False)
         except StoreError:
             for c in stale:  # still ours: re-read once the store answers
                 self.add(c.ref)
@@ -104,6 +108,11 @@ class AwaitedSlots:
             if c.envelope is None and c.awaiting:  # not answered for: still ours, re-read later
                 self.add(c.ref)
         return [c for c in restamped if c.envelope is not None]
+
+    def _restamp(self, refs: list[SlotRef], count_attempt: bool) -> list[Claimed]:
+        if self._cursor:
+            return self.store.restamp_cursor(refs, now_ms(), self._only, count_attempt)
+        return self.store.restamp(refs, now_ms(), count_attempt)
 
     def recheck(self, passed: Callable[[list[SlotRef]], None]) -> None:
         """Re-read the awaited slots that are due, in one store call; seal those past their deadline. `passed`
@@ -118,12 +127,14 @@ class AwaitedSlots:
         holes: list[SlotRef] = []
         late = 0
         try:
-            found = self.store.restamp([a.ref for a in due], now_ms(), self._count_attempt)
+            found = self._restamp([a.ref for a in due], self._count_attempt)
             keep, expired = [], []
             for awaited, item in zip(due, found, strict=True):
                 if item.envelope is not None:
                     self.landed.append(item)
                     late += 1
+                elif item.awaiting is None:  # landed, and the subscription's filter passes it over
+                    continue
                 elif not item.awaiting:
                     holes.append(awaited.ref)  # deleted or sealed meanwhile: a hole for good
                 elif now >= awaited.deadline:
@@ -134,7 +145,8 @@ class AwaitedSlots:
                     keep.append(awaited)
             if expired:
                 keep.extend(expired)  # until they are sealed
-                sealed = self.store.seal([a.ref for a in expired], self.ttl_seconds)
+                sealed = (self.store.seal_cursor if self._cursor else self.store.seal)([a.ref for a in expired],
+                                                                                     self.ttl_seconds)
                 keep = keep[:-len(expired)]
                 for awaited, done in zip(expired, sealed, strict=True):
                     if done:

@@ -14,16 +14,14 @@ import functools
 import random
 import threading
 import time
-import zlib
-from collections.abc import Mapping, Sequence
-from itertools import repeat
-from typing import Any
+from collections.abc import Mapping
 
 from ignis import names
-from ignis.envelope import Envelope, NewMessages, now_ms
+from ignis.envelope import Envelope, now_ms
 from ignis.errors import HoleBudgetExceeded, StoreError
 from ignis.magazine import prefetch as _prefetch
 from ignis.magazine.awaited import AwaitedSlots
+from ignis.magazine.loads import MagazineLoads
 from ignis.magazine.prefetch import PREFETCH_MAX, PREFETCH_PER_FIRE, Prefetch
 from ignis.magazine.reservations import Reservations
 from ignis.magazine.shards import ActiveShards
@@ -35,11 +33,11 @@ from ignis.storage.base import (
     ClaimInterrupted,
     ClaimTicket,
     MessageRef,
-    Move,
     ShardPointers,
     SlotRef,
     Storage,
 )
+from ignis.subjects import SubjectFilter
 
 _random = random.random
 _monotonic = time.monotonic
@@ -48,14 +46,10 @@ _new_tuple = tuple.__new__  # NamedTuples without their slower generated __init_
 _new_message_ref = functools.partial(_new_tuple, MessageRef)  # MessageRef from an (id, magazine, shard, slot)
 
 
-def shard_for_key(key: str, shards: int) -> int:
-    """Stable across processes and restarts (unlike hash()): the same key always lands on one shard."""
-    return zlib.crc32(key.encode("utf-8")) % shards
-
-
 IN_FLIGHT_SCAN_LIMIT = 10_000  # claimed slots per shard that in_flight() looks at
-class Magazine:
-    """One magazine of a queue: `main`, `sideline` or `dead`. Thread-safe."""
+class Magazine(MagazineLoads):
+    """One magazine of a queue: `main`, `sideline` or `dead` (and a subscription's `cursor`: ignis.magazine.cursor).
+    Thread-safe. Its loads are in ignis.magazine.loads."""
 
     def __init__(
         self,
@@ -68,6 +62,7 @@ class Magazine:
         ttl_seconds: int,
         hole_budget: int = 512,
         refresh_seconds: float = 1.0,
+        only: SubjectFilter | None = None,
     ) -> None:
         self._store = store
         self.name = name
@@ -76,14 +71,15 @@ class Magazine:
         self.ttl_seconds = ttl_seconds
         self.hole_budget = hole_budget
         self._lock = threading.Lock()  # shared with the parts below
-        self._count_attempt = kind == "main"  # a claim from the sideline is a shovel move, not a delivery
+        # A claim from the sideline is a shovel move, not a delivery; a subscription's cursor delivers, as main does.
+        self._count_attempt = kind in ("main", "cursor")
         # Which shards have work, shared with every handle of this magazine in the process (ignis.activity).
         self._active_shards = ActiveShards(store, name, shards, refresh_seconds=refresh_seconds, lock=self._lock,
-                                           is_main=self._count_attempt)
+                                           is_main=kind == "main")
         # Claimed slots awaiting their record (see Claimed.awaiting) and records that turned up, stamped,
         # not yet handed out. Re-read on later fires of this handle: a worker never blocks on them.
         self._awaited_slots = AwaitedSlots(store, self._lock, ttl_seconds=ttl_seconds,
-                                           count_attempt=self._count_attempt, queue=queue, kind=kind)
+                                           count_attempt=self._count_attempt, queue=queue, kind=kind, only=only)
         self._in_doubt: list[ClaimTicket] = []  # claims whose answer was lost: resolved before the next claim
         self.queue = queue
         # Rare events (holes, late writes, an exhausted budget) look their counter up when they happen: a
@@ -91,7 +87,7 @@ class Magazine:
         self._won = FIRE_CLAIMS.labels(queue, "won")
         self._drained = FIRE_CLAIMS.labels(queue, "drained")
         # Only consumers of the main magazine prefetch: the shovel fires the sideline with an exact budget.
-        self._prefetcher = Prefetch(kind == "main")
+        self._prefetcher = Prefetch(self._count_attempt)
         # Slots reserved by a publish for the next publishes of this handle (ignis.magazine.reservations).
         self._reservations = Reservations(store, name, ttl_seconds, self._lock)
         self._reserves = store.write_grace_ms > 0  # a two-step publish: the increment can be shared
@@ -113,129 +109,6 @@ class Magazine:
     @refresh_seconds.setter
     def refresh_seconds(self, seconds: float) -> None:
         self._active_shards.refresh_seconds = seconds
-
-    # ---- load ------------------------------------------------------------------------------------
-    # Shard choice (DESIGN §4): a keyed message goes to its key's shard, any other to a uniformly random
-    # one. A batch is dealt round-robin from a random shard, which spreads it evenly (a random pick per
-    # message would not) and keeps each shard's slots contiguous.
-    def publish_one(self, payload: bytes, msg_id: str, loaded_at: int) -> MessageRef:
-        """Publish one new keyless message of plain bytes: the commonest call, kept lean."""
-        store = self._store
-        if not self._reserves:
-            shard = int(_random() * self.shards)
-            slot = store.load_one(self.name, shard, payload, msg_id, loaded_at, self.ttl_seconds)
-        else:
-            reservations = self._reservations
-            ref = reservations.take() if reservations.slots else None
-            if ref is not None and store.load_reserved(ref, payload, msg_id, loaded_at, self.ttl_seconds):
-                shard, slot = ref.shard, ref.slot
-            else:
-                shard, slot = self._allocate_and_publish(payload, msg_id, loaded_at)
-        self._active_shards.mark_one(shard)
-        return _new_message_ref((msg_id, self.name, shard, slot))
-
-    def publish_plain(self, payloads: Sequence[bytes], ids: Sequence[str], loaded_at: int) -> list[MessageRef]:
-        """Publish new keyless messages of plain bytes, each as `publish_one` would, together: an async
-        publisher's batch (ignis.aio). Two-step backends write them into reserved slots with one round trip
-        (reserving what is missing in one allocation); others in one group commit (load_new)."""
-        store, name, ttl = self._store, self.name, self.ttl_seconds
-        count = len(payloads)
-        if count < 2:  # one (a lone async publisher's): publish_one's leaner path, as a blocking publish takes
-            return [self.publish_one(payloads[0], ids[0], loaded_at)] if count else []
-        if not self._reserves:
-            return self.load_new(_new_tuple(NewMessages, (payloads, ids, None, loaded_at, None, None, None)))
-        reservations = self._reservations  # (ignis.magazine.reservations)
-        refs: list[SlotRef] = []
-        while len(refs) < count and reservations.slots:
-            ref = reservations.take()
-            if ref is None:
-                break
-            refs.append(ref)
-        if len(refs) < count:
-            reserved_at = time.monotonic()
-            missing = count - len(refs)
-            size = reservations.size(reserved_at, missing)
-            shard = int(_random() * self.shards)
-            first = store.reserve(name, shard, size)
-            refs += [_new_tuple(SlotRef, (name, shard, slot)) for slot in range(first, first + missing)]
-            reservations.keep(shard, range(first + missing, first + size), reserved_at)
-        written = store.load_reserved_many(refs, payloads, ids, loaded_at, ttl)
-        out: list[MessageRef] = []
-        for ref, ok, payload, msg_id in zip(refs, written, payloads, ids, strict=True):
-            # (sealed meanwhile, a consumer gave the slot up: published again, as publish_one does)
-            shard, slot = (ref.shard, ref.slot) if ok else self._allocate_and_publish(payload, msg_id, loaded_at)
-            out.append(_new_message_ref((msg_id, name, shard, slot)))
-        self._active_shards.mark({ref.shard for ref in out})
-        return out
-
-    def _allocate_and_publish(self, payload: bytes, msg_id: str, loaded_at: int) -> tuple[int, int]:
-        """Allocate a slot on a random shard, with the reserve for the next publishes, and write into it."""
-        store, ttl = self._store, self.ttl_seconds
-        reserved_at = time.monotonic()  # before the call: every slot it allocates is younger than this
-        count = self._reservations.size(reserved_at)
-        shard = int(_random() * self.shards)
-        if count == 1:
-            return shard, store.load_one(self.name, shard, payload, msg_id, loaded_at, ttl)
-        first = store.reserve(self.name, shard, count)
-        self._reservations.keep(shard, range(first + 1, first + count), reserved_at)
-        if store.load_reserved(_new_tuple(SlotRef, (self.name, shard, first)), payload, msg_id, loaded_at, ttl):
-            return shard, first
-        return shard, store.load_one(self.name, shard, payload, msg_id, loaded_at, ttl)  # sealed at once: rare
-
-    def reserved(self) -> int:
-        """Slots this handle reserved for publishes to come and has not written (they are not messages)."""
-        return len(self._reservations.slots)
-
-    def release_reserved(self) -> int:
-        """Seal every slot reserved and not written (at close): a consumer then passes them at once
-        instead of awaiting each for the write grace. Returns how many."""
-        return self._reservations.release()
-
-    def load_new(self, batch: NewMessages) -> list[MessageRef]:
-        """Publish a batch of new messages in one group commit; their references, in batch order."""
-        count, shards, name, ids = len(batch.ids), self.shards, self.name, batch.ids
-        if batch.key is not None:
-            placement: list[tuple[int, range]] = [(shard_for_key(batch.key, shards), range(count))]
-        else:
-            first = int(_random() * shards)
-            placement = [((first + k) % shards, range(k, count, shards)) for k in range(min(shards, count))]
-        taken = self._store.load_new(name, batch, placement, self.ttl_seconds)
-        self._active_shards.mark([shard for shard, _ in placement])
-        refs: list[Any] = [None] * count
-        for (shard, indices), slots in zip(placement, taken, strict=True):
-            # One slice assignment per shard, its references built by C-level map/zip (the indices
-            # of a placement here are always a range).
-            where = slice(indices.start, indices.stop, indices.step)
-            refs[where] = map(_new_message_ref, zip(ids[where], repeat(name), repeat(shard), slots))
-        return refs
-
-    def load(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:
-        """Append existing messages (a sideline, shovel or sweep move) in one group commit, placed as
-        load_new places new ones."""
-        first = random.randrange(self.shards)
-        shards = self.shards
-        items = [(shard_for_key(env.key, shards) if env.key is not None else (first + i) % shards, env)
-                 for i, env in enumerate(envelopes)]
-        return self._active_shards.loaded(lambda: self._store.load(self.name, items, self.ttl_seconds))
-
-    def reload(self, refs: Sequence[SlotRef], envelopes: Sequence[Envelope], landed: Sequence[bool]
-               ) -> list[SlotRef]:
-        """Finish a `load` that raised LoadInterrupted, copying nothing twice (see `Storage.reload`)."""
-        return self._active_shards.loaded(
-            lambda: self._store.reload(self.name, refs, envelopes, landed, self.ttl_seconds))
-
-    def move_in(self, epoch: int, moves: Sequence[tuple[SlotRef, int | None, Envelope]],
-                fired_before: int | None = None) -> list[bool]:
-        """Fenced move of existing records (source slot, the fireTS it was seen with, envelope to write)
-        into this magazine, placed as `load` places them; see `Storage.move` (and its `fired_before`). Per
-        record: moved here."""
-        first = random.randrange(self.shards)
-        shards = self.shards
-        placed = [Move(source, fired_at, shard_for_key(env.key, shards) if env.key is not None else
-                       (first + i) % shards, env) for i, (source, fired_at, env) in enumerate(moves)]
-        done = self._store.move(self.name, placed, self.ttl_seconds, epoch, fired_before)
-        self._active_shards.mark({m.shard for m, moved in zip(placed, done, strict=True) if moved})
-        return done
 
     # ---- active shards ----------------------------------------------------------------------------
     # (ignis.magazine.shards: which shards have work, marked by loads, dropped by claims that find them drained.)

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ignis.envelope import Envelope, NewMessages
 from ignis.errors import InvalidInputError, StoreUnavailable
 
-MagazineKind = Literal["main", "sideline"]
+if TYPE_CHECKING:
+    from ignis.subjects import SubjectFilter
+
+MagazineKind = Literal["main", "sideline", "cursor"]  # (cursor: a subscription's claims of its topic's slots)
 
 # Runtime bins of a queue record: written by the store / sweeper, never by a config sync.
 CREATED_AT = "createdAt"
@@ -30,8 +33,10 @@ SIDELINE_SWEEP = "sidelineSweep"
 SWEPT_COUNTER = "sweptCounter"
 SIDELINE_SWEPT = "sidelineSwept"
 SWEEP_EPOCH = "sweepEpoch"
+CURSOR_SWEEP = "cursorSweep"  # a subscription's: per topic shard, the sweep position in its cursor's claims
+CURSOR_SWEPT = "cursorSwept"
 RUNTIME_BINS = frozenset({CREATED_AT, ACTIVE, SWEEP_POINTERS, SIDELINE_SWEEP, SWEPT_COUNTER, SIDELINE_SWEPT,
-                          SWEEP_EPOCH})
+                          SWEEP_EPOCH, CURSOR_SWEEP, CURSOR_SWEPT})
 MAX_BIN_NAME = 15  # an Aerospike limit; the lmdb store keeps the same layout, so the same limit
 
 
@@ -55,7 +60,8 @@ def new_queue_bins(config: Mapping[str, Any], now: int) -> dict[str, Any]:
 
 def sweep_bins(kind: MagazineKind) -> tuple[str, str]:
     """(pointer map bin, swept counter bin) of the queue record for a sweep of its `kind` magazine."""
-    return (SWEEP_POINTERS, SWEPT_COUNTER) if kind == "main" else (SIDELINE_SWEEP, SIDELINE_SWEPT)
+    return {"main": (SWEEP_POINTERS, SWEPT_COUNTER), "sideline": (SIDELINE_SWEEP, SIDELINE_SWEPT),
+            "cursor": (CURSOR_SWEEP, CURSOR_SWEPT)}[kind]
 
 # Meta record bins.
 LOAD_POINTER = "LOAD_POINTER"
@@ -171,6 +177,14 @@ class ClaimInDoubt(StoreUnavailable):
         self.ticket = ticket
 
 
+class CursorClaim(NamedTuple):
+    """What a claim through a subscription's cursor took (`Storage.claim_cursor`)."""
+
+    claimed: list[Claimed]  # the messages the filter selected, claimed (a record awaited where it may be in flight)
+    expired: int  # slots passed because their message had left the topic: lost to retention, counted on the cursor
+    drained: bool  # the cursor reached the topic's load pointer (or `up_to`)
+
+
 class Move(NamedTuple):
     """One record a fenced `Storage.move` takes out of its magazine: where it is, the fireTS it was seen
     with (the move refuses a record that changed since), and the envelope to write at the target."""
@@ -227,7 +241,7 @@ class QueueRecord:
         return int(self.bins.get(CREATED_AT, 0))
 
     def sweep_pointers(self, kind: MagazineKind = "main") -> dict[str, int]:
-        return dict(self.bins.get(SWEEP_POINTERS if kind == "main" else SIDELINE_SWEEP) or {})
+        return dict(self.bins.get(sweep_bins(kind)[0]) or {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -559,6 +573,49 @@ class Storage(Protocol):
     def doorbell(self) -> Doorbell | None:
         """How publishers wake consumers in other processes, or None where consumers poll the pointers
         instead (ignis.watch)."""
+        ...
+
+    # ---- topics and subscriptions (ignis.topics) ------------------------------------------------------------
+    # A topic's messages are the magazine named after it; a subscription reads them through its cursor magazine
+    # (names.cursor_of), which every magazine primitive resolves: its load pointer, beacon and doorbell are the
+    # topic's, its fire pointer the subscription's position, and its records the claims of topic slots, read
+    # (`peek`, `read`) joined to the topic's records; `move` and `delete` act on the claim records.
+    def apply_topic(self, name: str, config: Mapping[str, Any]) -> bool:
+        """Create the topic record (with createdAt) or update its config bins. True when created."""
+        ...
+
+    def get_topic(self, name: str) -> QueueRecord | None: ...
+
+    def list_topics(self) -> list[QueueRecord]:
+        """Every topic of this client, sorted by name."""
+        ...
+
+    def delete_topic(self, name: str) -> bool:
+        """Remove the topic record only (purge its magazine first). False if there was none."""
+        ...
+
+    def set_cursor(self, cursor: str, positions: Mapping[int, int]) -> None:
+        """Put a cursor's position (the last slot it passed) per topic shard, backwards or forwards (a start, a
+        seek). A claim in flight meanwhile takes the slots after whichever position it finds."""
+        ...
+
+    def claim_cursor(self, cursor: str, shard: int, max_slots: int, now_ms: int, only: SubjectFilter | None,
+                     up_to: int | None = None, count_attempt: bool = True) -> CursorClaim:
+        """Move the cursor over the shard's next slots (never past the topic's load pointer nor `up_to`) until
+        `max_slots` messages the filter `only` selects are taken (or a bounded number of slots looked at), and
+        write each one's claim record (fireTS = now_ms, attempts 1). Messages the filter does not select are
+        passed over, with no record; slots whose message left the topic are counted (`expired`). A message
+        that may still be on its way is returned awaiting, as `claim` does."""
+        ...
+
+    def restamp_cursor(self, refs: Sequence[SlotRef], now_ms: int, only: SubjectFilter | None,
+                       count_attempt: bool = True) -> list[Claimed]:
+        """`restamp` for cursor slots: stamp their claim records again, or claim a topic message that was awaited
+        and landed (a Claimed with `awaiting` None: it landed but the filter passes it over)."""
+        ...
+
+    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+        """`seal` for awaited cursor slots: seals the topic's slots (every subscription then passes them)."""
         ...
 
     @property

@@ -21,6 +21,7 @@ silently answers something a server would not.
 from __future__ import annotations
 
 import copy
+import re
 import hashlib
 import threading
 import time
@@ -43,7 +44,7 @@ TTL_DEFAULT = {0, None, -3, aerospike.TTL_CLIENT_DEFAULT}
 UNKNOWN = object()  # an expression's "unknown" value (a missing bin, a type mismatch)
 
 # Compiled expression op codes (aerospike_helpers.expressions.resources._ExprOp).
-EQ, NE, GT, GE, LT, LE = 1, 2, 3, 4, 5, 6
+EQ, NE, GT, GE, LT, LE, CMP_REGEX = 1, 2, 3, 4, 5, 6, 7
 AND, OR, NOT = 16, 17, 18
 ADD, SUB, MIN, MAX = 20, 21, 50, 51
 VAR, LET, DEF = 124, 125, 126
@@ -291,6 +292,16 @@ class _Expr:
             if return_type == aerospike.MAP_RETURN_EXISTS:
                 return map_key in the_map
             raise NotImplementedError(f"aerospike emulator: MapGetByKey return type {return_type}")
+        if op == CMP_REGEX:  # POSIX regcomp/regexec on the server; Python's re reads the expressions IgnisMQ writes
+            subject = values[-1]
+            if not isinstance(subject, str):
+                return UNKNOWN
+            options = self.fixed.get("regex_options", 0)
+            if not options & aerospike.REGEX_EXTENDED:
+                raise NotImplementedError("aerospike emulator: only REGEX_EXTENDED regular expressions")
+            flags = (re.IGNORECASE if options & aerospike.REGEX_ICASE else 0) | \
+                (re.MULTILINE if options & aerospike.REGEX_NEWLINE else re.DOTALL)
+            return re.search(self.fixed["val"], subject, flags) is not None
         if op == aerospike.OP_LIST_GET_BY_VALUE:
             value, the_list = values[0], values[-1]
             return_type = self.fixed.get("return_type")

@@ -25,6 +25,7 @@ from ignis.storage.aerospike.errors import map_error
 from ignis.storage.aerospike.reads import Reads
 from ignis.storage.base import (
     ACTIVE,
+    CURSOR_SWEEP,
     SIDELINE_SWEEP,
     SWEEP_EPOCH,
     SWEEP_POINTERS,
@@ -132,7 +133,7 @@ class Registry:
         between the stored pointer and the mark, where the rollback may have put back records (acks and claim
         stamps lost): re-sweeping a range is idempotent, and skipping it would strand them (DESIGN §4)."""
         marks = self._ctx.shared.marks
-        for kind, bin_name in (("main", SWEEP_POINTERS), ("sideline", SIDELINE_SWEEP)):
+        for kind, bin_name in (("main", SWEEP_POINTERS), ("sideline", SIDELINE_SWEEP), ("cursor", CURSOR_SWEEP)):
             stored = record.bins.get(bin_name)
             if not isinstance(stored, dict):
                 continue

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from aerospike import exception as ex
 
+from ignis import names
 from ignis.envelope import Envelope, NewMessages
 from ignis.errors import InvalidInputError
 from ignis.storage.aerospike.allocation import Allocation
@@ -27,9 +28,15 @@ from ignis.storage.aerospike.reads import Reads
 from ignis.storage.aerospike.registry import Registry
 from ignis.storage.aerospike.seals import Seals
 from ignis.storage.aerospike.system import SystemRecords
+from ignis.storage.aerospike.topics import Topics
 from ignis.storage.base import (
+    FIRE_POINTER,
+    HOLES,
+    HOLES_CLAIMED,
+    LOAD_POINTER,
     Claimed,
     ClaimTicket,
+    CursorClaim,
     DelayState,
     LeaseRecord,
     MagazineKind,
@@ -40,6 +47,9 @@ from ignis.storage.base import (
     SlotRef,
     load_new_as_envelopes,
 )
+
+if TYPE_CHECKING:
+    from ignis.subjects import SubjectFilter
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +73,7 @@ class AerospikeStore:
         self._pointers = Pointers(ctx, self._allocation, self._reads)
         self._delayed = Delayed(ctx, self._registry, self._reads)
         self._purge = Purge(ctx, self._delayed)
+        self._topics = Topics(ctx, self._reads, self._seals)
         # The hot paths skip this facade's delegating frame (one Python call per publish, claim or ack): the
         # methods below stay for the interface's sake and are shadowed here by the concern's own.
         self.load_reserved = self._allocation.load_reserved  # type: ignore[method-assign]
@@ -235,9 +246,18 @@ class AerospikeStore:
 
     # ---- reads -------------------------------------------------------------------------------------
     def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
+        if refs and names.cursor_topic(refs[0][0]) is not None:  # a subscription's claims, joined to the messages
+            return self._topics.joined("read", refs)
         return self._reads.read(refs)
 
     def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
+        if names.cursor_topic(magazine) is not None:
+            refs = [SlotRef(magazine, shard, slot) for slot in range(max(first, 1), last + 1)]
+            try:
+                found = self._topics.joined("peek", refs)
+            except ex.AerospikeError as exc:
+                raise self._ctx.fail(exc, "peek", self._ctx.data_set) from None
+            return [(ref, env) for ref, env in zip(refs, found, strict=True) if env is not None]
         return self._reads.peek(magazine, shard, first, last)
 
     def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
@@ -252,16 +272,74 @@ class AerospikeStore:
 
     # ---- pointers ----------------------------------------------------------------------------------
     def pointers(self, magazine: str, shards: int) -> dict[int, ShardPointers]:
+        if names.cursor_topic(magazine) is not None:
+            return self._cursor_pointers(magazine, shards)
         return self._pointers.pointers(magazine, shards)
 
     def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
-        return self._pointers.watch_pointers(magazines)
+        if not any(names.cursor_topic(m) is not None for m, _ in magazines):
+            return self._pointers.watch_pointers(magazines)
+        plain = [(m, n) for m, n in magazines if names.cursor_topic(m) is None]
+        read = iter(self._pointers.watch_pointers(plain) if plain else [])
+        out = []
+        for magazine, shards in magazines:
+            if names.cursor_topic(magazine) is None:
+                out.append(next(read))
+                continue
+            pointers = self._cursor_pointers(magazine, shards)
+            out.append(([s for s, p in pointers.items() if p.load > p.fire], sum(p.load for p in pointers.values())))
+        return out
+
+    def _cursor_pointers(self, cursor: str, shards: int) -> dict[int, ShardPointers]:
+        """A subscription's cursor: the topic's load pointers, the cursor's position (fire) and hole counters."""
+        topic = names.cursor_topic(cursor)
+        assert topic is not None
+        try:
+            loads = self._reads.batch_get("pointers", [self._ctx.meta_key(topic, s) for s in range(shards)],
+                                          [LOAD_POINTER])
+            own = self._reads.batch_get("pointers", [self._ctx.meta_key(cursor, s) for s in range(shards)])
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "pointers", self._ctx.meta_set) from None
+        out = {}
+        for shard, (load_bins, bins) in enumerate(zip(loads, own, strict=True)):
+            load = self._topics.saw_load(topic, shard, int((load_bins or {}).get(LOAD_POINTER) or 0))
+            bins = bins or {}
+            out[shard] = ShardPointers(load, int(bins.get(FIRE_POINTER) or 0), int(bins.get(HOLES) or 0),
+                                       int(bins.get(HOLES_CLAIMED) or 0))
+        return out
 
     def beacon(self, magazine: str) -> None:
         self._pointers.beacon(magazine)
 
     def read_beacons(self, magazines: Sequence[str]) -> list[int]:
-        return self._pointers.read_beacons(magazines)
+        return self._pointers.read_beacons([names.cursor_topic(m) or m for m in magazines])  # (a cursor: its topic's)
+
+    # ---- topics and subscriptions' cursors (topics.py) ---------------------------------------------
+    def apply_topic(self, name: str, config: Mapping[str, Any]) -> bool:
+        return self._topics.apply_topic(name, config)
+
+    def get_topic(self, name: str) -> QueueRecord | None:
+        return self._topics.get_topic(name)
+
+    def list_topics(self) -> list[QueueRecord]:
+        return self._topics.list_topics()
+
+    def delete_topic(self, name: str) -> bool:
+        return self._topics.delete_topic(name)
+
+    def set_cursor(self, cursor: str, positions: Mapping[int, int]) -> None:
+        self._topics.set_cursor(cursor, positions)
+
+    def claim_cursor(self, cursor: str, shard: int, max_slots: int, now_ms_: int, only: SubjectFilter | None,
+                     up_to: int | None = None, count_attempt: bool = True) -> CursorClaim:
+        return self._topics.claim_cursor(cursor, shard, max_slots, now_ms_, only, up_to, count_attempt)
+
+    def restamp_cursor(self, refs: Sequence[SlotRef], now_ms_: int, only: SubjectFilter | None,
+                       count_attempt: bool = True) -> list[Claimed]:
+        return self._topics.restamp_cursor(refs, now_ms_, only, count_attempt)
+
+    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+        return self._topics.seal_cursor(refs, ttl_seconds)
 
     def doorbell(self) -> None:
         self._pointers.doorbell()

@@ -207,6 +207,17 @@ class StoreContext:
         _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
         return key, load, fire
 
+    def load_and_fire(self, txn: Any, magazine: str, shard: int) -> tuple[int, int]:
+        """A shard's (load pointer, fire pointer); a subscription's cursor (names.cursor_of) takes its load pointer
+        from its topic's meta record and its fire pointer, the subscription's position, from its own."""
+        topic = names.cursor_topic(magazine)
+        if topic is None:
+            return self.meta_get(txn, magazine, shard)[1:]
+        raw = txn.get(self.keys(topic, shard)[0], None, self.meta)
+        load = _META.unpack(raw)[1] if raw is not None else 0
+        raw = txn.get(self.keys(magazine, shard)[0], None, self.meta)
+        return load, _META.unpack(raw)[2] if raw is not None else 0
+
     def meta_put(self, txn: Any, key: bytes, load: int, fire: int) -> None:
         txn.put(key, _META.pack(0, load, fire), db=self.meta)
 

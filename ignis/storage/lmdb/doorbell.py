@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import Collection, Iterable
 
+from ignis import names
 from ignis.activity import activity_for
 
 log = logging.getLogger(__name__)
@@ -266,4 +267,6 @@ class LmdbDoorbell:
         self._client = client_id
 
     def subscribe(self, magazines: Collection[str]) -> None:
-        self._bell.subscribe(self._client, magazines)
+        # A subscription's cursor is rung by its topic's loads (the listener marks the topic's activity, which its
+        # cursors follow: ignis.activity).
+        self._bell.subscribe(self._client, {names.cursor_topic(m) or m for m in magazines})

@@ -20,7 +20,16 @@ from ignis import names
 from ignis.envelope import Envelope, now_ms
 from ignis.storage.base import FIRE_POINTER, HOLES, HOLES_CLAIMED, LOAD_POINTER, ShardPointers, SlotRef
 from ignis.storage.lmdb.context import StoreContext, _delete_keys
-from ignis.storage.lmdb.records import _HEADER, _HOLES, _HOLES_SUFFIX, _META, _expired, _unpack, _unpack_data
+from ignis.storage.lmdb.records import (
+    _DATA_HEADER,
+    _HEADER,
+    _HOLES,
+    _HOLES_SUFFIX,
+    _META,
+    _expired,
+    _unpack,
+    _unpack_data,
+)
 
 
 class Reads:
@@ -35,6 +44,14 @@ class Reads:
             out = []
             for magazine, shards in magazines:
                 with_work, loaded = [], 0
+                if names.cursor_topic(magazine) is not None:  # a subscription's cursor: its topic's load pointers
+                    for shard in range(shards):
+                        load, fire = self._ctx.load_and_fire(txn, magazine, shard)
+                        loaded += load
+                        if load > fire:
+                            with_work.append(shard)
+                    out.append((with_work, loaded))
+                    continue
                 for shard in range(shards):
                     raw = get(self._ctx.keys(magazine, shard)[0], None, meta_db)
                     if raw is not None:
@@ -59,23 +76,47 @@ class Reads:
             out: list[Envelope | None] = []
             for ref in refs:
                 raw = txn.get(self._ctx.data_key(ref), db=self._ctx.data)
-                out.append(None if raw is None or _expired(raw, now) else _unpack_data(raw, ref))
+                if names.cursor_topic(ref[0]) is not None:
+                    out.append(self._joined(txn, ref, raw, now))
+                else:
+                    out.append(None if raw is None or _expired(raw, now) else _unpack_data(raw, ref))
             return out
 
         return self._ctx.read("read", get_all)
 
     def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
+        cursor = names.cursor_topic(magazine) is not None
+
         def scan(txn: Any) -> list[tuple[SlotRef, Envelope]]:
             now = now_ms()
             out = []
             prefix = self._ctx.keys(magazine, shard)[1]
             for slot in range(max(first, 1), last + 1):
                 raw = txn.get(prefix + b"%d" % slot, db=self._ctx.data)
-                if raw is not None and not _expired(raw, now):
+                if cursor:
+                    ref = SlotRef(magazine, shard, slot)
+                    joined = self._joined(txn, ref, raw, now)
+                    if joined is not None:
+                        out.append((ref, joined))
+                elif raw is not None and not _expired(raw, now):
                     out.append((SlotRef(magazine, shard, slot), _unpack_data(raw, f"{magazine}/{shard}/{slot}")))
             return out
 
         return self._ctx.read("peek", scan)
+
+    def _joined(self, txn: Any, ref: SlotRef, claim: bytes | None, now: int) -> Envelope | None:
+        """A cursor slot's message as its subscription holds it: the topic's record, with the claim record's fireTS
+        and attempts (None without a claim record, or once the message left the topic)."""
+        if claim is None or _expired(claim, now) or len(claim) < _DATA_HEADER.size:
+            return None
+        topic = names.cursor_topic(ref[0])
+        raw = txn.get(self._ctx.keys(topic, ref[1])[1] + b"%d" % ref[2], None, self._ctx.data)  # type: ignore[arg-type]
+        if raw is None or _expired(raw, now):
+            return None
+        envelope = _unpack_data(raw, ref)
+        _, fire_ts, attempts = _DATA_HEADER.unpack_from(claim)
+        envelope.fire_ts, envelope.attempts = fire_ts or None, attempts
+        return envelope
 
     def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
         # A delete leaves no trace here; nor is one needed: a publish writes its slot in the transaction
@@ -104,7 +145,7 @@ class Reads:
         def get_all(txn: Any) -> dict[int, ShardPointers]:
             out = {}
             for shard in range(shards):
-                _, load, fire = self._ctx.meta_get(txn, magazine, shard)
+                load, fire = self._ctx.load_and_fire(txn, magazine, shard)
                 raw = txn.get(self._ctx.holes_key(magazine, shard), db=self._ctx.meta)
                 _, holes, passed = _HOLES.unpack(raw) if raw is not None else (0, 0, 0)
                 out[shard] = ShardPointers(load, fire, holes, passed)

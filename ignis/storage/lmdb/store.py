@@ -11,7 +11,7 @@ stays a readable index of the interface while each concern's code lives beside t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ignis import names
 from ignis.envelope import Envelope, NewMessages
@@ -19,6 +19,7 @@ from ignis.errors import InvalidInputError
 from ignis.storage.base import (
     Claimed,
     ClaimTicket,
+    CursorClaim,
     DelayState,
     LeaseRecord,
     MagazineKind,
@@ -38,6 +39,10 @@ from ignis.storage.lmdb.leases import Leases
 from ignis.storage.lmdb.moves import Moves
 from ignis.storage.lmdb.reads import Reads
 from ignis.storage.lmdb.registry import QueueRegistry
+from ignis.storage.lmdb.topics import Topics
+
+if TYPE_CHECKING:
+    from ignis.subjects import SubjectFilter
 
 DURABILITY_MODES = ("fsync", "fast")
 
@@ -77,6 +82,7 @@ class LmdbStore:
         self._claims = Claims(self._ctx, self._reads)
         self._moves = Moves(self._ctx)
         self._delayed = DelayedMessages(self._ctx)
+        self._topics = Topics(self._ctx, self.farm_id)
         # The hot paths skip this facade's delegating frame (one Python call per publish, claim or ack): the
         # methods below stay for the interface's sake and are shadowed here by the concern's own.
         self.load_one = self._allocation.load_one  # type: ignore[method-assign]
@@ -272,6 +278,33 @@ class LmdbStore:
 
     def delay_states(self, queues: Sequence[str]) -> list[DelayState]:
         return self._delayed.delay_states(queues)
+
+    # ---- topics and subscriptions' cursors (topics.py) ----------------------------------------
+    def apply_topic(self, name: str, config: Mapping[str, Any]) -> bool:
+        return self._topics.apply_topic(name, config)
+
+    def get_topic(self, name: str) -> QueueRecord | None:
+        return self._topics.get_topic(name)
+
+    def list_topics(self) -> list[QueueRecord]:
+        return self._topics.list_topics()
+
+    def delete_topic(self, name: str) -> bool:
+        return self._topics.delete_topic(name)
+
+    def set_cursor(self, cursor: str, positions: Mapping[int, int]) -> None:
+        self._topics.set_cursor(cursor, positions)
+
+    def claim_cursor(self, cursor: str, shard: int, max_slots: int, now_ms_: int, only: SubjectFilter | None,
+                     up_to: int | None = None, count_attempt: bool = True) -> CursorClaim:
+        return self._topics.claim_cursor(cursor, shard, max_slots, now_ms_, only, up_to, count_attempt)
+
+    def restamp_cursor(self, refs: Sequence[SlotRef], now_ms_: int, only: SubjectFilter | None,
+                       count_attempt: bool = True) -> list[Claimed]:
+        return self._topics.restamp_cursor(refs, now_ms_, only, count_attempt)
+
+    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+        return self._topics.seal_cursor(refs, ttl_seconds)
 
     # ---- introspection for tools and tests (reads.py) ------------------------------------------
     def raw_record(self, set_name: str, key: str) -> tuple[int, dict[str, Any]] | None:

@@ -1,0 +1,272 @@
+"""The Aerospike store's topics: the topic registry, and the cursors subscriptions read them through.
+
+Layout (docs/aerospike/layout.md): a topic record per topic in `{farm}_{client}_ignis_topics` (key: the topic name;
+config bins, createdAt; no TTL). A topic's messages are the magazine named after it, loaded as any magazine is,
+with a `subject` bin, and its meta records hold its load pointer. A subscription's cursor magazine
+(`names.cursor_of`) has, per topic shard, a meta record whose FIRE_POINTER is the subscription's position, and, in
+the slots it claimed, claim records: the message's id, load time and codec, fireTS and attempts, an empty payload
+(the message stays in the topic), expiring with the topic's record.
+
+A claim here is three round trips: the cursor's fire pointer moves over the next slots (never past the topic's
+load pointer as last read: `LoadPointers` keeps it, read again when the cursor catches up), the topic's records of
+those slots are read with the subscription's filter applied by the server (a regular expression on `subject`:
+what it does not select comes back filtered out, with no payload), and the claim records of the selected ones are
+written. A process that stops between the first and the last leaves slots its cursor passed without claim records:
+the sweeper finds those (ignis_workers.cursors) and stamps them, so they are delivered again after one
+sweepDuration, never lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aerospike
+from aerospike import exception as ex
+from aerospike_helpers import expressions as exp
+from aerospike_helpers.batch.records import BatchRecords, Write
+from aerospike_helpers.expressions import arithmetic
+from aerospike_helpers.operations import expression_operations as expr_ops
+from aerospike_helpers.operations import operations as ops
+
+from ignis import names
+from ignis.envelope import ATTEMPTS, CODEC, FIRE_TS, LOADED_AT, MSG_ID, PAYLOAD, Envelope, now_ms
+from ignis.storage.aerospike.context import BATCH_CHUNK, FILTERED_OUT, NOT_FOUND, AerospikeContext
+from ignis.storage.aerospike.reads import Reads
+from ignis.storage.aerospike.seals import Seals
+from ignis.storage.base import FIRE_POINTER, LOAD_POINTER, Claimed, CursorClaim, QueueRecord, SlotRef
+from ignis.subjects import SubjectFilter
+
+CREATED_AT = "createdAt"
+CLAIM_FROM = "claimFrom"
+SUBJECT_BIN = "subject"
+SCAN_LIMIT = 1_000  # topic slots one claim looks at, at most (a filter that selects little: the next claim goes on)
+
+
+class Topics:
+    """Topic records (`Storage.apply_topic`, ...) and cursor claims, reads and seals (`Storage.claim_cursor`, ...)."""
+
+    def __init__(self, ctx: AerospikeContext, reads: Reads, seals: Seals) -> None:
+        self._ctx = ctx
+        self._reads = reads
+        self._seals = seals
+        self._set = names.topic_set(ctx.farm_id, ctx.client_id)
+        self._loads: dict[tuple[str, int], int] = {}  # (topic, shard) -> its load pointer as last read
+        self._lock = threading.Lock()
+        self._filters: dict[str, list[Any]] = {}  # filter text -> its compiled expression
+
+    # ---- registry -----------------------------------------------------------------------------------
+    def apply_topic(self, name: str, config: Mapping[str, Any]) -> bool:
+        key = self._ctx.key(self._set, name)
+        try:
+            try:
+                self._ctx.call("apply_topic", self._ctx.client.put, key, {**config, CREATED_AT: now_ms()}, None,
+                               {**self._ctx.never, "exists": aerospike.POLICY_EXISTS_CREATE})
+                return True
+            except ex.RecordExistsError:
+                self._ctx.call("apply_topic", self._ctx.client.put, key, dict(config), None,
+                               {**self._ctx.never, "exists": aerospike.POLICY_EXISTS_UPDATE})
+                return False
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "apply_topic", self._set) from None
+
+    def get_topic(self, name: str) -> QueueRecord | None:
+        try:
+            _, _, bins = self._ctx.call("get_topic", self._ctx.client.get, self._ctx.key(self._set, name))
+        except ex.RecordNotFound:
+            return None
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "get_topic", self._set) from None
+        return QueueRecord(name, dict(bins))
+
+    def list_topics(self) -> list[QueueRecord]:
+        def scan() -> list[Any]:
+            found: list[Any] = []
+            self._ctx.client.query(self._ctx.ns, self._set).foreach(found.append)
+            return found
+
+        try:
+            records = self._ctx.call("list_topics", scan)
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "list_topics", self._set) from None
+        return sorted((QueueRecord(key[2], dict(bins)) for key, _, bins in records if key[2] is not None),
+                      key=lambda r: r.name)
+
+    def delete_topic(self, name: str) -> bool:
+        try:
+            return self._reads.remove_one("delete_topic", self._ctx.key(self._set, name))
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "delete_topic", self._set) from None
+
+    # ---- cursors --------------------------------------------------------------------------------------
+    def set_cursor(self, cursor: str, positions: Mapping[int, int]) -> None:
+        try:
+            for shard, position in positions.items():
+                self._ctx.call("set_cursor", self._ctx.client.operate, self._ctx.meta_key(cursor, shard),
+                               [ops.write(FIRE_POINTER, max(int(position), 0))], None, self._ctx.never)
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "set_cursor", self._ctx.meta_set) from None
+
+    def topic_load(self, topic: str, shard: int, fresh: bool = False) -> int:
+        """The topic shard's load pointer as last read (read now when `fresh`, or never read)."""
+        known = self._loads.get((topic, shard))
+        if known is None or fresh:
+            bins = self._reads.batch_get("claim", [self._ctx.meta_key(topic, shard)], [LOAD_POINTER])[0]
+            known = self.saw_load(topic, shard, int((bins or {}).get(LOAD_POINTER) or 0))
+        return known
+
+    def saw_load(self, topic: str, shard: int, load: int) -> int:
+        """Note a topic shard's load pointer read elsewhere (pointers, the watcher); the highest seen."""
+        with self._lock:
+            known = max(self._loads.get((topic, shard), 0), load)
+            self._loads[(topic, shard)] = known
+        return known
+
+    def claim_cursor(self, cursor: str, shard: int, max_slots: int, now: int, only: SubjectFilter | None,
+                     up_to: int | None = None, count_attempt: bool = True) -> CursorClaim:
+        topic = names.cursor_topic(cursor)
+        assert topic is not None
+        try:
+            limit = self.topic_load(topic, shard)
+            taken = self._advance(cursor, shard, max_slots, limit if up_to is None else min(limit, up_to))
+            if taken is None:  # caught up with the load pointer as known: read it again
+                limit = self.topic_load(topic, shard, fresh=True)
+                taken = self._advance(cursor, shard, max_slots, limit if up_to is None else min(limit, up_to))
+                if taken is None:
+                    return CursorClaim([], 0, True)
+            first, last = taken
+            refs = [SlotRef(cursor, shard, slot) for slot in range(first, last + 1)]
+            return CursorClaim(self._claim_slots(refs, now, only, count_attempt), 0, False)
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "claim", self._ctx.meta_set) from None
+
+    def _advance(self, cursor: str, shard: int, count: int, limit: int) -> tuple[int, int] | None:
+        """Move the cursor over up to `count` slots, not past `limit`: the slots taken, None when none is left."""
+        fire = exp.IntBin(FIRE_POINTER)
+        guard = exp.LT(fire, limit).compile()
+        operations = [expr_ops.expression_read(CLAIM_FROM, fire.compile()),
+                      expr_ops.expression_write(FIRE_POINTER, arithmetic.Min(arithmetic.Add(fire, count),
+                                                                             limit).compile()),
+                      ops.read(FIRE_POINTER)]
+        key = self._ctx.meta_key(cursor, shard)
+        try:
+            _, _, got = self._ctx.call("claim", self._ctx.client.operate, key, operations, None,
+                                       {**self._ctx.update, "expressions": guard}, idempotent=False)
+        except ex.RecordNotFound:  # a cursor never set (a subscription applied before its first claim)
+            with contextlib.suppress(ex.RecordExistsError):  # (another claimer made it first)
+                self._ctx.call("claim", self._ctx.client.put, key, {FIRE_POINTER: 0}, None,
+                               {**self._ctx.never, "exists": aerospike.POLICY_EXISTS_CREATE})
+            return self._advance(cursor, shard, count, limit) if limit > 0 else None
+        except ex.FilteredOut:  # FIRE >= limit: caught up
+            return None
+        return int(got[CLAIM_FROM]) + 1, int(got[FIRE_POINTER])
+
+    def _filter(self, only: SubjectFilter | None) -> list[Any] | None:
+        """The server-side form of a subscription's filter (None: it selects every message)."""
+        if only is None or only.matches_all:
+            return None
+        compiled = self._filters.get(only.text)
+        if compiled is None:
+            compiled = self._filters[only.text] = exp.CmpRegex(aerospike.REGEX_EXTENDED, only.regex,
+                                                               exp.StrBin(SUBJECT_BIN)).compile()
+        return compiled
+
+    def _claim_slots(self, refs: list[SlotRef], now: int, only: SubjectFilter | None, count_attempt: bool,
+                     attempts: Mapping[SlotRef, int] | None = None) -> list[Claimed]:
+        """Read the topic's records of cursor slots (the filter applied by the server), write the claim records of
+        those selected, and return them joined: the selected ones, an awaited slot for each record that may still
+        be on its way, and (`attempts` given: a restamp) a passed-over marker for each one the filter refuses."""
+        topic = names.cursor_topic(refs[0][0])
+        assert topic is not None
+        filtered = self._filter(only)
+        topic_keys = [self._ctx.data_key(SlotRef(topic, ref[1], ref[2])) for ref in refs]
+        policy = None if filtered is None else {**self._ctx.batch, "expressions": filtered}
+        records: list[Any] = []
+        for start in range(0, len(topic_keys), BATCH_CHUNK):
+            chunk = topic_keys[start:start + BATCH_CHUNK]
+            done = self._ctx.call("claim", self._ctx.client.batch_read, chunk, None, policy)
+            records += self._ctx.answers("claim", done, len(chunk), self._ctx.data_set)
+        out: list[Claimed] = []
+        writes: list[tuple[SlotRef, Envelope]] = []
+        ttl = 1
+        for ref, record in zip(refs, records, strict=True):
+            if record.result == FILTERED_OUT:
+                if attempts is not None:
+                    out.append(Claimed(ref, None, None))  # landed, not for this subscription
+                continue
+            bins = record.record[2] if record.result == 0 and record.record is not None else None
+            if bins is None or self._ctx.tombstoned(bins):
+                if record.result not in (0, NOT_FOUND):
+                    raise self._ctx.record_failure("claim", record, self._ctx.data_set)
+                # Not written yet (a publish in flight), sealed, or gone: awaited, then sealed (ignis.magazine).
+                out.append(Claimed(ref, None, bins is None))
+                continue
+            envelope = self._ctx.envelope(bins, None, ref)
+            previous = attempts.get(ref, 0) if attempts is not None else 0
+            envelope.fire_ts, envelope.attempts = now, previous + (1 if count_attempt else 0)
+            ttl = max(ttl, int((record.record[1] or {}).get("ttl") or 1))
+            writes.append((ref, envelope))
+            out.append(Claimed(ref, envelope, False))
+        if writes:
+            self._write_claims(writes, ttl)
+        return out
+
+    def _write_claims(self, writes: list[tuple[SlotRef, Envelope]], ttl: int) -> None:
+        """The claim records (one operation list per record, so a batch of per-record writes), expiring no sooner
+        than the messages they claim."""
+        policy = {**self._ctx.wp, "ttl": ttl}
+        batch = BatchRecords([Write(self._ctx.data_key(ref), [
+            ops.write(PAYLOAD, b""), ops.write(MSG_ID, env.msg_id), ops.write(LOADED_AT, env.loaded_at),
+            ops.write(CODEC, env.codec), ops.write(FIRE_TS, env.fire_ts), ops.write(ATTEMPTS, env.attempts)],
+            policy=policy) for ref, env in writes])
+        done = self._ctx.call("claim", self._ctx.client.batch_write, batch) or batch
+        failed = [r for r in self._ctx.answers("claim", done, len(writes), self._ctx.data_set) if r.result != 0]
+        if failed:
+            raise self._ctx.record_failure("claim", failed[0], self._ctx.data_set)
+
+    def restamp_cursor(self, refs: Sequence[SlotRef], now: int, only: SubjectFilter | None,
+                       count_attempt: bool = True) -> list[Claimed]:
+        if not refs:
+            return []
+        try:
+            claims = self._reads.batch_get("restamp", [self._ctx.data_key(ref) for ref in refs], [ATTEMPTS])
+            attempts = {ref: int((bins or {}).get(ATTEMPTS) or 0) for ref, bins in zip(refs, claims, strict=True)}
+            return self._claim_slots(list(refs), now, only, count_attempt, attempts)
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "restamp", self._ctx.data_set) from None
+
+    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+        if not refs:
+            return []
+        topic = names.cursor_topic(refs[0][0])
+        assert topic is not None
+        try:
+            return self._seals.seal_slots("seal", [SlotRef(topic, ref[1], ref[2]) for ref in refs],
+                                          self._ctx.ttl(ttl_seconds))
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "seal", self._ctx.data_set) from None
+
+    def joined(self, operation: str, refs: Sequence[SlotRef]) -> list[Envelope | None]:
+        """Cursor slots' messages as their subscription holds them: the topic's records with the claim records'
+        fireTS and attempts (None without a claim record, or once the message left the topic)."""
+        if not refs:
+            return []
+        topic = names.cursor_topic(refs[0][0])
+        assert topic is not None
+        claims = self._reads.batch_get(operation, [self._ctx.data_key(ref) for ref in refs], [FIRE_TS, ATTEMPTS])
+        present = [ref for ref, bins in zip(refs, claims, strict=True) if bins is not None]
+        messages = dict(zip(present, self._reads.batch_get(
+            operation, [self._ctx.data_key(SlotRef(topic, ref[1], ref[2])) for ref in present]), strict=True))
+        out: list[Envelope | None] = []
+        for ref, claim in zip(refs, claims, strict=True):
+            bins = messages.get(ref) if claim is not None else None
+            if bins is None:
+                out.append(None)
+                continue
+            envelope = self._ctx.envelope(bins, None, ref)
+            envelope.fire_ts, envelope.attempts = claim.get(FIRE_TS), int(claim.get(ATTEMPTS) or 0)  # type: ignore[union-attr]
+            out.append(envelope)
+        return out
+
