@@ -18,11 +18,13 @@ from ignis.errors import (
     StoreError,
     StoreFull,
     StoreUnavailable,
+    TopicNotFound,
 )
 from ignis.queue import Message, MessageRef, Queue, QueueStats, Transfer
 from ignis.settings import IgnisSettings
-from ignis.spec import BatchingSpec, DeletionPolicy, QueueSpec, ShovelSpec
+from ignis.spec import BatchingSpec, DeletionPolicy, QueueSpec, ShovelSpec, SubscribeSpec
 from ignis.storage import SlotRef, Storage, open_store
+from ignis.topics import Topic, TopicSpec, TopicStats
 
 __all__ = [
     "AlreadySettled",
@@ -51,6 +53,11 @@ __all__ = [
     "StoreError",
     "StoreFull",
     "StoreUnavailable",
+    "SubscribeSpec",
+    "Topic",
+    "TopicNotFound",
+    "TopicSpec",
+    "TopicStats",
     "Transfer",
     "open_store",
 ]

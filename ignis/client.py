@@ -7,12 +7,16 @@ from typing import Any
 
 from ignis import names
 from ignis.delay import stop_mover
-from ignis.errors import InvalidSpecError, QueueInactive, QueueNotFound
+from ignis.errors import InvalidInputError, InvalidSpecError, QueueInactive, QueueNotFound, TopicNotFound
 from ignis.queue import Queue, QueueStats
 from ignis.settings import IgnisSettings, load_settings
 from ignis.spec import QueueSpec
 from ignis.storage import Storage, open_store_waiting
 from ignis.storage.base import QueueRecord, client_view
+from ignis.topics.spec import TopicSpec
+from ignis.topics.subscriptions import prepare as prepare_subscription
+from ignis.topics.subscriptions import seek as seek_subscription
+from ignis.topics.topic import Topic, check_names, subscriptions_of
 from ignis.watch import stop_watcher
 
 
@@ -40,6 +44,7 @@ class Ignis:
             self.store = store if client_id in (None, store.client_id) else store.with_client(client_id)
             self._owns_store = False
         self._queues: dict[str, Queue] = {}
+        self._topics: dict[str, Topic] = {}
         self._lock = threading.Lock()
         self.store.ensure_index()
 
@@ -67,19 +72,84 @@ class Ignis:
         return self.store if client_id is None else client_view(self.store, client_id)
 
     # ---- registry ----------------------------------------------------------------------------------
-    def apply(self, spec: QueueSpec) -> bool:
-        """Create or update a queue's metadata record (runtime bins kept). True when created."""
+    def apply(self, spec: QueueSpec | TopicSpec) -> bool:
+        """Create or update a queue's metadata record (runtime bins kept), or a topic's (TopicSpec). True when
+        created. A new subscription (QueueSpec.subscribe) starts where its `start` says (ignis.topics)."""
+        if isinstance(spec, TopicSpec):
+            return self._apply_topic(spec)
         store = self._store_for(spec.client_id)
         current = store.get_queue(spec.name)
         stored_shards = int(current.bins.get("shards", 0)) if current else 0
         if spec.shards < stored_shards:  # messages in the dropped shards would never be delivered
             raise InvalidSpecError([f"shards={spec.shards}: shards may grow, never shrink (queue {spec.name!r} "
                                     f"has {stored_shards})"])
+        if current is None:
+            check_names(store, spec.name, "queue")
+        prepare_subscription(store, spec, current)  # (a subscription's cursor first: consumers find it set)
         store.register_client(store.client_id)  # so a sweeper finds this client's queue set
         created = store.apply_queue(spec.name, spec.config_bins(), spec.record_ttl_seconds)
         with self._lock:
             self._queues.pop(spec.name, None)
         return created
+
+    def _apply_topic(self, spec: TopicSpec) -> bool:
+        store = self._store_for(spec.client_id)
+        current = store.get_topic(spec.name)
+        if current is None:
+            check_names(store, spec.name, "topic")
+        elif spec.shards < int(current.bins.get("shards", 0)):
+            raise InvalidSpecError([f"shards={spec.shards}: shards may grow, never shrink (topic {spec.name!r} "
+                                    f"has {current.bins.get('shards')})"])
+        store.register_client(store.client_id)
+        created = store.apply_topic(spec.name, spec.config_bins())
+        with self._lock:
+            self._topics.pop(spec.name, None)
+        return created
+
+    # ---- topics ------------------------------------------------------------------------------------
+    def topic(self, name: str) -> Topic:
+        """A handle on a declared topic (cached). Raises TopicNotFound."""
+        with self._lock:
+            cached = self._topics.get(name)
+        if cached is not None:
+            return cached
+        topic = Topic(self.store, self.topic_spec(name), max_payload_bytes=self.settings.max_payload_bytes,
+                      refresh_seconds=self.settings.active_shard_refresh_seconds)
+        with self._lock:
+            return self._topics.setdefault(name, topic)
+
+    def topic_spec(self, name: str) -> TopicSpec:
+        record = self.store.get_topic(name)
+        if record is None:
+            raise TopicNotFound(name, self.client_id)
+        return TopicSpec.from_bins(name, record.bins, self.client_id)
+
+    def list_topics(self) -> list[TopicSpec]:
+        return [TopicSpec.from_bins(r.name, r.bins, self.client_id) for r in self.store.list_topics()]
+
+    def delete_topic(self, name: str, force: bool = False) -> int:
+        """Remove a topic: its messages and record. Refused while subscriptions read it (they are named), unless
+        `force` (they then find no topic: their consumers get nothing from it). Returns the records removed."""
+        self.topic_spec(name)
+        users = subscriptions_of(self.store, name)
+        if users and not force:
+            raise InvalidInputError(f"topic {name!r} is read by subscription(s) {', '.join(sorted(users))}: delete "
+                                    "them first, or delete the topic with force")
+        removed = self.store.purge_magazine(name)
+        self.store.delete_topic(name)
+        with self._lock:
+            self._topics.pop(name, None)
+        return removed
+
+    def seek(self, name: str, to: str | int) -> dict[int, int]:
+        """Move subscription `name` to the first message published at or after `to` (ISO-8601 time, epoch ms,
+        earliest or latest), backwards or forwards: what it acked after that point is delivered again."""
+        positions = seek_subscription(self.store, self.spec(name), to)
+        with self._lock:
+            queue = self._queues.get(name)
+        if queue is not None:
+            queue.invalidate()
+        return positions
 
     def spec(self, name: str) -> QueueSpec:
         record = self.record(name)
@@ -103,9 +173,11 @@ class Ignis:
     def delete_queue(self, name: str) -> int:
         """Remove a queue: its messages, sideline, dead letters, shard pointers and record.
         Returns the number of message records removed."""
-        self.record(name)
+        record = self.record(name)
         removed = 0
-        for magazine in (name, names.sideline_of(name), names.dead_of(name)):
+        topic = record.bins.get("subTopic")  # a subscription: its claims too (the messages are the topic's)
+        cursor = [names.cursor_of(name, topic)] if topic else []
+        for magazine in (name, names.sideline_of(name), names.dead_of(name), *cursor):
             removed += self.store.purge_magazine(magazine)
         self.store.delete_queue(name)
         with self._lock:

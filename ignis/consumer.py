@@ -205,7 +205,7 @@ class Consumer:
                     runtimes = list(self._running.values())
                     busy = self._busy
                 idle = busy == 0 and self._acks.pending == 0 and all(
-                    rt.queue.main.pending() == 0 and rt.queue.main.awaiting() == 0 for rt in runtimes)
+                    rt.queue.idle() for rt in runtimes)
                 if idle:
                     quiet_since = quiet_since or time.monotonic()
                     if time.monotonic() - quiet_since >= settle:

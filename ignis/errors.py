@@ -31,6 +31,13 @@ class QueueNotFound(IgnisError, LookupError):
         super().__init__(f"queue {name!r} not found (clientId {client_id!r}); apply its manifest first")
 
 
+class TopicNotFound(IgnisError, LookupError):
+    def __init__(self, name: str, client_id: str) -> None:
+        self.name = name
+        self.client_id = client_id
+        super().__init__(f"topic {name!r} not found (clientId {client_id!r}); apply its manifest first")
+
+
 class QueueInactive(IgnisError):
     def __init__(self, name: str) -> None:
         self.name = name

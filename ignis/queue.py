@@ -26,6 +26,7 @@ from ignis.envelope import (
     now_ms,
 )
 from ignis.errors import AlreadySettled, IgnisError
+from ignis.figures import QueueStats
 from ignis.logs import one_line
 from ignis.magazine import Magazine
 from ignis.metrics import (
@@ -44,6 +45,7 @@ from ignis.metrics import (
 from ignis.publishing import QueuePublishing
 from ignis.spec import QueueSpec
 from ignis.storage.base import Claimed, MessageRef, SlotRef, Storage  # (MessageRef: re-exported)
+from ignis.topics.subscribed import SubscriptionSide
 from ignis.waiting import age_seconds, oldest_waiting_since
 
 log = logging.getLogger(__name__)
@@ -70,25 +72,6 @@ class Transfer:
     dead_lettered: int
     refused: int  # copy failed: the original stays in main for the sweeper
     retried: int = 0  # waiting for their next attempt (a nack with a delay, or the queue's retry backoff)
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStats:
-    name: str
-    shards: int
-    published: int  # messages ever published to main (slots allocated, minus the holes: ShardPointers)
-    consumed: int  # messages ever claimed from main
-    depth: int  # messages in main not claimed yet
-    sidelined: int  # messages in the sideline not claimed (shovelled) yet
-    dead: int  # messages in the dead-letter magazine not claimed (redriven) yet
-    in_flight: int | None = None  # claimed, still present in main (see Magazine.in_flight); None = not asked
-    delayed: int = 0  # published (or retried) for later and not due yet: not in depth
-    # Seconds the oldest unclaimed, due message of main has waited (since its due time, else its publish),
-    # read at the head of each shard (ignis.waiting); None when none waits.
-    oldest_age_seconds: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 
 class Message:
@@ -186,8 +169,9 @@ def _check_unsettled(messages: Sequence[Message]) -> None:
             raise AlreadySettled(f"message {m.id} ({m.ref}) was already acked or nacked")
 
 
-class Queue(QueuePublishing):
-    """Publish to and consume from one queue. Thread-safe; cheap to share. Its publishes are in ignis.publishing."""
+class Queue(QueuePublishing, SubscriptionSide):
+    """Publish to and consume from one queue. Thread-safe; cheap to share. Its publishes are in ignis.publishing; a
+    subscription's topic side (QueueSpec.subscribe) in ignis.topics.subscribed."""
 
     def __init__(self, store: Storage, spec: QueueSpec, *, max_payload_bytes: int = 1 << 20,
                  hole_budget: int = 512, refresh_seconds: float = 1.0) -> None:
@@ -211,12 +195,18 @@ class Queue(QueuePublishing):
         self._acked = ACKED.labels(spec.name)
         self._latency = DELIVERY_LATENCY.labels(spec.name)
         self._latency_pending = self._latency.pending
+        self._hole_budget, self._refresh_seconds = hole_budget, refresh_seconds
+        self._subscribed = spec.subscribe is not None
+        if self._subscribed:
+            self._subscribe()
 
     def adopt(self, previous: Queue) -> None:
         """Take over the claimed-not-handed-out slots of an earlier handle of this queue (see
         Magazine.adopt); call it when a new handle replaces an old one."""
-        for mine, theirs in ((self.main, previous.main), (self.sideline, previous.sideline),
-                             (self.dead, previous.dead)):
+        pairs = [(self.main, previous.main), (self.sideline, previous.sideline), (self.dead, previous.dead)]
+        if previous._cursor is not None and self.cursor is not None:
+            pairs.append((self.cursor, previous._cursor))
+        for mine, theirs in pairs:
             if mine.name == theirs.name:
                 mine.adopt(theirs)
 
@@ -233,8 +223,14 @@ class Queue(QueuePublishing):
         while claimed is not None and claimed.envelope.codec == CODEC_UNREADABLE:  # type: ignore[union-attr]
             self._divert([claimed])
             claimed = self.main.fire_one()
+        if claimed is None and self._subscribed:  # a subscription: then from its topic
+            cursor = self.cursor
+            claimed = cursor.fire_one()  # type: ignore[union-attr]
+            while claimed is not None and claimed.envelope.codec == CODEC_UNREADABLE:  # type: ignore[union-attr]
+                self._divert([claimed])
+                claimed = cursor.fire_one()  # type: ignore[union-attr]
         if claimed is None:
-            self.main.watch()
+            self._watch()
             return None
         self._delivered.tick()
         envelope = claimed.envelope
@@ -272,13 +268,15 @@ class Queue(QueuePublishing):
                 return messages
             remaining = 0.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
-                self.main.watch()
+                self._watch()
                 return []
             self.main.wait_for_work(seen, remaining)
 
     def _fire_many(self, max_messages: int) -> list[Message]:
         for _ in range(DIVERT_ROUNDS):
             claimed = self.main.fire(max_messages)
+            if self._subscribed and len(claimed) < max_messages:  # a subscription: the rest from its topic
+                claimed += self.cursor.fire(max_messages - len(claimed))  # type: ignore[union-attr]
             messages = self._delivering(claimed)
             if messages or not claimed:  # (all claimed were unreadable and diverted: claim again)
                 return messages
@@ -307,7 +305,10 @@ class Queue(QueuePublishing):
     def take_kept(self, max_messages: int) -> list[Message]:
         """Up to `max_messages` messages this handle already claimed for later fires (see
         Magazine.take_kept), and no new claim: for a consumer that stops."""
-        return self._delivering(self.main.take_kept(max_messages))
+        kept = self.main.take_kept(max_messages)
+        if self._cursor is not None and len(kept) < max_messages:
+            kept += self._cursor.take_kept(max_messages - len(kept))
+        return self._delivering(kept)
 
     def _delivering(self, claimed: list[Claimed]) -> list[Message]:
         if any(c.envelope.codec == CODEC_UNREADABLE for c in claimed):  # type: ignore[union-attr]
@@ -451,6 +452,8 @@ class Queue(QueuePublishing):
         pointers = self.main.pointers()
         main = pointers.values()
         oldest = oldest_waiting_since(self.store, self.name, pointers)
+        if self._subscribed:
+            return self._subscription_stats(pointers, oldest, in_flight)
         return QueueStats(
             name=self.name,
             shards=self.spec.shards,

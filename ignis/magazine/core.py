@@ -91,6 +91,9 @@ class Magazine(MagazineLoads):
         # Slots reserved by a publish for the next publishes of this handle (ignis.magazine.reservations).
         self._reservations = Reservations(store, name, ttl_seconds, self._lock)
         self._reserves = store.write_grace_ms > 0  # a two-step publish: the increment can be shared
+        # Magazines whose work this one's consumers also wait for (a subscription's main: its cursor): the watcher
+        # follows them whenever it is asked to follow this one.
+        self.also_watch: tuple[Magazine, ...] = ()
 
     @property
     def store(self) -> Storage:

@@ -115,3 +115,5 @@ class ActiveShards:
         mover = mover_for(self.store) if self._is_main else None
         if mover is not None:
             mover.follow(main)
+        for other in getattr(main, "also_watch", ()):  # (a subscription's cursor, for its main)
+            other.watch()

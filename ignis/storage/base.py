@@ -53,9 +53,11 @@ def check_queue_config(config: Mapping[str, Any]) -> None:
 
 
 def new_queue_bins(config: Mapping[str, Any], now: int) -> dict[str, Any]:
-    """A new queue record: its config and the runtime bins at their start (no sweep yet, epoch 0)."""
+    """A new queue record: its config and the runtime bins at their start (no sweep yet, epoch 0); a subscription's
+    also has its cursor's sweep pointers (other queues' records keep their layout)."""
+    cursor = {CURSOR_SWEEP: {}, CURSOR_SWEPT: 0} if config.get("subTopic") else {}
     return {**config, CREATED_AT: now, SWEEP_POINTERS: {}, SIDELINE_SWEEP: {}, SWEPT_COUNTER: 0,
-            SIDELINE_SWEPT: 0, SWEEP_EPOCH: 0}
+            SIDELINE_SWEPT: 0, SWEEP_EPOCH: 0, **cursor}
 
 
 def sweep_bins(kind: MagazineKind) -> tuple[str, str]:
@@ -351,6 +353,11 @@ class Storage(Protocol):
         """Fenced, atomic, forward-only update of sweep pointers (per shard, absolute next slot) and
         add `swept` to the lifetime counter; TTL untouched. Raises StaleEpoch when the record holds a
         newer epoch, QueueNotFound when there is no record."""
+        ...
+
+    def rewind_sweep(self, name: str, kind: MagazineKind, pointers: Mapping[int, int]) -> None:
+        """Lower sweep pointers (per shard, to min(stored, given); TTL untouched), not fenced: a subscription's
+        seek back, whose slots are claimed again and must be swept again. Raises QueueNotFound."""
         ...
 
     # ---- farm-wide system records ({farmId}_ignis_system) ----------------------------------------

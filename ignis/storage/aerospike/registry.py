@@ -20,7 +20,7 @@ from aerospike_helpers.operations import operations as ops
 from ignis import names
 from ignis.envelope import now_ms
 from ignis.errors import QueueNotFound, StaleEpoch, StoreError, StoreUnavailable
-from ignis.storage.aerospike.context import LIVE, MISSING, PURGED, TOMBSTONE, AerospikeContext
+from ignis.storage.aerospike.context import LIVE, MISSING, NOT_TOMBSTONED, PURGED, TOMBSTONE, AerospikeContext
 from ignis.storage.aerospike.errors import map_error
 from ignis.storage.aerospike.reads import Reads
 from ignis.storage.base import (
@@ -203,7 +203,7 @@ class Registry:
             raise self._ctx.fail(exc, "delete_queue", self._ctx.queue_set) from None
 
     @staticmethod
-    def _forward_only(pointer_bin: str, pointers: Mapping[int, int]) -> Any:
+    def _forward_only(pointer_bin: str, pointers: Mapping[int, int], combine: Any = arithmetic.Max) -> Any:
         """The pointer map with each shard's entry raised to max(stored, new), as one expression.
 
         A `let` binds the stored map to p0, then p_n = p_(n-1) with shard n put: each binding names the
@@ -216,9 +216,23 @@ class Registry:
             label, value = names.shard_label(shard), int(pointer)
             count = exp_map.MapGetByKey(None, aerospike.MAP_RETURN_COUNT, exp.ResultType.INTEGER, label, stored)
             held = exp_map.MapGetByKey(None, aerospike.MAP_RETURN_VALUE, exp.ResultType.INTEGER, label, stored)
-            entry = exp.Cond(exp.Eq(count, 0), value, arithmetic.Max(held, value))
+            entry = exp.Cond(exp.Eq(count, 0), value, combine(held, value))
             bindings.append(exp.Def(f"p{n}", exp_map.MapPut(None, None, label, entry, exp.Var(f"p{n - 1}"))))
         return exp.Let(*bindings, exp.Var(f"p{len(pointers)}"))
+
+    def rewind_sweep(self, name: str, kind: MagazineKind, pointers: Mapping[int, int]) -> None:
+        if not pointers:
+            return
+        pointer_bin = sweep_bins(kind)[0]
+        update = expr_ops.expression_write(pointer_bin,
+                                           self._forward_only(pointer_bin, pointers, arithmetic.Min).compile())
+        try:
+            self._ctx.call("rewind_sweep", self._ctx.client.operate, self._ctx.key(self._ctx.queue_set, name),
+                           [update], None, {**self._ctx.update, "expressions": NOT_TOMBSTONED})
+        except (ex.RecordNotFound, ex.FilteredOut):
+            raise QueueNotFound(name, self._ctx.client_id) from None
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "rewind_sweep", self._ctx.queue_set) from None
 
     def advance_sweep(
         self, name: str, kind: MagazineKind, epoch: int, pointers: Mapping[int, int], swept: int

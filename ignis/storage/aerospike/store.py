@@ -177,6 +177,9 @@ class AerospikeStore:
     def delete_queue(self, name: str) -> bool:
         return self._registry.delete_queue(name)
 
+    def rewind_sweep(self, name: str, kind: MagazineKind, pointers: Mapping[int, int]) -> None:
+        self._registry.rewind_sweep(name, kind, pointers)
+
     def advance_sweep(
         self, name: str, kind: MagazineKind, epoch: int, pointers: Mapping[int, int], swept: int
     ) -> None:

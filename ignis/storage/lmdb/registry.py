@@ -114,6 +114,21 @@ class QueueRegistry:
             txn.put(EPOCH_KEY, _record({"epoch": epoch}), db=self._ctx.system)
         return epoch
 
+    def rewind_sweep(self, name: str, kind: MagazineKind, pointers: Mapping[int, int]) -> None:
+        pointer_bin = sweep_bins(kind)[0]
+        key = name.encode()
+        with self._ctx.write("rewind_sweep", durable=False) as txn:
+            current = self._ctx.get_bins(txn, self._ctx.queues, key, now_ms())
+            if current is None:
+                raise QueueNotFound(name, self._ctx.client_id)
+            bins, expire_at = current
+            merged = dict(bins.get(pointer_bin) or {})
+            for shard, pointer in pointers.items():
+                label = names.shard_label(shard)
+                merged[label] = min(int(merged.get(label, pointer)), int(pointer))  # backward-only
+            bins[pointer_bin] = merged
+            txn.put(key, _record(bins, expire_at), db=self._ctx.queues)  # TTL untouched
+
     def advance_sweep(
         self, name: str, kind: MagazineKind, epoch: int, pointers: Mapping[int, int], swept: int
     ) -> None:

@@ -147,6 +147,9 @@ class LmdbStore:
     def next_epoch(self) -> int:
         return self._registry.next_epoch()
 
+    def rewind_sweep(self, name: str, kind: MagazineKind, pointers: Mapping[int, int]) -> None:
+        self._registry.rewind_sweep(name, kind, pointers)
+
     def advance_sweep(
         self, name: str, kind: MagazineKind, epoch: int, pointers: Mapping[int, int], swept: int
     ) -> None:

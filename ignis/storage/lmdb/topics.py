@@ -52,30 +52,34 @@ class Topics:
 
     # ---- registry -----------------------------------------------------------------------------------
     def apply_topic(self, name: str, config: Mapping[str, Any]) -> bool:
-        key = name.encode()
+        key, db = name.encode(), self.db  # (the database opened before a transaction that reads it begins)
         now = now_ms()
         with self._ctx.write("apply_topic") as txn:
-            current = self._ctx.get_bins(txn, self.db, key, now)
+            current = self._ctx.get_bins(txn, db, key, now)
             bins = {CREATED_AT: now} if current is None else current[0]
             bins.update(config)
-            txn.put(key, _record(bins), db=self.db)  # topics do not expire: they are deleted
+            txn.put(key, _record(bins), db=db)  # topics do not expire: they are deleted
         return current is None
 
     def get_topic(self, name: str) -> QueueRecord | None:
-        found = self._ctx.read("get_topic", lambda txn: self._ctx.get_bins(txn, self.db, name.encode(), now_ms()))
+        db = self.db
+        found = self._ctx.read("get_topic", lambda txn: self._ctx.get_bins(txn, db, name.encode(), now_ms()))
         return QueueRecord(name, found[0]) if found else None
 
     def list_topics(self) -> list[QueueRecord]:
+        db = self.db
+
         def scan(txn: Any) -> list[QueueRecord]:
             now = now_ms()
             return [QueueRecord(bytes(key).decode(), _unpack(bytes(raw)))
-                    for key, raw in txn.cursor(db=self.db) if not _expired(raw, now)]
+                    for key, raw in txn.cursor(db=db) if not _expired(raw, now)]
 
         return sorted(self._ctx.read("list_topics", scan), key=lambda r: r.name)
 
     def delete_topic(self, name: str) -> bool:
+        db = self.db
         with self._ctx.write("delete_topic") as txn:
-            raw = txn.pop(name.encode(), db=self.db)
+            raw = txn.pop(name.encode(), db=db)
         return raw is not None
 
     # ---- cursors --------------------------------------------------------------------------------------

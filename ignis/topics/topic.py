@@ -1,0 +1,173 @@
+"""A topic handle: publish messages with a subject, once, whatever the number of subscriptions; and its figures.
+
+A publish writes the message once into the topic's magazine (the store's load, as a queue's publish: one write per
+message, an increment shared by many on Aerospike), with its subject; every subscription whose filter selects the
+subject gets it through its own cursor (ignis.magazine.cursor). Its records expire `retentionSeconds` after their
+publish; with `retentionBytes`, the sweeper's leader also drops the oldest ones once the topic holds more
+(ignis.topics.retention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ignis.envelope import NewMessages, encode_payload, new_message_id, new_message_ids, now_ms
+from ignis.errors import InvalidInputError, PayloadTooLarge
+from ignis.magazine import Magazine
+from ignis.metrics import TOPIC_PUBLISHED
+from ignis.storage.base import MessageRef, SlotRef, Storage
+from ignis.subjects import check_subject
+from ignis.topics.spec import TopicSpec
+
+_new_tuple = tuple.__new__
+MAX_ID_LENGTH, MAX_KEY_LENGTH = 128, 256
+SAMPLE_PER_SHARD = 16  # records per shard whose sizes estimate the retained bytes
+
+
+@dataclass(frozen=True)
+class TopicStats:
+    name: str
+    shards: int
+    published: int  # messages ever published (the shards' load pointers)
+    retained: int  # messages the topic still holds
+    retained_bytes: int  # their size: the payloads and ids of a sample of each shard's retained records, scaled
+    subscriptions: list[str]  # the queues that subscribe to it
+    oldest_age_seconds: float | None  # age of the oldest message it retains
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+class Topic:
+    """Publish to one topic. Thread-safe; cheap to share."""
+
+    def __init__(self, store: Storage, spec: TopicSpec, *, max_payload_bytes: int = 1 << 20,
+                 refresh_seconds: float = 1.0) -> None:
+        self.store = store
+        self.spec = spec
+        self.name = spec.name
+        self.max_payload_bytes = max_payload_bytes
+        # The topic's magazine: loads only (no one claims from it; subscriptions read it through their cursors).
+        self.log = Magazine(store, spec.name, queue=spec.name, kind="main", shards=spec.shards,
+                            ttl_seconds=spec.retention_seconds, refresh_seconds=refresh_seconds)
+        self._published = TOPIC_PUBLISHED.labels(spec.name)
+
+    def _check(self, id: str | None, key: str | None, headers: Mapping[str, str] | None) -> dict[str, str] | None:
+        if id is not None and (not isinstance(id, str) or not id or len(id) > MAX_ID_LENGTH):
+            raise InvalidInputError(f"message id {id!r}: must be a non-empty string of at most {MAX_ID_LENGTH} "
+                                    "characters")
+        if key is not None and (not isinstance(key, str) or len(key) > MAX_KEY_LENGTH):
+            raise InvalidInputError(f"partition key {key!r}: must be a string of at most {MAX_KEY_LENGTH} characters")
+        if headers is None:
+            return None
+        if not isinstance(headers, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                       for k, v in headers.items()):
+            raise InvalidInputError("headers must be a mapping of str to str")
+        return dict(headers) or None
+
+    def _encode(self, payload: Any) -> tuple[bytes, str]:
+        data, codec = encode_payload(payload)
+        if len(data) > self.max_payload_bytes:
+            raise PayloadTooLarge(len(data), self.max_payload_bytes, self.name)
+        return data, codec
+
+    def publish(self, payload: Any, *, subject: str, key: str | None = None, headers: Mapping[str, str] | None = None,
+                id: str | None = None) -> MessageRef:
+        """Store one message with its subject in the topic, durably (per the store's durability mode): every
+        subscription whose filter selects the subject delivers it. A `key` keeps per-key order within a shard."""
+        return self.publish_many([payload], subject=subject, key=key, headers=headers, ids=[id] if id else None)[0]
+
+    def publish_many(self, payloads: Iterable[Any], *, subject: str, key: str | None = None,
+                     headers: Mapping[str, str] | None = None, ids: list[str] | None = None) -> list[MessageRef]:
+        """Publish many payloads with one subject in one group commit; every payload is checked before anything
+        is written, so a bad one leaves the topic unchanged."""
+        check_subject(subject)
+        shared = self._check(None, key, headers)
+        encoded = [self._encode(p) for p in payloads]
+        if not encoded:
+            return []
+        if ids is not None:
+            if len(ids) != len(encoded):
+                raise InvalidInputError(f"{len(ids)} ids for {len(encoded)} payloads")
+            for msg_id in ids:
+                self._check(msg_id, None, None)
+        at = now_ms()
+        data = [d for d, _ in encoded]
+        codecs = None if all(c == "bytes" for _, c in encoded) else [c for _, c in encoded]
+        batch = _new_tuple(NewMessages, (data, ids or (new_message_ids(len(data)) if len(data) > 1
+                                                        else [new_message_id(at)]),
+                                         codecs, at, shared, key, subject))
+        refs = self.log.load_new(batch)
+        self._published.inc(len(refs))
+        return refs
+
+    # ---- figures ---------------------------------------------------------------------------------------
+    def stats(self, subscriptions: list[str] | None = None) -> TopicStats:
+        """Published and retained messages, the retained bytes (estimated from a sample), the subscriptions
+        (`subscriptions`: as the caller knows them, else looked up) and the oldest retained message's age."""
+        pointers = self.store.pointers(self.name, self.spec.shards)
+        firsts = {shard: first_retained(self.store, self.name, shard, 1, p.load) for shard, p in pointers.items()}
+        retained = sum(max(p.load - firsts[shard] + 1, 0) for shard, p in pointers.items())
+        size, sampled, oldest = 0, 0, None
+        refs = [SlotRef(self.name, shard, slot) for shard, p in pointers.items()
+                for slot in range(firsts[shard], min(firsts[shard] + SAMPLE_PER_SHARD, p.load + 1))]
+        heads = {(shard, firsts[shard]) for shard in pointers}
+        for ref, envelope in zip(refs, self.store.read(refs) if refs else [], strict=True):
+            if envelope is None:
+                continue
+            size += len(envelope.payload) + len(envelope.msg_id) + len(envelope.subject or "")
+            sampled += 1
+            if (ref.shard, ref.slot) in heads:
+                oldest = envelope.loaded_at if oldest is None else min(oldest, envelope.loaded_at)
+        if subscriptions is None:
+            subscriptions = subscriptions_of(self.store, self.name)
+        return TopicStats(self.name, self.spec.shards, sum(p.load for p in pointers.values()), retained,
+                          round(size / sampled * retained) if sampled else 0, sorted(subscriptions),
+                          None if oldest is None else max(now_ms() - oldest, 0) / 1000)
+
+
+def first_retained(store: Storage, topic: str, shard: int, low: int, high: int) -> int:
+    """The first slot in low..high whose record the topic still holds (high + 1 when none): its records leave
+    oldest first (by age, or trimmed to its byte bound), so a binary search over slots finds the edge (log2 of
+    the span in reads). A publish still in flight in a slot reads as gone: the search may stop a little late there,
+    which only a figure reads."""
+    while low <= high:
+        mid = (low + high) // 2
+        if store.read([SlotRef(topic, shard, mid)])[0] is None:
+            low = mid + 1
+        else:
+            high = mid - 1
+    return low
+
+
+def first_published_at(store: Storage, topic: str, shard: int, low: int, high: int, at_ms: int) -> int:
+    """The first slot in low..high holding a message published at or after `at_ms` (high + 1 when none): publish
+    times grow with the slot within a shard, and the slots before the first retained one are gone."""
+    low = first_retained(store, topic, shard, low, high)
+    while low <= high:
+        mid = (low + high) // 2
+        envelope = store.read([SlotRef(topic, shard, mid)])[0]
+        if envelope is None or envelope.loaded_at < at_ms:
+            low = mid + 1
+        else:
+            high = mid - 1
+    return low
+
+
+def subscriptions_of(store: Storage, topic: str) -> list[str]:
+    """The queues (active or not) that subscribe to `topic`."""
+    return [r.name for r in store.list_queues(None) if r.bins.get("subTopic") == topic]
+
+
+def check_names(store: Storage, name: str, kind: str) -> None:
+    """A topic and a queue of one client may not share a name (their records would share keys)."""
+    clash = store.get_queue(name) if kind == "topic" else store.get_topic(name)
+    if clash is not None:
+        other = "queue" if kind == "topic" else "topic"
+        raise InvalidInputError(f"{kind} {name!r}: a {other} of client {store.client_id!r} has that name; "
+                                f"a topic and a queue may not share one")
+
+
+__all__ = ["Topic", "TopicStats", "check_names", "first_published_at", "first_retained", "subscriptions_of"]
