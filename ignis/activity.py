@@ -141,8 +141,9 @@ class ShardActivity:
         return now - self.refreshed_at >= every and now >= self.fresh_until
 
     def invalidate(self) -> None:
-        """Forget when the store was last read: the next fire reads the pointers again."""
-        self.refreshed_at = float("-inf")
+        """Forget when the store was last read (and what the watcher vouched for): the next fire reads the
+        pointers again."""
+        self.refreshed_at = self.fresh_until = float("-inf")
 
     # ---- waiting -------------------------------------------------------------------------------------
     def wait(self, seen: int, timeout: float) -> bool:

@@ -56,7 +56,7 @@ def as_delivered(envelope: Envelope) -> Envelope:
     """The copy a due message becomes in main: unfired, with its attempts, history and due time."""
     return Envelope(envelope.payload, envelope.msg_id, envelope.loaded_at, codec=envelope.codec,
                     headers=envelope.headers, key=envelope.key, attempts=envelope.attempts, reason=envelope.reason,
-                    history=envelope.history, due_at=envelope.due_at)
+                    history=envelope.history, due_at=envelope.due_at, subject=envelope.subject)
 
 
 class MainMagazine(Protocol):

@@ -20,7 +20,7 @@ from ignis.activity import activity_for
 from ignis.envelope import now_ms
 from ignis.magazine.core import Magazine
 from ignis.metrics import SUBSCRIPTION_EXPIRED
-from ignis.storage.base import Claimed, Storage
+from ignis.storage.base import Claimed, SlotRef, Storage
 from ignis.subjects import SubjectFilter
 
 log = logging.getLogger("ignis.topics")
@@ -65,6 +65,14 @@ class CursorMagazine(Magazine):
             self._drained.tick()
             active_shards.suppress(shard, loads_seen)
         return result.claimed
+
+    def _passed(self, holes: list[SlotRef]) -> None:
+        """Claimed topic slots that held nothing for good (awaited past the write deadline, then sealed): their
+        message left the topic before this subscription came to it, or was never written (a publisher that
+        stopped after reserving its slot). Counted as holes, and as expired: the subscription has them no more."""
+        super()._passed(holes)
+        for shard in {ref.shard for ref in holes}:
+            self._lost(shard, sum(1 for ref in holes if ref.shard == shard))
 
     def _lost(self, shard: int, count: int) -> None:
         """Messages that left the topic before this subscription claimed them: counted, and said once per gap."""

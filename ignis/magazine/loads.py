@@ -63,6 +63,34 @@ class MagazineLoads:
         self._active_shards.mark_one(shard)
         return _new_message_ref((msg_id, self.name, shard, slot))
 
+    def publish_envelope(self, envelope: Envelope) -> MessageRef:
+        """Publish one new message that is more than plain bytes (a topic's, with its subject) as publish_one does:
+        into a reserved slot with one write on a two-step store; a keyed one into its key's shard."""
+        store, ttl = self._store, self.ttl_seconds
+        if envelope.key is not None or not self._reserves:
+            shard = shard_for_key(envelope.key, self.shards) if envelope.key is not None else \
+                int(_random() * self.shards)
+            ref = self._active_shards.loaded(lambda: store.load(self.name, [(shard, envelope)], ttl))[0]
+            return _new_message_ref((envelope.msg_id, self.name, ref.shard, ref.slot))
+        reservations = self._reservations
+        taken = reservations.take() if reservations.slots else None
+        if taken is not None and store.load_reserved_envelope(taken, envelope, ttl):
+            shard, slot = taken.shard, taken.slot
+        else:
+            reserved_at = time.monotonic()
+            count = reservations.size(reserved_at)
+            shard = int(_random() * self.shards)
+            first = store.reserve(self.name, shard, count) if count > 1 else None
+            if first is not None:
+                reservations.keep(shard, range(first + 1, first + count), reserved_at)
+            if first is not None and store.load_reserved_envelope(_new_tuple(SlotRef, (self.name, shard, first)),
+                                                                  envelope, ttl):
+                slot = first
+            else:  # no reserve wanted, or the slot was sealed at once (rare): a load of its own
+                slot = store.load(self.name, [(shard, envelope)], ttl)[0].slot
+        self._active_shards.mark_one(shard)
+        return _new_message_ref((envelope.msg_id, self.name, shard, slot))
+
     def publish_plain(self, payloads: Sequence[bytes], ids: Sequence[str], loaded_at: int) -> list[MessageRef]:
         """Publish new keyless messages of plain bytes, each as `publish_one` would, together: an async
         publisher's batch (ignis.aio). Two-step backends write them into reserved slots with one round trip

@@ -441,6 +441,10 @@ class Storage(Protocol):
         (a consumer gave it up): nothing was written, publish the message again."""
         ...
 
+    def load_reserved_envelope(self, ref: SlotRef, envelope: Envelope, ttl_seconds: int) -> bool:
+        """`load_reserved` of a message that is more than plain bytes (a topic's, with its subject)."""
+        ...
+
     def load_reserved_many(self, refs: Sequence[SlotRef], payloads: Sequence[bytes], ids: Sequence[str],
                            loaded_at: int, ttl_seconds: int) -> list[bool]:
         """`load_reserved` of many slots in one round trip (an async publisher's batch); per slot, False when it

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ignis.envelope import NewMessages, encode_payload, new_message_id, new_message_ids, now_ms
+from ignis.envelope import Envelope, NewMessages, encode_payload, new_message_id, new_message_ids, now_ms
 from ignis.errors import InvalidInputError, PayloadTooLarge
-from ignis.magazine import Magazine
+from ignis.magazine import RESERVE_MAX, Magazine
 from ignis.metrics import TOPIC_PUBLISHED
 from ignis.storage.base import MessageRef, SlotRef, Storage
 from ignis.subjects import check_subject
@@ -77,7 +77,14 @@ class Topic:
                 id: str | None = None) -> MessageRef:
         """Store one message with its subject in the topic, durably (per the store's durability mode): every
         subscription whose filter selects the subject delivers it. A `key` keeps per-key order within a shard."""
-        return self.publish_many([payload], subject=subject, key=key, headers=headers, ids=[id] if id else None)[0]
+        check_subject(subject)
+        shared = self._check(id, key, headers)
+        data, codec = self._encode(payload)
+        at = now_ms()
+        ref = self.log.publish_envelope(Envelope(data, id or new_message_id(at), at, codec, shared, key,
+                                                 subject=subject))
+        self._published.tick()
+        return ref
 
     def publish_many(self, payloads: Iterable[Any], *, subject: str, key: str | None = None,
                      headers: Mapping[str, str] | None = None, ids: list[str] | None = None) -> list[MessageRef]:
@@ -108,8 +115,9 @@ class Topic:
         """Published and retained messages, the retained bytes (estimated from a sample), the subscriptions
         (`subscriptions`: as the caller knows them, else looked up) and the oldest retained message's age."""
         pointers = self.store.pointers(self.name, self.spec.shards)
+        reserved = self.log.reserved()  # slots this handle reserved for its next publishes: no messages yet
         firsts = {shard: first_retained(self.store, self.name, shard, 1, p.load) for shard, p in pointers.items()}
-        retained = sum(max(p.load - firsts[shard] + 1, 0) for shard, p in pointers.items())
+        retained = max(sum(max(p.load - firsts[shard] + 1, 0) for shard, p in pointers.items()) - reserved, 0)
         size, sampled, oldest = 0, 0, None
         refs = [SlotRef(self.name, shard, slot) for shard, p in pointers.items()
                 for slot in range(firsts[shard], min(firsts[shard] + SAMPLE_PER_SHARD, p.load + 1))]
@@ -123,22 +131,33 @@ class Topic:
                 oldest = envelope.loaded_at if oldest is None else min(oldest, envelope.loaded_at)
         if subscriptions is None:
             subscriptions = subscriptions_of(self.store, self.name)
-        return TopicStats(self.name, self.spec.shards, sum(p.load for p in pointers.values()), retained,
+        return TopicStats(self.name, self.spec.shards, sum(p.load for p in pointers.values()) - reserved, retained,
                           round(size / sampled * retained) if sampled else 0, sorted(subscriptions),
                           None if oldest is None else max(now_ms() - oldest, 0) / 1000)
 
 
 def first_retained(store: Storage, topic: str, shard: int, low: int, high: int) -> int:
     """The first slot in low..high whose record the topic still holds (high + 1 when none): its records leave
-    oldest first (by age, or trimmed to its byte bound), so a binary search over slots finds the edge (log2 of
-    the span in reads). A publish still in flight in a slot reads as gone: the search may stop a little late there,
-    which only a figure reads."""
+    oldest first (by age, or trimmed to its byte bound), so a binary search over slots finds the edge (about log2
+    of the span in batch reads). On a two-step store each probe reads a window of slots: the newest may be reserved
+    and not written yet (publishers reserve up to RESERVE_MAX ahead), which is no gap of old ones. (When a shard's
+    newest slots are all empty, the window cannot tell a reserved tail from gone messages, and takes them as the
+    tail: a figure counts them as retained until they are written or sealed.)"""
+    window = RESERVE_MAX + 1 if store.write_grace_ms else 1
     while low <= high:
         mid = (low + high) // 2
-        if store.read([SlotRef(topic, shard, mid)])[0] is None:
-            low = mid + 1
-        else:
+        refs = [SlotRef(topic, shard, slot) for slot in range(mid, min(mid + window, high + 1))]
+        held = next((ref.slot for ref, env in zip(refs, store.read(refs), strict=True) if env is not None), None)
+        if held == mid:
             high = mid - 1
+        elif held is not None:  # gone at mid, held a little later: the edge is in between
+            low, high = mid + 1, held - 1
+            if low > high:
+                return held
+        elif refs[-1].slot >= high:  # nothing held up to the end: the newest slots, not written yet
+            high = mid - 1
+        else:  # a run of gone slots longer than any reservation: old ones
+            low = refs[-1].slot + 1
     return low
 
 

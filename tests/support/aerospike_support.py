@@ -38,7 +38,7 @@ def run_sets(farm: str, client: str, registered: Iterable[str] = ()) -> list[str
     sets = [names.system_set(farm)]
     clients = sorted({client, *OTHER_CLIENTS, *registered})
     for c in clients:
-        sets += [names.queue_set(farm, c), names.data_set(c), names.meta_set(c)]
+        sets += [names.queue_set(farm, c), names.topic_set(farm, c), names.data_set(c), names.meta_set(c)]
     return sets
 
 

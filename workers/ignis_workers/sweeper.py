@@ -99,15 +99,17 @@ class SweepReport:
     queue: str
     main: MagazineSweep = field(default_factory=MagazineSweep)
     sideline: MagazineSweep = field(default_factory=MagazineSweep)
+    cursor: MagazineSweep = field(default_factory=MagazineSweep)  # a subscription's claims of its topic's messages
     error: str | None = None  # the queue could not be swept at all
 
     @property
     def moved(self) -> int:
-        return self.main.moved + self.sideline.moved
+        return self.main.moved + self.sideline.moved + self.cursor.moved
 
     @property
     def ok(self) -> bool:
-        return self.error is None and not any(m.error or m.failed_shards for m in (self.main, self.sideline))
+        return self.error is None and not any(m.error or m.failed_shards
+                                              for m in (self.main, self.sideline, self.cursor))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -214,8 +216,19 @@ class Sweeper:
         shovel_ms = int(record.bins.get("shovelInterval", 0) or 0) * 1000
         main_cutoff = now - sweep_ms
         sideline_cutoff = min(now - sweep_ms, now - 2 * shovel_ms)
-        for kind, source, cutoff, out in (("main", queue.main, main_cutoff, report.main),
-                                          ("sideline", queue.sideline, sideline_cutoff, report.sideline)):
+        magazines: list[tuple[MagazineKind, Magazine, int, MagazineSweep]] = [
+            ("main", queue.main, main_cutoff, report.main),
+            ("sideline", queue.sideline, sideline_cutoff, report.sideline)]
+        if queue.spec.subscribe is not None:  # a subscription: the claims of its topic's messages too
+            try:
+                cursor = queue.cursor
+            except Exception as exc:
+                _log_failure(f"sweep of {client_id}/{queue_name}/cursor", exc)
+                SWEEP_FAILURES.labels(queue_name, "cursor").inc()
+                report.cursor.error = f"{type(exc).__name__}: {one_line(exc)}"
+            else:
+                magazines.append(("cursor", cursor, main_cutoff, report.cursor))  # type: ignore[arg-type]
+        for kind, source, cutoff, out in magazines:
             self._sweep_magazine(queue, kind, source, record.sweep_pointers(kind), cutoff, now, epoch, out)
         return report
 
@@ -296,8 +309,10 @@ class Sweeper:
             written = settled.get(shard, 0)  # every missing slot up to it is a hole for good
             seen = pos  # the first slot of the window not returned by the peek yet
             stamped_at: int | None = None  # the first record stamped here: the pointer stops there
+            peeked: set[int] = set()
             try:
                 for ref, env in store.peek(source.name, shard, pos, last):
+                    peeked.add(ref.slot)
                     if stamped_at is None and ref.slot > max(seen, written + 1) and \
                             not (env.fire_ts and env.fire_ts <= now - grace):
                         unsettled = self._first_unsettled(store, source.name, shard, max(seen, written + 1),
@@ -340,6 +355,13 @@ class Sweeper:
                         unsettled = self._first_unsettled(store, source.name, shard, max(seen, written + 1), last)
                         if unsettled is not None:
                             next_pos = unsettled
+                if kind == "cursor" and grace > 0 and next_pos > pos:
+                    missing = [s for s in range(pos, min(next_pos, written + 1)) if s not in peeked]
+                    stranded = self._claim_stranded(queue, source, shard, missing, now)
+                    if stranded is not None:
+                        out.stamped += 1
+                        STAMPED.labels(queue.name, kind).inc()
+                        next_pos = min(next_pos, stranded)
             except Exception as exc:
                 self._failed(queue.name, kind, out, shard, exc)
                 del todo[shard]
@@ -397,6 +419,23 @@ class Sweeper:
                 todo.pop(shard, None)
                 advance.pop(shard, None)  # its pointer must not pass the records still in place
             return 0
+
+    @staticmethod
+    def _claim_stranded(queue: Queue, cursor: Magazine, shard: int, slots: list[int], now: int) -> int | None:
+        """A subscription's slots its cursor passed with no claim record, their write deadline over (Aerospike: a
+        claimer that stopped between moving the cursor and writing the claims): those holding a message its filter
+        selects are claimed here, stamped now and never counted as a delivery, so they are swept one sweepDuration
+        later, as an unstamped record of main is. The first such slot (the pointer stops there), or None."""
+        if not slots:
+            return None
+        store = queue.store
+        refs = [SlotRef(cursor.name, shard, slot) for slot in slots]
+        open_refs = [ref for ref, settled in zip(refs, store.settled(refs), strict=True) if not settled]  # (acked)
+        if not open_refs:
+            return None
+        claimed = store.restamp_cursor(open_refs, now, cursor.only, False)  # type: ignore[attr-defined]
+        stamped = [c.ref.slot for c in claimed if c.envelope is not None]
+        return min(stamped) if stamped else None
 
     @staticmethod
     def _first_unsettled(store: Storage, magazine: str, shard: int, first: int, last: int) -> int | None:

@@ -160,6 +160,15 @@ class Allocation:
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "load", self._ctx.data_set) from None
 
+    def load_reserved_envelope(self, ref: SlotRef, envelope: Envelope, ttl_seconds: int) -> bool:
+        bins = envelope.to_bins()
+        self._ctx.check_size(ref.magazine, bins)
+        try:
+            return self._write_plain(names.data_key(ref.magazine, ref.shard, ref.slot), bins,
+                                     self._plain_policies(ttl_seconds))
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "load", self._ctx.data_set) from None
+
     def load_reserved_many(self, refs: Sequence[SlotRef], payloads: Sequence[bytes], ids: Sequence[str],
                            loaded_at: int, ttl_seconds: int) -> list[bool]:
         bins_list = [self._plain_bins(ref.magazine, payload, msg_id, loaded_at)

@@ -213,6 +213,9 @@ class AerospikeStore:
                       ) -> bool:
         return self._allocation.load_reserved(ref, payload, msg_id, loaded_at, ttl_seconds)
 
+    def load_reserved_envelope(self, ref: SlotRef, envelope: Envelope, ttl_seconds: int) -> bool:
+        return self._allocation.load_reserved_envelope(ref, envelope, ttl_seconds)
+
     def load_reserved_many(self, refs: Sequence[SlotRef], payloads: Sequence[bytes], ids: Sequence[str],
                            loaded_at: int, ttl_seconds: int) -> list[bool]:
         return self._allocation.load_reserved_many(refs, payloads, ids, loaded_at, ttl_seconds)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,8 +37,12 @@ from ignis.envelope import ATTEMPTS, CODEC, FIRE_TS, LOADED_AT, MSG_ID, PAYLOAD,
 from ignis.storage.aerospike.context import BATCH_CHUNK, FILTERED_OUT, NOT_FOUND, AerospikeContext
 from ignis.storage.aerospike.reads import Reads
 from ignis.storage.aerospike.seals import Seals
-from ignis.storage.base import FIRE_POINTER, LOAD_POINTER, Claimed, CursorClaim, QueueRecord, SlotRef
+from ignis.storage.base import FIRE_POINTER, HOLES_CLAIMED, LOAD_POINTER, Claimed, CursorClaim, QueueRecord, SlotRef
 from ignis.subjects import SubjectFilter
+
+# The client (19.x) says CmpRegex is deprecated for the string expression RegexCompare, which Aerospike 8.1.2 CE
+# refuses (result -15 for every record, measured): the filter stays a CmpRegex, and that warning is silenced here.
+warnings.filterwarnings("ignore", message="CmpRegex expression is deprecated", category=DeprecationWarning)
 
 CREATED_AT = "createdAt"
 CLAIM_FROM = "claimFrom"
@@ -60,17 +65,17 @@ class Topics:
     # ---- registry -----------------------------------------------------------------------------------
     def apply_topic(self, name: str, config: Mapping[str, Any]) -> bool:
         key = self._ctx.key(self._set, name)
+        created = self.get_topic(name) is None  # (none, or a deleted one's tombstone: written afresh)
         try:
-            try:
+            if created:
                 self._ctx.call("apply_topic", self._ctx.client.put, key, {**config, CREATED_AT: now_ms()}, None,
-                               {**self._ctx.never, "exists": aerospike.POLICY_EXISTS_CREATE})
-                return True
-            except ex.RecordExistsError:
+                               {**self._ctx.never, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE})
+            else:
                 self._ctx.call("apply_topic", self._ctx.client.put, key, dict(config), None,
                                {**self._ctx.never, "exists": aerospike.POLICY_EXISTS_UPDATE})
-                return False
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "apply_topic", self._set) from None
+        return created
 
     def get_topic(self, name: str) -> QueueRecord | None:
         try:
@@ -79,7 +84,7 @@ class Topics:
             return None
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "get_topic", self._set) from None
-        return QueueRecord(name, dict(bins))
+        return None if self._ctx.tombstoned(bins) else QueueRecord(name, dict(bins))
 
     def list_topics(self) -> list[QueueRecord]:
         def scan() -> list[Any]:
@@ -91,8 +96,8 @@ class Topics:
             records = self._ctx.call("list_topics", scan)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "list_topics", self._set) from None
-        return sorted((QueueRecord(key[2], dict(bins)) for key, _, bins in records if key[2] is not None),
-                      key=lambda r: r.name)
+        return sorted((QueueRecord(key[2], dict(bins)) for key, _, bins in records
+                       if key[2] is not None and not self._ctx.tombstoned(bins)), key=lambda r: r.name)
 
     def delete_topic(self, name: str) -> bool:
         try:
@@ -138,9 +143,54 @@ class Topics:
                     return CursorClaim([], 0, True)
             first, last = taken
             refs = [SlotRef(cursor, shard, slot) for slot in range(first, last + 1)]
-            return CursorClaim(self._claim_slots(refs, now, only, count_attempt), 0, False)
+            expired: list[int] = []
+            claimed = self._claim_slots(refs, now, only, count_attempt, expired=expired)
+            gone = len(expired)
+            missing = [c for c in claimed if c.envelope is None and c.awaiting]
+            if missing and len(missing) + gone == len(refs) and last < limit:
+                # Nothing here but missing records: the subscription fell behind the retention, or publishes are on
+                # their way. A record after them published more than the write deadline ago tells which.
+                skipped = self._skip_gone(cursor, topic, shard, last, limit, now)
+                if skipped is not None:
+                    gone += len(missing) + skipped
+                    claimed = [c for c in claimed if c not in missing]
+            if gone:
+                self._ctx.call("claim", self._ctx.client.operate, self._ctx.meta_key(cursor, shard),
+                               [ops.increment(HOLES_CLAIMED, gone)], None, self._ctx.never, idempotent=False)
+            return CursorClaim(claimed, gone, False)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "claim", self._ctx.meta_set) from None
+
+    def _settled_after(self, bins: Mapping[str, Any] | None, now: int) -> bool:
+        """Whether a present topic record vouches that every slot before it is settled: it was published more than
+        the write deadline ago, and slots are allocated in order, so a missing one before it never comes."""
+        loaded = (bins or {}).get(LOADED_AT)
+        return isinstance(loaded, int) and loaded + self._ctx.write_grace_ms < now
+
+    def _skip_gone(self, cursor: str, topic: str, shard: int, last: int, limit: int, now: int) -> int | None:
+        """Past `last`, the slots whose messages left the topic (a binary search for the first one it holds, in
+        about log2(limit - last) reads); the cursor moves past them (never back). How many it skipped; None when no
+        record after `last` vouches that the slots up to it are settled (publishes may be on their way)."""
+        low, high = last + 1, limit
+        first_held, held_bins = limit + 1, None
+        while low <= high:
+            mid = (low + high) // 2
+            bins = self._reads.batch_get("claim", [self._ctx.data_key(SlotRef(topic, shard, mid))])[0]
+            if bins is None:
+                low = mid + 1
+            else:
+                first_held, held_bins, high = mid, bins, mid - 1
+        if first_held > limit or not self._settled_after(held_bins, now):
+            return None  # nothing held after them yet (a publish may be on its way): the next claims look again
+        target = first_held - 1
+        if target <= last:
+            return 0  # (the next slot is held: only the claim's own slots were gone)
+        fire = exp.IntBin(FIRE_POINTER)
+        _, _, got = self._ctx.call("claim", self._ctx.client.operate, self._ctx.meta_key(cursor, shard),
+                                   [expr_ops.expression_read(CLAIM_FROM, fire.compile()),
+                                    expr_ops.expression_write(FIRE_POINTER, arithmetic.Max(fire, target).compile())],
+                                   None, self._ctx.update, idempotent=False)
+        return max(target - max(int(got[CLAIM_FROM]), last), 0)  # (another claimer may have passed some first)
 
     def _advance(self, cursor: str, shard: int, count: int, limit: int) -> tuple[int, int] | None:
         """Move the cursor over up to `count` slots, not past `limit`: the slots taken, None when none is left."""
@@ -174,7 +224,7 @@ class Topics:
         return compiled
 
     def _claim_slots(self, refs: list[SlotRef], now: int, only: SubjectFilter | None, count_attempt: bool,
-                     attempts: Mapping[SlotRef, int] | None = None) -> list[Claimed]:
+                     attempts: Mapping[SlotRef, int] | None = None, expired: list[int] | None = None) -> list[Claimed]:
         """Read the topic's records of cursor slots (the filter applied by the server), write the claim records of
         those selected, and return them joined: the selected ones, an awaited slot for each record that may still
         be on its way, and (`attempts` given: a restamp) a passed-over marker for each one the filter refuses."""
@@ -191,6 +241,14 @@ class Topics:
         out: list[Claimed] = []
         writes: list[tuple[SlotRef, Envelope]] = []
         ttl = 1
+        # A missing record before one published more than the write deadline ago will never come: its message left
+        # the topic (`expired`, counted by the caller), unless the caller only restamps.
+        settled_before = 0
+        if expired is not None:
+            for ref, record in zip(refs, records, strict=True):
+                if record.result == 0 and record.record is not None and \
+                        self._settled_after(record.record[2], now):
+                    settled_before = ref[2]
         for ref, record in zip(refs, records, strict=True):
             if record.result == FILTERED_OUT:
                 if attempts is not None:
@@ -200,6 +258,9 @@ class Topics:
             if bins is None or self._ctx.tombstoned(bins):
                 if record.result not in (0, NOT_FOUND):
                     raise self._ctx.record_failure("claim", record, self._ctx.data_set)
+                if bins is None and expired is not None and ref[2] < settled_before:
+                    expired.append(ref[2])  # gone before this subscription came to it
+                    continue
                 # Not written yet (a publish in flight), sealed, or gone: awaited, then sealed (ignis.magazine).
                 out.append(Claimed(ref, None, bins is None))
                 continue

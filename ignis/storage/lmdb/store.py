@@ -199,6 +199,9 @@ class LmdbStore:
                       ) -> bool:
         return self._allocation.load_reserved(ref, payload, msg_id, loaded_at, ttl_seconds)
 
+    def load_reserved_envelope(self, ref: SlotRef, envelope: Envelope, ttl_seconds: int) -> bool:
+        raise NotImplementedError("lmdb has no reserved slots (see Allocation.reserve)")
+
     def load_reserved_many(self, refs: Sequence[SlotRef], payloads: Sequence[bytes], ids: Sequence[str],
                            loaded_at: int, ttl_seconds: int) -> list[bool]:
         return self._allocation.load_reserved_many(refs, payloads, ids, loaded_at, ttl_seconds)
