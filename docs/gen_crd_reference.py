@@ -33,7 +33,8 @@ def _code(value: Any) -> str:
         value = yaml.safe_dump(value, default_flow_style=True).strip()
     text = str(value)
     if "|" in text:  # a table cell: Markdown keeps a backslash-escaped pipe in a code span as it is
-        return "<code>" + html.escape(text).replace("|", "&#124;") + "</code>"
+        # (and "[": "[.][0-9]" would read as a Markdown reference link even in the HTML code element)
+        return "<code>" + html.escape(text).replace("|", "&#124;").replace("[", "&#91;") + "</code>"
     return "`" + text + "`"
 
 

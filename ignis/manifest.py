@@ -1,13 +1,18 @@
-"""Read IgnisQueue manifests (the same YAML users give kubectl) from files and directories."""
+"""Read IgnisQueue and IgnisTopic manifests (the same YAML users give kubectl) from files and directories."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import yaml
 
 from ignis.errors import InvalidSpecError
 from ignis.spec import KIND, QueueSpec
+from ignis.topics.spec import TOPIC_KIND, TopicSpec
+
+T = TypeVar("T")
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
 
@@ -26,7 +31,17 @@ def load_manifests(path: str | Path, *, skip_other_kinds: bool = True) -> list[Q
     """Every IgnisQueue in the file(s) at `path`, validated. Other kinds (a Namespace or the CRD itself in
     the same directory) are skipped. All documents are checked before any is returned, and every
     problem is reported with its file and document number, so nothing is applied half-way."""
-    specs: list[QueueSpec] = []
+    return _load(path, KIND, QueueSpec.from_manifest, "queue", skip_other_kinds)
+
+
+def load_topic_manifests(path: str | Path, *, skip_other_kinds: bool = True) -> list[TopicSpec]:
+    """Every IgnisTopic in the file(s) at `path`, validated, as load_manifests reads IgnisQueues."""
+    return _load(path, TOPIC_KIND, TopicSpec.from_manifest, "topic", skip_other_kinds)
+
+
+def _load(path: str | Path, kind: str, parse: Callable[[Any, str], T], noun: str, skip_other_kinds: bool
+          ) -> list[T]:
+    specs: list[T] = []
     problems: list[str] = []
     seen: dict[tuple[str | None, str], str] = {}
     for file in manifest_files(path):
@@ -39,16 +54,16 @@ def load_manifests(path: str | Path, *, skip_other_kinds: bool = True) -> list[Q
             if doc is None:
                 continue
             where = f"{file} (document {index})" if len(docs) > 1 else str(file)
-            if skip_other_kinds and isinstance(doc, dict) and doc.get("kind") != KIND:
+            if skip_other_kinds and isinstance(doc, dict) and doc.get("kind") != kind:
                 continue
             try:
-                spec = QueueSpec.from_manifest(doc, where)
+                spec = parse(doc, where)
             except InvalidSpecError as exc:
                 problems.append(str(exc))
                 continue
-            ident = (spec.client_id, spec.name)
+            ident = (spec.client_id, spec.name)  # type: ignore[attr-defined]
             if ident in seen:
-                problems.append(f"{where}: queue {spec.name!r} is also declared in {seen[ident]}")
+                problems.append(f"{where}: {noun} {spec.name!r} is also declared in {seen[ident]}")  # type: ignore[attr-defined]
                 continue
             seen[ident] = where
             specs.append(spec)

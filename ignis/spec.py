@@ -91,7 +91,7 @@ class SubscribeSpec(_Model):
     replayed."""
 
     topic: str = Field(min_length=1, max_length=63, pattern=QUEUE_NAME_PATTERN)
-    filter: str = "#"
+    filter: str = Field("#", min_length=1, max_length=255)
     start: str | int = StartPosition.LATEST.value
 
     @model_validator(mode="after")

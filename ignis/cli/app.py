@@ -30,6 +30,8 @@ except ImportError:  # older typer runs on the click package
 from ignis.cli import render
 from ignis.cli.plugins import load_plugins
 from ignis.cli.render import OutputFormat, emit_json, emit_line
+from ignis.cli.topics import register as register_topic_commands
+from ignis.cli.topics import topic_app
 from ignis.client import Ignis
 from ignis.demo import run_demo
 from ignis.errors import (
@@ -41,18 +43,21 @@ from ignis.errors import (
     QueueInactive,
     QueueNotFound,
     StoreError,
+    TopicNotFound,
 )
 from ignis.manifest import load_manifests
 from ignis.queue import NACKED, Message, Queue
 from ignis.settings import DEFAULT_STORE, IgnisSettings, load_settings, service_wait
 from ignis.spec import QueueSpec
+from ignis.subjects import check_subject
+from ignis.topics import Topic
 from ignis.version import package_version
 
 # ---- exit codes --------------------------------------------------------------------------------------
 EXIT_OK = 0
 EXIT_ERROR = 1  # anything else (declined confirmation, demo timed out, unexpected failure)
 EXIT_USAGE = 2  # bad input: usage, invalid manifest, payload too large, malformed data
-EXIT_NOT_FOUND = 3  # unknown or deactivated queue
+EXIT_NOT_FOUND = 3  # unknown or deactivated queue, unknown topic
 EXIT_STORE = 4  # store unreachable, full, or failing
 
 EXIT_CODES_HELP = (
@@ -79,7 +84,7 @@ def exit_code_for(exc: BaseException) -> int:
         return exc.code
     if isinstance(exc, StoreError):
         return EXIT_STORE
-    if isinstance(exc, QueueNotFound | QueueInactive):
+    if isinstance(exc, QueueNotFound | QueueInactive | TopicNotFound):
         return EXIT_NOT_FOUND
     if isinstance(exc, InvalidSpecError | InvalidInputError | PayloadTooLarge | UsageError):
         return EXIT_USAGE
@@ -379,7 +384,28 @@ def parse_duration(text: str) -> float:
     return sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
 
 
-def _publish_lines(q: Queue, payloads: list[tuple[int, Any]], source: str, key: str | None,
+class TopicTarget:
+    """A topic as `publish` uses a queue: every message with the one subject; no delay (a topic's messages are
+    every subscription's at once)."""
+
+    def __init__(self, topic: Topic, subject: str) -> None:
+        check_subject(subject)  # (a bad one fails before stdin is read)
+        self.topic, self.subject, self.name = topic, subject, topic.name
+
+    def envelope(self, payload: Any, *, key: str | None = None, headers: dict[str, str] | None = None) -> Any:
+        self.topic._check(None, key, headers)
+        return self.topic._encode(payload)
+
+    def publish(self, payload: Any, *, id: str | None, key: str | None, headers: dict[str, str] | None,
+                delay: float | None) -> Any:
+        return self.topic.publish(payload, subject=self.subject, key=key, headers=headers, id=id)
+
+    def publish_many(self, payloads: list[Any], *, key: str | None, headers: dict[str, str] | None,
+                     delay: float | None) -> Any:
+        return self.topic.publish_many(payloads, subject=self.subject, key=key, headers=headers)
+
+
+def _publish_lines(q: Queue | TopicTarget, payloads: list[tuple[int, Any]], source: str, key: str | None,
                    headers: dict[str, str] | None, delay: float | None = None) -> list[Any]:
     # Validate every line before writing any, so a bad line 90 000 does not leave 89 999 published.
     for number, payload in payloads:
@@ -401,7 +427,8 @@ def _publish_lines(q: Queue, payloads: list[tuple[int, Any]], source: str, key: 
 @app.command()
 def publish(
     ctx: typer.Context,
-    queue: QueueArg,
+    queue: Annotated[str | None, typer.Argument(
+        metavar="[QUEUE]", show_default=False, help="the queue (omit it with --topic)")] = None,
     data: Annotated[str | None, typer.Argument(
         metavar="[DATA|-]", show_default=False,
         help="the payload; '-' reads it from stdin (kept byte for byte, trailing newline included)")] = None,
@@ -424,12 +451,30 @@ def publish(
         "--delay", "-d", show_default=False,
         help="deliver no sooner than this from now: 30s, 5m, 1h30m, 250ms or seconds (at most the queue's "
              "messageExpirySeconds)")] = None,
+    topic: Annotated[str | None, typer.Option(
+        "--topic", "-t", show_default=False, help="publish to this topic instead of a queue (with --subject)")] = None,
+    subject: Annotated[str | None, typer.Option(
+        "--subject", "-s", show_default=False, help="the message's subject, for --topic: e.g. sensors/kitchen/temp")
+    ] = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
-    """Publish a message (or one per line with --lines) and print its reference.
+    """Publish a message (or one per line with --lines) to a queue, or with --topic and --subject to a topic, and
+    print its reference.
 
-    References read QUEUE/SHARD/SLOT#ID (a delayed message: QUEUE_DELAYED/0/DUE-MS#ID). DATA is published as a
-    string unless --json or --bytes."""
+    References read QUEUE/SHARD/SLOT#ID (a delayed message: QUEUE_DELAYED/0/DUE-MS#ID; a topic's: TOPIC/SHARD/
+    SLOT#ID). DATA is published as a string unless --json or --bytes."""
+    if topic is not None:
+        if data is not None and queue is not None:
+            raise InvalidInputError("give a QUEUE or --topic, not both")
+        data, queue = data if data is not None else queue, None
+        if subject is None:
+            raise InvalidInputError("--topic needs --subject: the subject subscriptions filter on")
+        if delay is not None:
+            raise InvalidInputError("--delay is for queues: a topic keeps its messages for every subscription now")
+    elif subject is not None:
+        raise InvalidInputError("--subject is for --topic: a queue's messages have no subject")
+    elif queue is None:
+        raise InvalidInputError("missing QUEUE: name the queue to publish to (or use --topic)")
     modes = [m for m, on in (("json", as_json), ("bytes", as_bytes), ("str", as_text)) if on]
     if len(modes) > 1:
         raise InvalidInputError("--json, --bytes and --text are mutually exclusive")
@@ -444,8 +489,12 @@ def publish(
     headers = _parse_headers(header)
     mode = modes[0] if modes else ("bytes" if file is not None and not lines else "str")
 
-    q = _state(ctx).ignis().queue(queue)  # an unknown queue fails before stdin is read
-    seconds = q.delay_seconds(parse_duration(delay)) if delay is not None else None  # (a bad one too)
+    if topic is not None:  # (an unknown topic fails before stdin is read)
+        target: Any = TopicTarget(_state(ctx).ignis().topic(topic), subject)  # type: ignore[arg-type]
+        seconds = None
+    else:
+        target = q = _state(ctx).ignis().queue(queue)  # type: ignore[arg-type]  # (unknown: fails before stdin)
+        seconds = q.delay_seconds(parse_duration(delay)) if delay is not None else None  # (a bad one too)
     if file is not None:
         raw: bytes | str = _read_file(file)
         source = str(file)
@@ -457,18 +506,18 @@ def publish(
     if lines:
         assert isinstance(raw, bytes)
         payloads = [(n, _to_payload(line, mode, f"{source} line {n}")) for n, line in _split_lines(raw)]
-        refs = _publish_lines(q, payloads, source, key, headers, seconds)
+        refs = _publish_lines(target, payloads, source, key, headers, seconds)
     else:
-        refs = [q.publish(_to_payload(raw, mode, source), id=msg_id, key=key, headers=headers, delay=seconds)]
+        refs = [target.publish(_to_payload(raw, mode, source), id=msg_id, key=key, headers=headers, delay=seconds)]
 
     if output is OutputFormat.JSON:
-        emit_json({"queue": q.name, "published": len(refs),
+        emit_json({"topic" if topic else "queue": target.name, "published": len(refs),
                    "messages": [{"id": r.id, "ref": str(r.ref)} for r in refs]})
         return
     for r in refs:
         emit_line(str(r))
     if lines:
-        render.err.print(f"published {len(refs)} message(s) to {q.name}")
+        render.err.print(f"published {len(refs)} message(s) to {target.name}")
 
 
 # ---- consume -------------------------------------------------------------------------------------------
@@ -629,7 +678,8 @@ def demo(
 # ---- plug-ins ------------------------------------------------------------------------------------------
 # `ignis operator`, `ignis up|sweep|sweeper`, `ignis sideline shovel|redrive` and `ignis pipeline` come from
 # the operator/, workers/ and pipeline/ parts through entry points: the core imports none of them.
-load_plugins(app, {"queue": queue_app, "sideline": sideline_app})
+register_topic_commands(app, queue_app, _state, CliError)
+load_plugins(app, {"queue": queue_app, "sideline": sideline_app, "topic": topic_app})
 
 
 # ---- entry point ---------------------------------------------------------------------------------------

@@ -213,6 +213,16 @@ def describe_table(doc: Mapping[str, Any]) -> Table:
     return table
 
 
+def simple_table(columns: list[str], rows: list[Mapping[str, Any]]) -> Table:
+    """A table of `rows` (mappings) by `columns`, each cell as `_cell` shows it."""
+    table = Table(box=None, header_style="bold")
+    for name in columns:
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*(_cell(row.get(name)) for name in columns))
+    return table
+
+
 def age_text(seconds: float | None) -> str:
     """An age for a person: 0.4s, 42.0s, 3m05s, 2h07m, 3d04h; "-" for None (nothing waits)."""
     if seconds is None:

@@ -29,6 +29,8 @@ from ignis.errors import InvalidInputError, InvalidSpecError, StoreError
 from ignis.manifest import manifest_files
 from ignis.spec import KIND, QueueSpec
 from ignis.storage.base import Storage, client_view
+from ignis.topics.spec import TOPIC_KIND, TopicSpec
+from ignis.topics.topic import check_names
 from ignis_operator.metrics import DRIFT_REPAIRS, QueueStates, timed
 from ignis_operator.reconcile import (
     CONFLICT,
@@ -76,6 +78,7 @@ class ManifestSync:
         results: list[SyncResult] = []
         declared: dict[tuple[str, str], _Declared] = {}
         clean = True  # every file parsed and every document valid: removals are safe
+        documents: list[tuple[str, object]] = []
         for file in manifest_files(self.directory):
             source = str(file)
             try:
@@ -85,10 +88,16 @@ class ManifestSync:
                 results.append(SyncResult(file.stem, None, False, INVALID_SPEC, f"not valid YAML: {_first_line(exc)}",
                                           source=source))
                 continue
-            for index, doc in enumerate(docs, start=1):
-                if doc is None or (isinstance(doc, dict) and doc.get("kind") != KIND):
-                    continue
-                where = f"{source} (document {index})" if len(docs) > 1 else source
+            documents += [(f"{source} (document {index})" if len(docs) > 1 else source, doc)
+                          for index, doc in enumerate(docs, start=1)]
+        # Topics first: a subscription needs its topic (IgnisTopic documents, then IgnisQueue ones).
+        for where, doc in documents:
+            if isinstance(doc, dict) and doc.get("kind") == TOPIC_KIND:
+                outcome = self._apply_topic(doc, where)
+                clean = clean and outcome.reason != INVALID_SPEC
+                results.append(outcome)
+        for where, doc in documents:
+            if isinstance(doc, dict) and doc.get("kind") == KIND:
                 outcome = self._apply(doc, where, declared, resync)
                 clean = clean and outcome.reason != INVALID_SPEC
                 results.append(outcome)
@@ -128,6 +137,36 @@ class ManifestSync:
         elif result.created or result.diff:
             log.info("queue %s/%s (%s): %s", client_id, spec.name, where, result.message)
         return replace(result, source=where)
+
+    def _apply_topic(self, doc: object, where: str) -> SyncResult:
+        """Create or update a topic from its IgnisTopic document (topics the directory no longer declares are kept:
+        their messages may be what subscriptions elsewhere read; delete one with `ignis topic delete`)."""
+        meta = doc.get("metadata") if isinstance(doc, dict) else None
+        name = str(meta.get("name", "?")) if isinstance(meta, dict) else "?"
+        try:
+            spec = TopicSpec.from_manifest(doc, where)
+        except InvalidSpecError as exc:
+            return SyncResult(name, self._client_of(doc), False, INVALID_SPEC, "; ".join(exc.problems), source=where)
+        client_id = spec.client_id or self.default_client_id
+        store = client_view(self.store, client_id)
+        try:
+            current = store.get_topic(spec.name)
+            if current is None:
+                check_names(store, spec.name, "topic")
+            elif spec.shards < int(current.bins.get("shards", 0) or 0):
+                return SyncResult(spec.name, client_id, False, INVALID_SPEC,
+                                  f"shards={spec.shards}: shards may grow, never shrink (topic {spec.name!r})",
+                                  source=where)
+            store.register_client(client_id)
+            created = store.apply_topic(spec.name, spec.config_bins())
+        except InvalidInputError as exc:
+            return SyncResult(spec.name, client_id, False, INVALID_SPEC, str(exc), source=where)
+        except StoreError as exc:
+            return SyncResult(spec.name, client_id, False, STORE_UNAVAILABLE, str(exc), source=where)
+        if created:
+            log.info("topic %s/%s (%s): created (%d shards)", client_id, spec.name, where, spec.shards)
+        return SyncResult(spec.name, client_id, True, "Synced", "topic record created" if created else
+                          "topic record in sync", created=created, source=where)
 
     def _client_of(self, doc: object) -> str:
         """Best-effort clientId of a document that failed validation (for the report only)."""

@@ -18,10 +18,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ignis import names
-from ignis.errors import InvalidSpecError
+from ignis.errors import InvalidInputError, InvalidSpecError
 from ignis.queue import Queue
 from ignis.spec import API_VERSION, KIND, DeletionPolicy, QueueSpec
 from ignis.storage.base import Storage, client_view
+from ignis.topics.subscriptions import prepare as prepare_subscription
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,10 @@ def sync_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_client_
                               f"{stored_shards} in the store)")
         if holder is not None and holder.uid == owner.uid:
             owner = Owner(owner.uid, owner.ref, holder.since_ms)  # a claim keeps its age across re-syncs
+    try:  # a subscription: its topic exists and stays; a new one's cursor is set where it starts (ignis.topics)
+        prepare_subscription(s, spec, current)
+    except InvalidInputError as exc:
+        return SyncResult(spec.name, client_id, False, INVALID_SPEC, str(exc))
     diff = config_drift(current.bins if current else None, declared)
     s.register_client(client_id)  # so the sweeper finds this client's queue set
     created = s.apply_queue(spec.name, {**declared, OWNER_BIN: owner.as_bin()}, spec.record_ttl_seconds)

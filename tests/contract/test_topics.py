@@ -216,9 +216,9 @@ def test_bad_input_to_topics_is_refused_and_writes_nothing(ignis: Ignis) -> None
     with pytest.raises(InvalidInputError, match="read by subscription\\(s\\) reader"):
         ignis.delete_topic("sensors")
     assert ignis.topic_spec("sensors").name == "sensors"  # still there
-    with pytest.raises(InvalidInputError, match="a queue of client .* has that name"):
+    with pytest.raises(InvalidInputError, match=r"a queue of client .* has that name"):
         ignis.apply(TopicSpec.build(name="reader"))
-    with pytest.raises(InvalidInputError, match="a topic of client .* has that name"):
+    with pytest.raises(InvalidInputError, match=r"a topic of client .* has that name"):
         ignis.apply(QueueSpec.build(name="other", handlerType="x"))
     with pytest.raises(InvalidInputError, match="publish to the topic"):
         ignis.queue("reader").publish(b"x")

@@ -162,6 +162,8 @@ def _compare(model: type[BaseModel], node: dict[str, Any], path: str, skip: set[
         if nested:
             assert prop["type"] == "object", where
             _compare(nested[0], prop, where)
+        elif set(getattr(annotation, "__args__", ())) == {str, int}:  # (subscribe.start: a time or epoch ms)
+            assert prop.get("x-kubernetes-int-or-string") is True and "type" not in prop, where
         elif annotation is DeletionPolicy:
             assert prop["type"] == "string" and prop["enum"] == [p.value for p in DeletionPolicy], where
         else:
@@ -226,6 +228,12 @@ VALID = [
     ("clientId unchanged", manifest(clientId="billing", concurrency=3), manifest(clientId="billing")),
     ("clientId still absent", manifest(concurrency=3), manifest()),
     ("batching removed", manifest(), manifest(batching={"maxBatchSize": 10, "maxWaitSeconds": 1})),
+    ("a subscription", manifest(subscribe={"topic": "events", "filter": "sensors/+/temp", "start": "earliest"}),
+     None),
+    ("a subscription from a time", manifest(subscribe={"topic": "events", "start": "2026-11-28T12:00:00Z"}), None),
+    ("a subscription from epoch ms", manifest(subscribe={"topic": "events", "start": 1795870000000}), None),
+    ("a subscription's filter edited", manifest(subscribe={"topic": "events", "filter": "a/#"}),
+     manifest(subscribe={"topic": "events"})),
 ]
 
 
@@ -242,7 +250,25 @@ CLIENT_ID = "clientId is immutable: it names the store sets that hold the queue'
 HT_PATTERN = "^[A-Za-z0-9]([A-Za-z0-9_.:/-]*[A-Za-z0-9])?$"
 CID_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
+SUBSCRIBE_TOPIC = ("subscribe.topic is immutable, and a queue does not become or stop being a subscription: create a "
+                   "new IgnisQueue instead")
+FILTER = "filter: '+' must be a whole level (sensors/+/temp) and '#' the whole last level (sensors/#)"
+START = "start must be earliest, latest, an RFC 3339 time (2026-11-28T12:00:00Z) or epoch milliseconds"
+
 INVALID = [
+    ("a filter with # in the middle", manifest(subscribe={"topic": "events", "filter": "a/#/b"}), None,
+     [("spec.subscribe.filter", FILTER)]),
+    ("a filter with a partial +", manifest(subscribe={"topic": "events", "filter": "a+"}), None,
+     [("spec.subscribe.filter", FILTER)]),
+    ("a start that is no time", manifest(subscribe={"topic": "events", "start": "soon"}), None,
+     [("spec.subscribe.start", START)]),
+    ("a negative start", manifest(subscribe={"topic": "events", "start": -1}), None,
+     [("spec.subscribe.start", START)]),
+    ("a subscription without its topic", manifest(subscribe={"filter": "#"}), None,
+     [("spec.subscribe", "'topic' is a required property")]),
+    ("a subscription's topic changed", manifest(subscribe={"topic": "other"}), manifest(subscribe={"topic": "events"}),
+     [("spec", SUBSCRIBE_TOPIC)]),
+    ("a queue made a subscription", manifest(subscribe={"topic": "events"}), manifest(), [("spec", SUBSCRIBE_TOPIC)]),
     ("no spec", without(manifest(), "spec"), None, [("", "'spec' is a required property")]),
     ("no handlerType", without(manifest(), "spec", "handlerType"), None,
      [("spec", "'handlerType' is a required property")]),

@@ -21,8 +21,8 @@ silently answers something a server would not.
 from __future__ import annotations
 
 import copy
-import re
 import hashlib
+import re
 import threading
 import time
 import warnings
