@@ -33,6 +33,7 @@ from ignis.client import Ignis
 from ignis.queue import EXCEPTION, REJECTED, TIMEOUT, Message, Queue, QueueStats
 from ignis.spec import QueueSpec
 from ignis.storage.base import MessageRef
+from ignis.topics import Topic, TopicSpec, TopicStats
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,6 +56,7 @@ class AsyncIgnis:
         self._mailbox: _Mailbox | None = None
         self._ignis: Ignis | None = None
         self._queues: dict[str, AsyncQueue] = {}
+        self._topics: dict[str, AsyncTopic] = {}
 
     async def __aenter__(self) -> AsyncIgnis:
         await self.open()
@@ -96,7 +98,7 @@ class AsyncIgnis:
         self._publishers.submit((queue, payload, future, mailbox))
         return future
 
-    async def apply(self, spec: QueueSpec) -> bool:
+    async def apply(self, spec: QueueSpec | TopicSpec) -> bool:
         return await self.run(lambda: self.sync.apply(spec))
 
     def queue(self, name: str) -> AsyncQueue:
@@ -108,6 +110,17 @@ class AsyncIgnis:
 
     async def stats(self, name: str, in_flight: bool = False) -> QueueStats:
         return await self.run(lambda: self.sync.stats(name, in_flight))
+
+    def topic(self, name: str) -> AsyncTopic:
+        """A handle on a declared topic (checked on first use)."""
+        found = self._topics.get(name)
+        if found is None:
+            found = self._topics[name] = AsyncTopic(self, name)
+        return found
+
+    async def seek(self, name: str, to: str | int) -> dict[int, int]:
+        """Move a subscription to a time, earliest or latest (Ignis.seek)."""
+        return await self.run(lambda: self.sync.seek(name, to))
 
 
 _Result = tuple["asyncio.Future[Any]", Any, BaseException | None]
@@ -263,6 +276,36 @@ def _write(batch: list[_Publish]) -> None:
             by_mailbox.setdefault(mailbox, []).append((future, ref, error))
         for mailbox, results in by_mailbox.items():
             mailbox.post(results)
+
+
+class AsyncTopic:
+    """Publish to a topic from asyncio (Topic's calls, on the client's pool)."""
+
+    def __init__(self, owner: AsyncIgnis, name: str) -> None:
+        self._owner = owner
+        self.name = name
+        self._topic: Topic | None = None
+
+    async def sync(self) -> Topic:
+        """The blocking Topic underneath (TopicNotFound on first use)."""
+        if self._topic is None:
+            self._topic = await self._owner.run(lambda: self._owner.sync.topic(self.name))
+        return self._topic
+
+    async def publish(self, payload: Any, *, subject: str, key: str | None = None,
+                      headers: Mapping[str, str] | None = None, id: str | None = None) -> MessageRef:
+        topic = await self.sync()
+        return await self._owner.run(lambda: topic.publish(payload, subject=subject, key=key, headers=headers, id=id))
+
+    async def publish_many(self, payloads: Iterable[Any], *, subject: str, key: str | None = None,
+                           headers: Mapping[str, str] | None = None) -> list[MessageRef]:
+        topic = await self.sync()
+        items = list(payloads)
+        return await self._owner.run(lambda: topic.publish_many(items, subject=subject, key=key, headers=headers))
+
+    async def stats(self) -> TopicStats:
+        topic = await self.sync()
+        return await self._owner.run(topic.stats)
 
 
 class AsyncQueue:

@@ -249,3 +249,28 @@ def test_a_publish_writes_the_message_once_whatever_the_subscriptions(backend: A
             per_publish[subscriptions] = (calls() - before) / 200
     assert per_publish[10] <= per_publish[1] * 1.1 + 0.01, per_publish
     assert per_publish[10] <= 1.1, per_publish
+
+
+def test_the_async_api_publishes_to_a_topic_and_consumes_a_subscription(backend: Any) -> None:
+    import asyncio
+
+    from ignis.aio import AsyncIgnis
+
+    async def main() -> list[tuple[bytes, str | None]]:
+        async with AsyncIgnis(backend.url) as aio:
+            await aio.apply(TopicSpec.build(name="events", shards=2))
+            await aio.apply(QueueSpec.build(name="reader", handlerType="r", subscribe={"topic": "events"}))
+            topic = aio.topic("events")
+            await topic.publish(b"one", subject="a/b")
+            await topic.publish_many([b"two", b"three"], subject="a/c")
+            got = []
+            reader = aio.queue("reader")
+            while len(got) < 3 and (message := await reader.fire(timeout=5)) is not None:
+                got.append((message.payload, message.envelope.subject))
+                await message.ack()
+            assert (await topic.stats()).published == 3
+            with pytest.raises(InvalidInputError, match="publish to the topic"):
+                await reader.publish(b"x")
+            return got
+
+    assert sorted(asyncio.run(main())) == [(b"one", "a/b"), (b"three", "a/c"), (b"two", "a/c")]

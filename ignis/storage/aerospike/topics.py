@@ -34,7 +34,7 @@ from aerospike_helpers.operations import operations as ops
 
 from ignis import names
 from ignis.envelope import ATTEMPTS, CODEC, FIRE_TS, LOADED_AT, MSG_ID, PAYLOAD, Envelope, now_ms
-from ignis.storage.aerospike.context import BATCH_CHUNK, FILTERED_OUT, NOT_FOUND, AerospikeContext
+from ignis.storage.aerospike.context import BATCH_CHUNK, FILTERED_OUT, NOT_FOUND, PURGED, TOMBSTONE, AerospikeContext
 from ignis.storage.aerospike.reads import Reads
 from ignis.storage.aerospike.seals import Seals
 from ignis.storage.base import FIRE_POINTER, HOLES_CLAIMED, LOAD_POINTER, Claimed, CursorClaim, QueueRecord, SlotRef
@@ -292,7 +292,8 @@ class Topics:
         if not refs:
             return []
         try:
-            claims = self._reads.batch_get("restamp", [self._ctx.data_key(ref) for ref in refs], [ATTEMPTS])
+            claims = self._reads.batch_get("restamp", [self._ctx.data_key(ref) for ref in refs],
+                                           [ATTEMPTS, TOMBSTONE, PURGED])
             attempts = {ref: int((bins or {}).get(ATTEMPTS) or 0) for ref, bins in zip(refs, claims, strict=True)}
             return self._claim_slots(list(refs), now, only, count_attempt, attempts)
         except ex.AerospikeError as exc:
@@ -316,7 +317,8 @@ class Topics:
             return []
         topic = names.cursor_topic(refs[0][0])
         assert topic is not None
-        claims = self._reads.batch_get(operation, [self._ctx.data_key(ref) for ref in refs], [FIRE_TS, ATTEMPTS])
+        claims = self._reads.batch_get(operation, [self._ctx.data_key(ref) for ref in refs],
+                                       [FIRE_TS, ATTEMPTS, TOMBSTONE, PURGED])  # (a settled claim reads as none)
         present = [ref for ref, bins in zip(refs, claims, strict=True) if bins is not None]
         messages = dict(zip(present, self._reads.batch_get(
             operation, [self._ctx.data_key(SlotRef(topic, ref[1], ref[2])) for ref in present]), strict=True))
