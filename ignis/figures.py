@@ -22,7 +22,8 @@ class QueueStats:
     oldest_age_seconds: float | None = None
     # A subscription's (ignis.topics): its topic, and the messages it lost to the topic's retention (they left the
     # topic before the subscription claimed them). Its depth counts every message past its position in the topic,
-    # the ones its filter will pass over included (an upper bound), plus those in its own main.
+    # the ones its filter will pass over included (an upper bound), plus those in its own main. Its published and
+    # consumed are positions in the topic (as Kafka offsets): published = consumed + depth + expired.
     topic: str | None = None
     expired: int = 0
 

@@ -493,6 +493,10 @@ class Storage(Protocol):
         """Batch read; None for absent or expired records."""
         ...
 
+    def held(self, refs: Sequence[SlotRef]) -> list[bool]:
+        """Per slot (one batch): whether it holds a live message, read without the payloads where a store can."""
+        ...
+
     def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
         """Present records of slots first..last inclusive, in slot order. Never mutates."""
         ...

@@ -89,10 +89,13 @@ class SubscriptionSide:
             oldest = topic_oldest
         main, expired = pointers.values(), sum(p.claimed_holes for p in topic.values())
         record = self.store.get_queue(self.name) if in_flight else None
+        # Positions in the topic, as a Kafka consumer group's offsets: `published` counts the topic's messages (a
+        # subscription that starts at `latest` begins with consumed == published), `consumed` the slots it passed
+        # (its filter's rejects too) less what it lost to retention; published = consumed + depth + expired.
         return QueueStats(
             name=self.name,
             shards=self.spec.shards,
-            published=sum(p.published for p in main) + sum(p.fire for p in topic.values()) - expired,
+            published=sum(p.published for p in main) + sum(p.load for p in topic.values()),
             consumed=sum(p.consumed for p in main) + sum(p.fire for p in topic.values()) - expired,
             depth=sum(p.pending for p in main) + sum(p.load - p.fire for p in topic.values()),
             sidelined=self.sideline.pending(),  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ from ignis.topics.spec import TopicSpec
 
 _new_tuple = tuple.__new__
 MAX_ID_LENGTH, MAX_KEY_LENGTH = 128, 256
-SAMPLE_PER_SHARD = 16  # records per shard whose sizes estimate the retained bytes
+SAMPLE_PER_SHARD = 16  # records per shard, spread over what it retains, whose sizes estimate the retained bytes
 
 
 @dataclass(frozen=True)
@@ -111,29 +111,69 @@ class Topic:
         return refs
 
     # ---- figures ---------------------------------------------------------------------------------------
+    def survey(self) -> list[ShardSurvey]:
+        """Each shard's retained span and a sample of its records' sizes (what stats() and the byte bound's trim,
+        ignis.topics.retention, both need): about log2(retained) + SAMPLE_PER_SHARD reads per shard."""
+        pointers = self.store.pointers(self.name, self.spec.shards)
+        out = []
+        for shard, p in sorted(pointers.items()):
+            first = first_retained(self.store, self.name, shard, 1, p.load)
+            last = last_written(self.store, self.name, shard, first, p.load)
+            span = last - first + 1
+            # Spread over the span, the head first (the oldest message's age): sizes may drift over a topic's life.
+            n = min(span, SAMPLE_PER_SHARD)
+            slots = [first + i * span // n for i in range(n)]  # (distinct: span >= n)
+            refs = [SlotRef(self.name, shard, slot) for slot in slots]
+            size, sampled, oldest = 0, 0, None
+            for ref, envelope in zip(refs, self.store.read(refs) if refs else [], strict=True):
+                sampled += 1  # (an empty slot too: the span has them, so bytes per slot stays unbiased)
+                if envelope is None:
+                    continue
+                size += len(envelope.payload) + len(envelope.msg_id) + len(envelope.subject or "")
+                if ref.slot == first:
+                    oldest = envelope.loaded_at
+            out.append(ShardSurvey(shard, first, last, p.load, size, sampled, oldest))
+        return out
+
     def stats(self, subscriptions: list[str] | None = None) -> TopicStats:
         """Published and retained messages, the retained bytes (estimated from a sample), the subscriptions
         (`subscriptions`: as the caller knows them, else looked up) and the oldest retained message's age."""
-        pointers = self.store.pointers(self.name, self.spec.shards)
+        survey = self.survey()
         reserved = self.log.reserved()  # slots this handle reserved for its next publishes: no messages yet
-        firsts = {shard: first_retained(self.store, self.name, shard, 1, p.load) for shard, p in pointers.items()}
-        retained = max(sum(max(p.load - firsts[shard] + 1, 0) for shard, p in pointers.items()) - reserved, 0)
-        size, sampled, oldest = 0, 0, None
-        refs = [SlotRef(self.name, shard, slot) for shard, p in pointers.items()
-                for slot in range(firsts[shard], min(firsts[shard] + SAMPLE_PER_SHARD, p.load + 1))]
-        heads = {(shard, firsts[shard]) for shard in pointers}
-        for ref, envelope in zip(refs, self.store.read(refs) if refs else [], strict=True):
-            if envelope is None:
-                continue
-            size += len(envelope.payload) + len(envelope.msg_id) + len(envelope.subject or "")
-            sampled += 1
-            if (ref.shard, ref.slot) in heads:
-                oldest = envelope.loaded_at if oldest is None else min(oldest, envelope.loaded_at)
+        retained = sum(s.retained for s in survey)
+        oldest = min((s.oldest_loaded_at for s in survey if s.oldest_loaded_at is not None), default=None)
         if subscriptions is None:
             subscriptions = subscriptions_of(self.store, self.name)
-        return TopicStats(self.name, self.spec.shards, sum(p.load for p in pointers.values()) - reserved, retained,
-                          round(size / sampled * retained) if sampled else 0, sorted(subscriptions),
+        return TopicStats(self.name, self.spec.shards, sum(s.load for s in survey) - reserved, retained,
+                          retained_bytes(survey), sorted(subscriptions),
                           None if oldest is None else max(now_ms() - oldest, 0) / 1000)
+
+
+@dataclass(frozen=True)
+class ShardSurvey:
+    """One topic shard as Topic.survey() found it."""
+
+    shard: int
+    first: int  # the first slot the shard still holds (last + 1 when none)
+    last: int  # the last slot written (publishers' reservations after it, not written yet, left out)
+    load: int  # its load pointer: the last slot allocated
+    sample_bytes: int  # payload, id and subject bytes of the sampled records
+    sampled: int  # slots sampled (spread over first..last; an empty one, reserved or sealed, counts 0 bytes)
+    oldest_loaded_at: int | None  # publish time of the record at `first`
+
+    @property
+    def retained(self) -> int:
+        """Slots from the first held to the last written."""
+        return max(self.last - self.first + 1, 0)
+
+    @property
+    def bytes_per_slot(self) -> float:
+        return self.sample_bytes / self.sampled if self.sampled else 0.0
+
+
+def retained_bytes(survey: list[ShardSurvey]) -> int:
+    """The bytes a topic holds, estimated from each shard's sample: bytes per slot times its slots."""
+    return round(sum(s.bytes_per_slot * s.retained for s in survey))
 
 
 def first_retained(store: Storage, topic: str, shard: int, low: int, high: int) -> int:
@@ -142,23 +182,34 @@ def first_retained(store: Storage, topic: str, shard: int, low: int, high: int) 
     of the span in batch reads). On a two-step store each probe reads a window of slots: the newest may be reserved
     and not written yet (publishers reserve up to RESERVE_MAX ahead), which is no gap of old ones. (When a shard's
     newest slots are all empty, the window cannot tell a reserved tail from gone messages, and takes them as the
-    tail: a figure counts them as retained until they are written or sealed.)"""
+    tail; last_written leaves them out of the figures.)"""
     window = RESERVE_MAX + 1 if store.write_grace_ms else 1
     while low <= high:
         mid = (low + high) // 2
         refs = [SlotRef(topic, shard, slot) for slot in range(mid, min(mid + window, high + 1))]
-        held = next((ref.slot for ref, env in zip(refs, store.read(refs), strict=True) if env is not None), None)
+        held = next((ref.slot for ref, there in zip(refs, store.held(refs), strict=True) if there), None)
         if held == mid:
             high = mid - 1
         elif held is not None:  # gone at mid, held a little later: the edge is in between
             low, high = mid + 1, held - 1
             if low > high:
                 return held
-        elif refs[-1].slot >= high:  # nothing held up to the end: the newest slots, not written yet
+        elif window > 1 and refs[-1].slot >= high:  # nothing held up to the end: the newest, not written yet
             high = mid - 1
         else:  # a run of gone slots longer than any reservation: old ones
             low = refs[-1].slot + 1
     return low
+
+
+def last_written(store: Storage, topic: str, shard: int, first: int, load: int) -> int:
+    """The last slot of a shard written, from its load pointer down: on a two-step store publishers may hold the
+    newest slots reserved, not written yet (up to RESERVE_MAX each), which are not messages yet. One read of that
+    window; when none of it is written, the slot before it."""
+    if not store.write_grace_ms or load < first:
+        return load
+    low = max(first, load - RESERVE_MAX)
+    refs = [SlotRef(topic, shard, slot) for slot in range(low, load + 1)]
+    return max((ref.slot for ref, there in zip(refs, store.held(refs), strict=True) if there), default=low - 1)
 
 
 def first_published_at(store: Storage, topic: str, shard: int, low: int, high: int, at_ms: int) -> int:
@@ -189,4 +240,5 @@ def check_names(store: Storage, name: str, kind: str) -> None:
                                 f"a topic and a queue may not share one")
 
 
-__all__ = ["Topic", "TopicStats", "check_names", "first_published_at", "first_retained", "subscriptions_of"]
+__all__ = ["ShardSurvey", "Topic", "TopicStats", "check_names", "first_published_at", "first_retained",
+           "last_written", "retained_bytes", "subscriptions_of"]

@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 
 from ignis import Consumer, Ignis, InvalidInputError, InvalidSpecError, QueueSpec, TopicNotFound, TopicSpec
 from ignis.envelope import now_ms
+from ignis.topics.retention import trim_to_bytes
 
 
 def topic(ignis: Ignis, name: str = "sensors", **fields: Any):
@@ -169,21 +170,54 @@ def test_a_message_that_left_the_topic_before_a_subscription_came_is_counted_exp
     deadline = time.monotonic() + ignis.store.write_grace_ms / 1000 + 5
     while q.stats().expired < 3 and time.monotonic() < deadline:
         assert q.fire(timeout=0.2) is None
-    assert q.stats().expired == 3 and expired_total() - before == 3
+    stats = q.stats()
+    assert stats.expired == 3 and expired_total() - before == 3
+    assert stats.published == stats.consumed + stats.depth + stats.expired == 4
+
+
+def test_a_topic_over_its_byte_bound_drops_its_oldest_messages_and_a_subscription_counts_them(ignis: Ignis) -> None:
+    t = topic(ignis, shards=2, retentionBytes=4000)
+    behind = subscribe(ignis, "behind", start="earliest")
+    refs = [t.publish(b"%03d" % i + b"x" * 97, subject="a") for i in range(60)]
+    size = 100 + len(refs[0].id) + 1  # what a message counts: payload, id, subject
+    trim = trim_to_bytes(t)
+    assert trim.dropped > 0 and trim.retained_bytes > 4000
+    assert t.stats().retained_bytes <= 4000 + 2 * size  # the estimate, within a message per shard of the bound
+    kept = {int(m.payload[:3]) for m in drain(behind)}
+    assert 4000 - 6 * size <= len(kept) * size <= 4000 + 2 * size
+    # Oldest first in each shard: what is left of a shard is its newest messages.
+    for shard in (0, 1):
+        numbers = [i for i, ref in enumerate(refs) if ref.shard == shard]
+        assert [i in kept for i in numbers] == sorted(i in kept for i in numbers), shard
+    # Counted as lost to retention, each of them (a publisher's reservation given up is not).
+    deadline = time.monotonic() + ignis.store.write_grace_ms / 1000 + 5
+    while behind.stats().expired < 60 - len(kept) and time.monotonic() < deadline:
+        assert behind.fire(timeout=0.2) is None
+    assert behind.stats().expired == 60 - len(kept)
+    # Within its bound: nothing more goes.
+    assert trim_to_bytes(t).dropped == 0
+    unbounded = topic(ignis, "unbounded", shards=2)
+    unbounded.publish_many([b"y" * 1000] * 20, subject="a")
+    assert trim_to_bytes(unbounded).dropped == 0 and unbounded.stats().retained == 20
 
 
 def test_figures_of_a_topic_and_a_subscription(ignis: Ignis) -> None:
     t = topic(ignis)
+    t.publish_many([b"before"] * 2, subject="a")  # before the subscription: behind its start (latest)
     q = subscribe(ignis, "figures")
     t.publish_many([b"x" * 100] * 5, subject="a")
     stats = q.stats()
     assert stats.depth == 5 and stats.expired == 0 and stats.oldest_age_seconds is not None
+    # Positions in the topic, as offsets: published = consumed + depth + expired.
+    assert (stats.published, stats.consumed) == (7, 2)
     m = q.fire()
     assert m is not None
     assert q.stats(in_flight=True).in_flight == 1
     m.ack()
+    stats = q.stats()
+    assert (stats.published, stats.consumed, stats.depth) == (7, 3, 4)
     ts = t.stats()
-    assert ts.published == 5 and ts.retained == 5 and ts.subscriptions == ["figures"]
+    assert ts.published == 7 and ts.retained == 7 and ts.subscriptions == ["figures"]
     assert 5 * 100 <= ts.retained_bytes < 5 * 1024
 
 

@@ -116,3 +116,44 @@ def test_redeliveries_are_counted(tmp_path: Path) -> None:
     assert again.attempts == 2
     assert sample("ignis_redelivered_total", queue="again") == before + 1
     store.close()
+
+
+def test_the_leader_trims_topics_to_their_byte_bound_and_reports_their_figures(tmp_path: Path) -> None:
+    from ignis import TopicSpec
+
+    store = open_store(f"lmdb://{tmp_path}/store?durability=fast")
+    client = Ignis(store)
+    client.apply(TopicSpec.build(name="bounded", shards=2, retentionBytes=5000))
+    client.apply(TopicSpec.build(name="kept", shards=1))
+    client.apply(QueueSpec.build(name="reader", handlerType="reader", subscribe={"topic": "bounded",
+                                                                                  "start": "earliest"}))
+    client.topic("bounded").publish_many([b"x" * 200] * 100, subject="a")  # about 23 kB
+    client.topic("kept").publish_many([b"y" * 200] * 10, subject="a")
+    settings = load_sweeper_settings(sweep_interval_seconds=0.2, threads=2, lease_duration_seconds=3,
+                                     renew_deadline_seconds=2, retry_period_seconds=0.2, probe_port=-1)
+    service = SweeperService(store, settings)
+    trimmed_before = sample("ignis_topic_trimmed_total", topic="bounded") or 0
+    stop = threading.Event()
+    runner = threading.Thread(target=service.run, args=(stop,))
+    runner.start()
+    try:
+        wait_for(lambda: sample("ignis_topic_retained_bytes", topic="bounded") is not None)
+        assert sample("ignis_topic_retained_bytes", topic="bounded") <= 5000 + 2 * 230
+        held = sample("ignis_topic_retained_messages", topic="bounded")
+        assert 15 <= held < 25
+        assert sample("ignis_topic_trimmed_total", topic="bounded") - trimmed_before == 100 - held
+        assert sample("ignis_topic_published_messages", topic="bounded") == 100
+        assert sample("ignis_topic_subscriptions", topic="bounded") == 1
+        assert sample("ignis_topic_oldest_age_seconds", topic="bounded") >= 0
+        # A topic without a byte bound keeps everything; one with no subscription says 0.
+        assert sample("ignis_topic_retained_messages", topic="kept") == 10
+        assert sample("ignis_topic_subscriptions", topic="kept") == 0
+        assert client.topic("bounded").stats().retained == held
+    finally:
+        stop.set()
+        runner.join(20)
+    assert not runner.is_alive()
+    for gauge in ("ignis_topic_retained_bytes", "ignis_topic_retained_messages", "ignis_topic_published_messages",
+                  "ignis_topic_subscriptions", "ignis_topic_oldest_age_seconds"):
+        assert sample(gauge, topic="bounded") is None, gauge  # a stopped leader reports none
+    store.close()

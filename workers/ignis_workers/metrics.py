@@ -47,3 +47,15 @@ SWEEPER_INFO = Info("ignis_sweeper", "This sweeper process: version, lease backe
 # Set by the leader each pass; cleared when it stops leading, so only the leader reports them.
 QUEUE_GAUGES = (QUEUE_DEPTH, QUEUE_IN_FLIGHT, QUEUE_SIDELINED, QUEUE_DEAD, QUEUE_OLDEST_IN_FLIGHT, QUEUE_SWEEP_DURATION,
                 QUEUE_DELAYED, QUEUE_OLDEST_AGE)
+# A topic's figures (ignis_workers.topics), set by the leader each pass like the queues' and cleared with them.
+TOPIC_PUBLISHED_MESSAGES = Gauge("ignis_topic_published_messages", "Messages ever published to the topic (its "
+                                 "shards' load pointers, as the store counts them)", ["topic"])
+TOPIC_RETAINED = Gauge("ignis_topic_retained_messages", "Messages the topic still holds", ["topic"])
+TOPIC_RETAINED_BYTES = Gauge("ignis_topic_retained_bytes", "Bytes of payload, id and subject the topic holds "
+                             "(estimated from a sample of each shard)", ["topic"])
+TOPIC_SUBSCRIPTIONS = Gauge("ignis_topic_subscriptions", "Queues that subscribe to the topic", ["topic"])
+TOPIC_OLDEST_AGE = Gauge("ignis_topic_oldest_age_seconds", "Age of the oldest message the topic holds; NaN when it "
+                         "holds none", ["topic"])
+TOPIC_GAUGES = (TOPIC_PUBLISHED_MESSAGES, TOPIC_RETAINED, TOPIC_RETAINED_BYTES, TOPIC_SUBSCRIPTIONS, TOPIC_OLDEST_AGE)
+TOPIC_TRIMMED = Counter("ignis_topic_trimmed", "Oldest messages dropped from a topic to keep it within its "
+                        "retentionBytes", ["topic"])

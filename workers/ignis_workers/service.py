@@ -59,9 +59,11 @@ from ignis_workers.metrics import (
     SWEEP_LAST_PASS,
     SWEEP_PASSES,
     SWEEPER_INFO,
+    TOPIC_GAUGES,
 )
 from ignis_workers.shovel import Shovel
 from ignis_workers.sweeper import LeadershipLost, Sweeper
+from ignis_workers.topics import keep_topics
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +164,7 @@ class SweeperService:
         self._epoch = None
         # Only the leader reports queue figures: a standby keeping its last values would be summed with
         # (or mistaken for) the new leader's. A gauge's children are dropped, so the series end.
-        for gauge in QUEUE_GAUGES:
+        for gauge in (*QUEUE_GAUGES, *TOPIC_GAUGES):
             gauge.clear()
         SWEEP_LAST_PASS.set(float("nan"))
 
@@ -330,6 +332,9 @@ class SweeperService:
                             "failed": sum(not r.ok for r in reports)})
             if self.settings.refresh_gauges and self.leading():
                 self._guarded("gauges", self._refresh_gauges)
+            if self.leading():  # topics' byte bounds (and their gauges)
+                self._guarded("topics", lambda: keep_topics(self.store, gauges=self.settings.refresh_gauges,
+                                                            leading=self.leading))
 
     def _refresh_gauges(self) -> None:
         for client_id, name in self.sweeper.active_queues():

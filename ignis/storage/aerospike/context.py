@@ -51,6 +51,9 @@ T = TypeVar("T")
 
 TOMBSTONE = "deletedAt"  # the one bin of a tombstoned record (Community Edition acks and deletes)
 SEALED = "sealedAt"  # with deletedAt: a slot given up as a hole for good; refuses a late write
+# With sealedAt, in a topic's slot: sealed by a subscription that found its message missing (gone, as far as it can
+# tell), so every subscription counts it lost; a seal without it is a publisher's reservation given up (no message).
+LOST = "lostAt"
 PURGED = "purgedAt"  # the one bin a magazine purge leaves; a new message may replace it
 ENVELOPE_BINS = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, REASON, HISTORY, FIRE_TS, ATTEMPTS,
                  DUE_AT, SUBJECT)

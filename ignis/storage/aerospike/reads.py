@@ -21,6 +21,7 @@ from ignis.storage.aerospike.context import (
     MISSING,
     NOT_FOUND,
     NOT_TOMBSTONED,
+    PURGED,
     READ_ENVELOPE,
     TOMBSTONE,
     AerospikeContext,
@@ -37,6 +38,7 @@ _ONE_HEAD, _ONE_TAIL = _ONE[:_AT], _ONE[_AT + 1:]
 # What an ack, a delete or a seal leaves in a slot. Not a purge's mark: slot numbering starts afresh
 # after a purge, so a new message may still be written over it.
 _SETTLED_BINS = [TOMBSTONE]
+_HELD_BINS = [MSG_ID, TOMBSTONE, PURGED]  # (a tombstone's or a purge mark's bins: batch_get answers None for those)
 
 
 class Reads:
@@ -64,6 +66,16 @@ class Reads:
                 else:
                     raise self._ctx.record_failure(operation, record, set_name)
         return out
+
+    def held(self, refs: Sequence[SlotRef]) -> list[bool]:
+        """Storage.held: a live message's id, read without its payload (a topic's figures probe many slots)."""
+        if not refs:
+            return []
+        try:
+            found = self.batch_get("held", [self._ctx.data_key(ref) for ref in refs], _HELD_BINS)
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "held", self._ctx.data_set) from None
+        return [bins is not None and bins.get(MSG_ID) is not None for bins in found]
 
     def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
         if not refs:

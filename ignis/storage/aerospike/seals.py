@@ -13,7 +13,7 @@ from aerospike_helpers import expressions as exp
 from aerospike_helpers.operations import operations as ops
 
 from ignis.envelope import now_ms
-from ignis.storage.aerospike.context import FILTERED_OUT, PURGED, SEALED, TOMBSTONE, AerospikeContext
+from ignis.storage.aerospike.context import FILTERED_OUT, LOST, PURGED, SEALED, TOMBSTONE, AerospikeContext
 from ignis.storage.base import HOLES, HOLES_CLAIMED, SlotRef
 
 # A seal turns a missing record or a tombstone into a seal, once: a slot sealed already refuses (so each
@@ -35,13 +35,14 @@ class Seals:
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "seal", self._ctx.data_set) from None
 
-    def seal_slots(self, operation: str, refs: Sequence[SlotRef], ttl: int) -> list[bool]:
+    def seal_slots(self, operation: str, refs: Sequence[SlotRef], ttl: int, lost: bool = False) -> list[bool]:
         """Create a seal in each slot, or turn a tombstone there into one; a live record, or a seal already
-        there, wins (False). Each slot sealed here is a hole, counted (HOLES) on its shard's meta record."""
+        there, wins (False). Each slot sealed here is a hole, counted (HOLES) on its shard's meta record.
+        `lost`: marked as a message gone (LOST: a topic's slot a subscription found missing)."""
         now = now_ms()
         policy = {**self._ctx.wp, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE, "expressions": _SEALABLE,
                   "ttl": ttl}
-        seal = [ops.write(TOMBSTONE, now), ops.write(SEALED, now)]
+        seal = [ops.write(TOMBSTONE, now), ops.write(SEALED, now), *([ops.write(LOST, now)] if lost else [])]
         done = self._ctx.call(operation, self._ctx.client.batch_operate, [self._ctx.data_key(ref) for ref in refs],
                               seal, None, policy)
         records = self._ctx.answers(operation, done, len(refs), self._ctx.data_set)

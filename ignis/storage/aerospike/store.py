@@ -256,6 +256,9 @@ class AerospikeStore:
             return self._topics.joined("read", refs)
         return self._reads.read(refs)
 
+    def held(self, refs: Sequence[SlotRef]) -> list[bool]:
+        return self._reads.held(refs)
+
     def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
         if names.cursor_topic(magazine) is not None:
             refs = [SlotRef(magazine, shard, slot) for slot in range(max(first, 1), last + 1)]

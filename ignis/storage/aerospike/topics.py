@@ -34,7 +34,16 @@ from aerospike_helpers.operations import operations as ops
 
 from ignis import names
 from ignis.envelope import ATTEMPTS, CODEC, FIRE_TS, LOADED_AT, MSG_ID, PAYLOAD, Envelope, now_ms
-from ignis.storage.aerospike.context import BATCH_CHUNK, FILTERED_OUT, NOT_FOUND, PURGED, TOMBSTONE, AerospikeContext
+from ignis.storage.aerospike.context import (
+    BATCH_CHUNK,
+    FILTERED_OUT,
+    LOST,
+    NOT_FOUND,
+    PURGED,
+    SEALED,
+    TOMBSTONE,
+    AerospikeContext,
+)
 from ignis.storage.aerospike.reads import Reads
 from ignis.storage.aerospike.seals import Seals
 from ignis.storage.base import FIRE_POINTER, HOLES_CLAIMED, LOAD_POINTER, Claimed, CursorClaim, QueueRecord, SlotRef
@@ -176,7 +185,7 @@ class Topics:
         while low <= high:
             mid = (low + high) // 2
             bins = self._reads.batch_get("claim", [self._ctx.data_key(SlotRef(topic, shard, mid))])[0]
-            if bins is None:
+            if self._ctx.tombstoned(bins):  # (gone: expired, trimmed to the byte bound, or sealed)
                 low = mid + 1
             else:
                 first_held, held_bins, high = mid, bins, mid - 1
@@ -258,8 +267,14 @@ class Topics:
             if bins is None or self._ctx.tombstoned(bins):
                 if record.result not in (0, NOT_FOUND):
                     raise self._ctx.record_failure("claim", record, self._ctx.data_set)
-                if bins is None and expired is not None and ref[2] < settled_before:
-                    expired.append(ref[2])  # gone before this subscription came to it
+                if bins is not None and bins.get(SEALED) is not None and bins.get(LOST) is None:
+                    # A publisher's reservation it gave up: no message was ever there, nothing lost.
+                    if attempts is not None:
+                        out.append(Claimed(ref, None, None))
+                    continue
+                if expired is not None and ((bins is None and ref[2] < settled_before) or
+                                            (bins is not None and bins.get(SEALED) is not None)):
+                    expired.append(ref[2])  # gone before this subscription came to it (or another found it so)
                     continue
                 # Not written yet (a publish in flight), sealed, or gone: awaited, then sealed (ignis.magazine).
                 out.append(Claimed(ref, None, bins is None))
@@ -306,7 +321,7 @@ class Topics:
         assert topic is not None
         try:
             return self._seals.seal_slots("seal", [SlotRef(topic, ref[1], ref[2]) for ref in refs],
-                                          self._ctx.ttl(ttl_seconds))
+                                          self._ctx.ttl(ttl_seconds), lost=True)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "seal", self._ctx.data_set) from None
 

@@ -244,6 +244,9 @@ class LmdbStore:
     def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
         return self._reads.peek(magazine, shard, first, last)
 
+    def held(self, refs: Sequence[SlotRef]) -> list[bool]:
+        return [envelope is not None for envelope in self.read(refs)]  # (local, mapped: a read is as cheap)
+
     def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
         return self._reads.settled(refs)
 
