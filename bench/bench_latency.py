@@ -203,9 +203,12 @@ class Trial:
 
 
 class ConsumerProcess:
-    def __init__(self, args: list[str]) -> None:
+    """A consumer process: `script` (this file, or another bench that imports it) run with `args` and the path its
+    Recorder writes to."""
+
+    def __init__(self, args: list[str], script: str = __file__) -> None:
         self.out = tempfile.mktemp(prefix="ignis-latency-", suffix=".bin")
-        self.proc = subprocess.Popen([sys.executable, __file__, *args, self.out], stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([sys.executable, script, *args, self.out], stdout=subprocess.PIPE, text=True)
         self.seen = 0
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         if line.strip() != "ready":

@@ -155,6 +155,10 @@ def _unpack_data(raw: bytes, where: object = "?") -> Envelope:
             raise ValueError("the record is shorter than its lengths say" if msg_id else "its id is empty")
         if flags & _HAS_EXTRAS:
             extras = msgpack.unpackb(raw[end:], raw=False)
+            subject = extras.get(SUBJECT)
+            if len(extras) == 1 and type(subject) is str:  # a topic's message: its subject only (a claim's path)
+                return Envelope(payload, msg_id, loaded_at, _CODEC_NAMES[codec], None, None, fire_ts or None,
+                                attempts, subject=subject)
             envelope = Envelope(payload, msg_id, loaded_at, _CODEC_NAMES[codec], extras.get(HEADERS),
                                 extras.get(PARTITION_KEY), fire_ts or None, attempts, extras.get(REASON),
                                 extras.get(HISTORY), extras.get(DUE_AT), extras.get(SUBJECT))

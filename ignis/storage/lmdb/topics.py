@@ -21,10 +21,11 @@ from ignis.envelope import Envelope, now_ms
 from ignis.storage.base import Claimed, CursorClaim, QueueRecord, SlotRef
 from ignis.storage.lmdb.context import StoreContext
 from ignis.storage.lmdb.records import (
+    _DATA,
     _DATA_HEADER,
     _expired,
     _new_ref,
-    _pack_data,
+    _plain_head,
     _record,
     _unpack,
     _unpack_data,
@@ -173,10 +174,11 @@ def _gone(raw: bytes | None, now: int) -> bool:
 
 def _claim_record(envelope: Envelope, topic_raw: bytes) -> bytes:
     """A claim record: the claim's fireTS and attempts in the fixed header, the message's id and load time; no
-    payload (the message is the topic's), and it expires with the topic's record."""
-    expire_at = _DATA_HEADER.unpack_from(topic_raw)[0]
-    return _pack_data(Envelope(b"", envelope.msg_id, envelope.loaded_at, envelope.codec, fire_ts=envelope.fire_ts,
-                               attempts=envelope.attempts), expire_at)
+    payload (the message is the topic's), and it expires with the topic's record. Packed from the topic record's
+    header and id as they are (one per message a subscription claims)."""
+    expire_at, _, _, fmt, loaded_at, codec, _, id_length = _DATA.unpack_from(topic_raw)
+    return _plain_head(id_length).pack(expire_at, envelope.fire_ts or 0, envelope.attempts, fmt, loaded_at, codec, 0,
+                                       id_length, topic_raw[_DATA.size:_DATA.size + id_length], 0)
 
 
 def _first_retained(get: Any, prefix: bytes, db: Any, low: int, high: int, now: int) -> int:
