@@ -11,6 +11,7 @@ Publishers never write a subscription: its publish methods refuse, naming the to
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 from ignis.envelope import now_ms
@@ -38,9 +39,11 @@ class SubscriptionSide:
     _hole_budget: int
     _refresh_seconds: float
     _cursor: CursorMagazine | None = None
+    _cursor_lock: threading.Lock
 
     def _subscribe(self) -> None:
         """Make this handle a subscription's (Queue.__init__, when the spec subscribes)."""
+        self._cursor_lock = threading.Lock()
         for method in ("publish", "publish_many", "publish_each", "publish_plain"):
             setattr(self, method, self._refuse_publish)
 
@@ -53,19 +56,28 @@ class SubscriptionSide:
     def cursor(self) -> CursorMagazine | None:
         """The subscription's cursor (built on first use: it reads the topic's record); None for a plain queue."""
         if self._cursor is None and self.spec.subscribe is not None:
-            sub = self.spec.subscribe
-            record = self.store.get_topic(sub.topic)
-            if record is None:
-                raise InvalidInputError(f"subscription {self.name!r} reads topic {sub.topic!r}, which does not exist "
-                                        f"(any more) in client {self.store.client_id!r}")
-            topic = TopicSpec.from_bins(record.name, record.bins, self.store.client_id)
-            cursor = CursorMagazine(self.store, self.name, topic.name, shards=topic.shards,
-                                    ttl_seconds=topic.retention_seconds, only=subject_filter(sub.filter),
-                                    hole_budget=self._hole_budget, refresh_seconds=self._refresh_seconds)
-            cursor.activity.wake_with(self.main._active_shards.activity)  # its consumers wait on main
-            self.main.also_watch = (cursor,)
-            self._cursor = cursor
+            # Built once, under a lock: a consumer's threads fire at once on a new handle, and a second cursor would
+            # keep what its fire prefetched where no later fire (and no idle check) looks, until the sweeper.
+            with self._cursor_lock:
+                if self._cursor is None:
+                    self._cursor = self._build_cursor()
         return self._cursor
+
+    def _build_cursor(self) -> CursorMagazine:
+        """The cursor of this subscription's topic (`cursor`, under its lock)."""
+        sub = self.spec.subscribe
+        assert sub is not None
+        record = self.store.get_topic(sub.topic)
+        if record is None:
+            raise InvalidInputError(f"subscription {self.name!r} reads topic {sub.topic!r}, which does not exist "
+                                    f"(any more) in client {self.store.client_id!r}")
+        topic = TopicSpec.from_bins(record.name, record.bins, self.store.client_id)
+        cursor = CursorMagazine(self.store, self.name, topic.name, shards=topic.shards,
+                                ttl_seconds=topic.retention_seconds, only=subject_filter(sub.filter),
+                                hole_budget=self._hole_budget, refresh_seconds=self._refresh_seconds)
+        cursor.activity.wake_with(self.main._active_shards.activity)  # its consumers wait on main
+        self.main.also_watch = (cursor,)
+        return cursor
 
     def _watch(self) -> None:
         """Have the watcher follow where this queue's messages come from (main, and a subscription's cursor)."""

@@ -5,6 +5,7 @@ and seeks; bad input is refused with the problem named and nothing written."""
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -148,6 +149,40 @@ def test_a_consumer_handles_a_subscription_and_release_returns_claims(ignis: Ign
     again = q.fire(timeout=5)
     assert again is not None and again.payload == b"held"
     again.ack()
+
+
+def test_threads_that_fire_first_on_a_new_handle_share_one_cursor(ignis: Ignis, monkeypatch: Any) -> None:
+    """A consumer's threads fire at once on a new subscription handle: one cursor is built, so what one fire
+    prefetches for the others is handed out by the next fires (a second cursor kept it out of every fire's sight,
+    and out of Consumer.drain's, until a sweep). The topic's record read slowly, as over a busy network."""
+    t = topic(ignis)
+    subscribe(ignis, "fanned")
+    t.publish_many([b"m%d" % i for i in range(40)], subject="s")
+    q = ignis.queue("fanned")
+    get_topic = q.store.get_topic
+
+    def slow_get_topic(name: str) -> Any:
+        time.sleep(0.05)
+        return get_topic(name)
+
+    monkeypatch.setattr(q.store, "get_topic", slow_get_topic)
+    start = threading.Barrier(8)
+    cursors: list[Any] = []
+    fired: list[bytes] = []
+
+    def first_fire() -> None:
+        start.wait()
+        cursors.append(q.cursor)
+        fired.extend(m.payload for m in q.fire_many(1))
+
+    threads = [threading.Thread(target=first_fire) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({id(c) for c in cursors}) == 1 and cursors[0] is q.cursor
+    rest = [m.payload for m in drain(q)]
+    assert sorted(fired + rest) == sorted(b"m%d" % i for i in range(40))
 
 
 def test_a_message_that_left_the_topic_before_a_subscription_came_is_counted_expired(ignis: Ignis) -> None:
