@@ -194,7 +194,10 @@ def ignis_publish_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
         out["rounds"] = {str(k): [round(r) for r in v] for k, v in rates.items()}
         if url.startswith("aerospike"):
             out["writes_per_publish"] = {str(n): server_writes_per_publish(ignis, n, args) for n in (1, 10, 100)}
-            out["stored_bytes"] = {str(n): stored_bytes(ignis, n, args) for n in (1, 10)}
+            dropped: list[tuple[str, list[str]]] = []  # after both: a drop's deletes would count in the next
+            out["stored_bytes"] = {str(n): stored_bytes(ignis, n, args, dropped) for n in (1, 10)}
+            for name, subs in dropped:
+                drop_topic(ignis, name, subs)
     return out
 
 
@@ -220,9 +223,11 @@ def server_writes_per_publish(ignis: Any, subscriptions: int, args: argparse.Nam
     return writes / count[0]
 
 
-def stored_bytes(ignis: Any, subscriptions: int, args: argparse.Namespace) -> dict[str, float]:
+def stored_bytes(ignis: Any, subscriptions: int, args: argparse.Namespace,
+                 dropped: list[tuple[str, list[str]]]) -> dict[str, float]:
     """Bytes the namespace stores for a backlog of --stored messages on a topic with `subscriptions`
-    subscriptions: once published, and once every subscription consumed it (their claims settled)."""
+    subscriptions: once published, and once every subscription consumed it (their claims settled). The topic is
+    left for the caller to drop (`dropped`)."""
     name = unique("sto")
     subs = [(f"{name}s{i}", "#") for i in range(subscriptions)]
     topic = make_topic(ignis, name, args.shards, subs)
@@ -233,7 +238,7 @@ def stored_bytes(ignis: Any, subscriptions: int, args: argparse.Namespace) -> di
     for sub, _ in subs:
         drain(ignis.queue(sub), args.drain_threads)
     consumed = namespace_stats(ignis)["data_used_bytes"] - before
-    drop_topic(ignis, name, [s for s, _ in subs])
+    dropped.append((name, [s for s, _ in subs]))
     return {"published_per_message": published / args.stored, "consumed_per_message": consumed / args.stored}
 
 

@@ -168,6 +168,7 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
         self.replace_live = {**self.replace, "expressions": NOT_TOMBSTONED}
         self.batch = settings.client_config()["policies"]["batch"]  # (a policy given to a call replaces it)
         self.durable_remove = {**wp, "durable_delete": True}
+        self.remove = {**wp, "durable_delete": self.durable}  # a delete that leaves no tombstone on Community
         self.small_batch = {**self.batch, "allow_inline": True,
                             "allow_inline_ssd": True}
         # The producer's write deadline: every attempt of a load's write and the waits between them, the
