@@ -136,13 +136,16 @@ def _load(job: str) -> Callable[..., dict[str, Any]]:
 def _job(ctx: typer.Context, name: str, *args: Any, queues: Sequence[str] = (), **kwargs: Any) -> dict[str, Any]:
     """Run job `name`; a failure inside Spark comes back as one line naming the problem. Before anything of Spark
     is imported or started: the session's arguments, Spark and Java being there, where the store can be reached
-    from (an lmdb store and a master on other hosts), and that the named `queues` exist."""
-    from ignis_pipeline.session import check_master, check_runtime, effective_master
+    from (an lmdb store and a master on other hosts), that the master answers, and that the named `queues`
+    exist."""
+    from ignis_pipeline.session import check_master, check_master_answers, check_runtime, effective_master
 
     store = _store(ctx)
     master, given, log_level = _session_args(ctx)
     check_runtime()
-    check_master(effective_master(master, given), store["store"])
+    chosen = effective_master(master, given)
+    check_master(chosen, store["store"])
+    check_master_answers(chosen)
     usage.require_queues(store, queues)
     # Our own progress line replaces Spark's console bar. Failures come back as exceptions, turned into one
     # `error:` line by the core CLI, so Spark's own logs (its stack traces included) stay off unless asked for.
