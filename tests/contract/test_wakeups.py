@@ -120,6 +120,47 @@ def test_fire_sees_a_message_published_by_another_process(backend: Any, make_que
     assert queue.fire_many(10, timeout=0.2) == []  # waits out its timeout, then says there is nothing
 
 
+def test_a_pointer_read_between_a_ring_and_its_commit_does_not_hide_the_message(backend: Any, make_queue: Any
+                                                                               ) -> None:
+    """lmdb: another process rings the doorbell before its commit, so a read of the pointers made between the two
+    (the watcher's, or a fire's refresh) sees no work in that shard. The shard stays listed anyway: the next
+    fire claims it at once (a claim's write lock waits such a commit out), not at the next read of the pointers
+    (the watcher's safety poll: 30 s). (It dropped it: 1 run in 5 of this file, on a busy machine, delivered
+    the message 0.3-1.1 s late, when a pointer read fell into that gap.)"""
+    cross_process(backend)
+    if backend.name != "lmdb":
+        pytest.skip("a doorbell's ring-then-commit is lmdb's")
+    from ignis.activity import activity_for
+
+    queue = make_queue("held", shards=1)
+    assert queue.fire() is None  # the watcher follows the queue, and this process listens for rings of it
+    time.sleep(0.3)  # (the watcher's first reads of it are done)
+    activity = activity_for(queue.store.location, queue.store.client_id, queue.main.name)
+    assert activity.active == ()
+    child = subprocess.Popen([sys.executable, WORKER, "publish-held", backend.url, "held", "1", "x"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline() == "rang\n"  # its commit waits for us
+        deadline = time.monotonic() + 10
+        while activity.active != (0,):
+            assert time.monotonic() < deadline, "the ring never arrived"
+            time.sleep(0.005)
+        # A read of the pointers now, as the watcher makes one: the commit is not there yet.
+        seen = activity.before_read()
+        [(with_work, _)] = queue.store.watch_pointers([(queue.main.name, 1)])
+        assert with_work == []
+        activity.replace(with_work, seen)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().startswith("published ")
+    finally:
+        child.wait(30)
+    message = queue.fire()  # no wait, no pointer read of its own (the watcher vouches for the set it read)
+    assert message is not None and message.payload == "x"
+    message.ack()
+
+
 def test_an_idle_consumer_stays_idle(backend: Any, make_queue: Any) -> None:
     queues = 20
     for i in range(queues):
