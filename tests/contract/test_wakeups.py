@@ -64,6 +64,11 @@ def consumer_on(ignis: Ignis, latencies: Latencies) -> Consumer:
 
 
 def test_a_publish_through_another_handle_wakes_a_waiting_consumer_at_once(backend: Any, make_queue: Any) -> None:
+    """Handles of one store location (lmdb: one environment) share the shard activity: every message wakes the
+    consumer at once. Two Aerospike connections of a process are two locations (Storage.location): each learns of
+    the other's publishes through its watcher, as from another process, so the first message may wait out the
+    idle beacon interval (the consumer idled 1.5 s, IDLE_AFTER_SECONDS: its watcher may have gone idle just
+    before the first publish, seen once in 20 runs on a busy machine) and the queue flows from then on."""
     make_queue("wake", shards=8, concurrency=2)
     latencies = Latencies()
     with backend.ignis() as theirs:  # another Ignis, its own Queue objects: only the process is shared
@@ -71,14 +76,21 @@ def test_a_publish_through_another_handle_wakes_a_waiting_consumer_at_once(backe
         try:
             time.sleep(1.5)  # idle: every worker waits
             with backend.ignis() as mine:
+                shared = mine.store.location == theirs.store.location
                 queue = mine.queue("wake")
-                for _ in range(5):
+                start = time.monotonic()
+                for i in range(COUNT):
+                    time.sleep(max(0.0, start + i * EVERY_S - time.monotonic()))
                     queue.publish(b"x")
-                    time.sleep(0.1)
-            latencies.wait_for(5, 10)
+            latencies.wait_for(COUNT, 10)
         finally:
             consumer.stop()
-    assert max(latencies.seen) < BOUND_S, latencies.seen
+    if shared:
+        assert max(latencies.seen) < BOUND_S, latencies.seen
+        return
+    assert latencies.seen[0] < IDLE_POLL_SECONDS + BOUND_S, latencies.seen
+    flowing = int((IDLE_POLL_SECONDS + BOUND_S) / EVERY_S) + 1
+    assert max(latencies.seen[flowing:]) < BOUND_S, latencies.seen
 
 
 def test_a_publish_by_another_process_wakes_a_waiting_consumer(backend: Any, make_queue: Any) -> None:
