@@ -7,7 +7,10 @@ object they hold; the watcher (ignis.watch) does the same for messages published
 claim that finds a shard drained drops it, unless a load marked it since the claim began.
 
 The active set is an immutable tuple, replaced only under the lock, so fires and loads read it without
-locking. Two tokens, each a fresh number from a counter (`next()` is atomic under the GIL, so a new value
+locking. A shard marked by a *committing* ring (another process's publish rang the doorbell before its commit:
+ignis.storage.lmdb.doorbell) stays listed through reads of the pointers until one shows it with work or a claim
+finds it drained: a read made between that ring and that commit sees no work there, and no other ring follows.
+Two tokens, each a fresh number from a counter (`next()` is atomic under the GIL, so a new value
 never equals one read before):
 
 * `last_load`: stored by a load *before* it checks that its shard is listed. A claimer that found a shard
@@ -33,8 +36,8 @@ _tokens = itertools.count(1)
 class ShardActivity:
     """The shards of one magazine known to have work in this process, and its waiting consumers."""
 
-    __slots__ = ("_cond", "_waiting", "active", "changes", "followers", "fresh_until", "last_load", "refreshed_at",
-                 "wakes")
+    __slots__ = ("_cond", "_waiting", "active", "changes", "committing", "followers", "fresh_until", "last_load",
+                 "refreshed_at", "wakes")
 
     def __init__(self) -> None:
         self.active: tuple[int, ...] = ()
@@ -42,6 +45,7 @@ class ShardActivity:
         self.changes = 0
         self.refreshed_at = float("-inf")  # when the active set was last read from the store (monotonic)
         self.fresh_until = float("-inf")  # the watcher vouches for the active set until then (monotonic)
+        self.committing: frozenset[int] = frozenset()  # marked by a ring before a commit a read may not see yet
         self._cond = threading.Condition(threading.Lock())
         self._waiting = 0
         # A topic's activity: the activities of its subscriptions' cursors, marked with every mark of this one (a
@@ -70,16 +74,21 @@ class ShardActivity:
                 self._cond.notify_all()
 
     # ---- marks --------------------------------------------------------------------------------------
-    def mark(self, shards: Iterable[int]) -> None:
-        """Shards that got work (a load committed, a watcher saw it): listed, and waiters woken."""
+    def mark(self, shards: Iterable[int], committing: bool = False) -> None:
+        """Shards that got work (a load committed, a watcher saw it): listed, and waiters woken. `committing`: a
+        publisher rang before its commit, so they stay listed through reads of the pointers that cannot see it
+        yet (see the module docstring)."""
         self.last_load = next(_tokens)  # before reading the active set: see the module docstring
         shards = tuple(shards)
+        if committing:
+            with self._cond:
+                self.committing |= frozenset(shards)
         if any(shard not in self.active for shard in shards):
             with self._cond:
                 self.active += tuple(shard for shard in set(shards) if shard not in self.active)
         self._changed(len(shards))
         for follower in self.followers:
-            follower.mark(shards)
+            follower.mark(shards, committing)
 
     def mark_one(self, shard: int) -> None:
         self.last_load = next(_tokens)
@@ -115,6 +124,8 @@ class ShardActivity:
                 self.active = tuple(s for s in before if s != shard)
                 if self.last_load != loads_seen:  # a load raced the drop: undo it
                     self.active = before
+                elif shard in self.committing:  # the claim saw past that commit (its write lock waited for it)
+                    self.committing -= {shard}
 
     def before_read(self) -> tuple[int, tuple[int, ...]]:
         """What `replace` needs to know of the moment before the store's pointers were read."""
@@ -129,6 +140,9 @@ class ShardActivity:
             self.active = tuple(with_work)
             if self.last_load != loads_seen:  # a load committed after the read: keep what it saw
                 self.active += tuple(shard for shard in before if shard not in self.active)
+            if self.committing:  # rung before a commit this read may not have seen: kept until a read shows it
+                self.committing -= set(self.active)
+                self.active += tuple(shard for shard in self.committing if shard not in self.active)
             self.refreshed_at = time.monotonic()
             added = [shard for shard in self.active if shard not in before]
         if added:

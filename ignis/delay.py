@@ -1,12 +1,16 @@
 """Delayed delivery: a message published with a delay (or nacked with one, or retried with backoff) waits in
-its queue's delayed records (`Storage.load_delayed`, keyed by due time) until a mover copies the due ones to
-main's tail and then deletes them (DESIGN §4, README "Delayed delivery").
+its queue's delayed records (`Storage.load_delayed`, keyed by due time) until a mover makes the due ones
+deliverable at main's tail (DESIGN §4, README "Delayed delivery"). Where the store can (lmdb,
+`Storage.moves_delayed_in_one_write`), a batch's copy into main, the delete of its delayed records and their
+uncount are one transaction, so the `delayed` and `depth` figures are exact at every moment. Elsewhere
+(Aerospike) the mover copies, then deletes and uncounts: between the two writes a message is counted in both
+figures (docs/python/delayed.md says for how long), never in neither.
 
-Cost per delayed message: its own write, then the copy into main and the delete (two store writes), the
-count's increment and decrement and the slot allocation shared by a whole batch. Only one process moves a
-queue's due messages at a time (`Storage.lead_delayed`, a lease of LEAD_MS in the queue's delay record), so
-a message is moved once; a mover that dies between the copy and the delete leaves a copy that is delivered
-again (at least once).
+Cost per delayed message: its own write, then the copy into main and the delete (two store writes; one
+transaction on lmdb), the count's increment and decrement and the slot allocation shared by a whole batch.
+Only one process moves a queue's due messages at a time (`Storage.lead_delayed`, a lease of LEAD_MS in the
+queue's delay record), so a message is moved once; on Aerospike a mover that dies between the copy and the
+delete leaves a copy that is delivered again (at least once).
 
 Who moves: the `DelayMover` of every process whose consumers wait on the queue (a pull-only user's
 `fire()` included), and the sweeper on each pass. A process needs no sweeper for its delayed messages.
@@ -74,6 +78,8 @@ class MainMagazine(Protocol):
     def reload(self, refs: Sequence[SlotRef], envelopes: Sequence[Envelope], landed: Sequence[bool]
                ) -> list[SlotRef]: ...
 
+    def load_due(self, envelopes: Sequence[Envelope]) -> list[SlotRef]: ...
+
 
 _moving: dict[tuple[str, str, str], threading.Lock] = {}  # (store location, client, queue): one thread of a process
 _moving_lock = threading.Lock()
@@ -120,8 +126,7 @@ def _move(main: MainMagazine, now: int | None, limit: int) -> int | None:
         # Only the lease holder finishes it: had another process taken the lease over, it moves these very
         # messages (and copies the landed ones again: at least once).
         if store.lead_delayed(queue, holder(), now_ms() if now is None else now, LEAD_MS):
-            _copy(main, key, due, (refs, landed))
-            moved = len(due)
+            moved = _copy(main, key, due, (refs, landed))
         else:
             del _interrupted[key]
     while True:
@@ -137,21 +142,24 @@ def _move(main: MainMagazine, now: int | None, limit: int) -> int | None:
         # migrations slowed the store). Renewed here, it covers the copy and the delete that follow.
         if not store.lead_delayed(queue, holder(), now_ms() if now is None else now, LEAD_MS):
             return moved if moved else None
-        _copy(main, key, due)
-        log.debug("moved %d due message(s) of %s into main (%s .. %s)", len(due), queue, due[0].msg_id,
+        done = _copy(main, key, due)
+        log.debug("moved %d of %d due message(s) of %s into main (%s .. %s)", done, len(due), queue, due[0].msg_id,
                   due[-1].msg_id)
-        moved += len(due)
+        moved += done
         if len(due) < limit:
             return moved
 
 
 def _copy(main: MainMagazine, key: tuple[str, str, str], due: list[Envelope],
-          half_copied: tuple[list[SlotRef], list[bool]] | None = None) -> None:
-    """Copy a batch of due messages into main, then delete their delayed records: a crash between the two
-    delivers them twice (at least once). A copy or a delete the store failed part way is kept, and finished by
-    the next move before anything else (`half_copied`: the slots of a copy that failed part way, and which
-    landed)."""
+          half_copied: tuple[list[SlotRef], list[bool]] | None = None) -> int:
+    """Make a batch of due messages deliverable in main; how many were moved. In one transaction where the store
+    can (`Storage.move_delayed`: those another mover took meanwhile are left out). Elsewhere copy them into main,
+    then delete their delayed records: a crash between the two delivers them twice (at least once). A copy or a
+    delete the store failed part way is kept, and finished by the next move before anything else (`half_copied`:
+    the slots of a copy that failed part way, and which landed)."""
     copies = [as_delivered(env) for env in due]
+    if main.store.moves_delayed_in_one_write:
+        return len(main.load_due(copies))
     try:
         if half_copied is None:
             main.load(copies)
@@ -166,6 +174,7 @@ def _copy(main: MainMagazine, key: tuple[str, str, str], due: list[Envelope],
     except StoreError:
         _unsettled[key] = due
         raise
+    return len(due)
 
 
 @dataclass(slots=True)

@@ -31,6 +31,14 @@ def shard_for_key(key: str, shards: int) -> int:
     return zlib.crc32(key.encode("utf-8")) % shards
 
 
+def placement(envelopes: Sequence[Envelope], shards: int) -> list[int]:
+    """The shard of each existing message a load appends (a sideline, shovel, sweep or delayed move), placed as
+    load_new places new ones: its key's shard, else dealt round-robin from a random shard."""
+    first = random.randrange(shards)
+    return [shard_for_key(env.key, shards) if env.key is not None else (first + i) % shards
+            for i, env in enumerate(envelopes)]
+
+
 class MagazineLoads:
     """Publishes into a magazine and moves into it (a mixin of Magazine)."""
 
@@ -167,13 +175,15 @@ class MagazineLoads:
         return refs
 
     def load(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:
-        """Append existing messages (a sideline, shovel or sweep move) in one group commit, placed as
-        load_new places new ones."""
-        first = random.randrange(self.shards)
-        shards = self.shards
-        items = [(shard_for_key(env.key, shards) if env.key is not None else (first + i) % shards, env)
-                 for i, env in enumerate(envelopes)]
+        """Append existing messages (a sideline, shovel or sweep move) in one group commit (`placement`)."""
+        items = list(zip(placement(envelopes, self.shards), envelopes, strict=True))
         return self._active_shards.loaded(lambda: self._store.load(self.name, items, self.ttl_seconds))
+
+    def load_due(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:
+        """Move the queue's due delayed messages in (`placement`), in one transaction with their delete and
+        uncount (`Storage.move_delayed`); those no longer delayed are left out."""
+        items = list(zip(placement(envelopes, self.shards), envelopes, strict=True))
+        return self._active_shards.loaded(lambda: self._store.move_delayed(self.name, items, self.ttl_seconds))
 
     def reload(self, refs: Sequence[SlotRef], envelopes: Sequence[Envelope], landed: Sequence[bool]
                ) -> list[SlotRef]:
@@ -186,10 +196,8 @@ class MagazineLoads:
         """Fenced move of existing records (source slot, the fireTS it was seen with, envelope to write)
         into this magazine, placed as `load` places them; see `Storage.move` (and its `fired_before`). Per
         record: moved here."""
-        first = random.randrange(self.shards)
-        shards = self.shards
-        placed = [Move(source, fired_at, shard_for_key(env.key, shards) if env.key is not None else
-                       (first + i) % shards, env) for i, (source, fired_at, env) in enumerate(moves)]
+        placed = [Move(source, fired_at, shard, env) for shard, (source, fired_at, env)
+                  in zip(placement([m[2] for m in moves], self.shards), moves, strict=True)]
         done = self._store.move(self.name, placed, self.ttl_seconds, epoch, fired_before)
         self._active_shards.mark({m.shard for m, moved in zip(placed, done, strict=True) if moved})
         return done

@@ -571,6 +571,21 @@ class Storage(Protocol):
         how many were still there."""
         ...
 
+    @property
+    def moves_delayed_in_one_write(self) -> bool:
+        """True where `move_delayed` makes due messages deliverable in one transaction (lmdb): a message is
+        counted delayed or in main at every moment, never both. False where the copy into main and the settle
+        are two writes (Aerospike: `load`, then `settle_delayed`; between them a message is counted in both),
+        and `move_delayed` raises NotImplementedError."""
+        ...
+
+    def move_delayed(self, queue: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
+        """Move due delayed messages into the main magazine `queue` in one transaction: for each (shard, copy)
+        whose delayed record is still there, append the copy to the shard (as `load`), delete the delayed record
+        and uncount it in the queue's delay record. Those no longer delayed (moved or settled already) are left
+        out. Returns the new slots of the copies. Only where `moves_delayed_in_one_write`."""
+        ...
+
     def lead_delayed(self, queue: str, holder: str, now_ms: int, hold_ms: int) -> bool:
         """Take, or keep, the right to move the queue's due messages until now_ms + hold_ms: one mover at a
         time, so no message is moved twice (one store call)."""

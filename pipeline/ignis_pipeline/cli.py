@@ -2,14 +2,20 @@
 `--conf k=v` goes to the SparkSession. A plug-in of the core CLI (entry point `ignis.cli`): pyspark is
 imported only when a job runs, so `ignis --help` works without the `spark` extra.
 
+Every argument that can be checked without Spark is checked before any of Spark is imported or started
+(ignis_pipeline.usage, the master's form and host, the queues' existence): bad usage is one line within a
+moment. Spark's own logs stay off the terminal unless `--verbose` or IGNIS_SPARK_LOG_LEVEL asks for them
+(ignis_pipeline.spark_logs).
+
 Under spark-submit the job modules (`ignis_pipeline/jobs/*.py`) run the same commands through the core
 CLI (runner.run_job); they never import this module, which imports them.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,6 +27,7 @@ from ignis.cli import render
 from ignis.cli.render import OutputFormat, emit_json, emit_line
 from ignis.errors import IgnisError, InvalidInputError, QueueNotFound
 from ignis.settings import load_settings
+from ignis_pipeline import usage
 
 OutputOpt = Annotated[OutputFormat, typer.Option(
     "--output", "-o", case_sensitive=False,
@@ -71,9 +78,12 @@ def pipeline(
         "--master", show_default=False, help="Spark master URL [default: local[*], or spark-submit's]")] = None,
     conf: Annotated[list[str] | None, typer.Option(
         "--conf", show_default=False, help="Spark setting KEY=VALUE (repeatable)")] = None,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="show Spark's own log lines (at least WARN) on stderr; IGNIS_SPARK_LOG_LEVEL sets "
+                                "the level [default: OFF: only the command's own output]")] = False,
 ) -> None:
     """Bulk jobs over queue data on Spark: export, replay, redrive, stats."""
-    ctx.meta["ignis.spark"] = (master, conf or [])
+    ctx.meta["ignis.spark"] = (master, conf or [], verbose)
 
 
 def _job_session_conf() -> dict[str, dict[str, str]]:
@@ -82,21 +92,24 @@ def _job_session_conf() -> dict[str, dict[str, str]]:
     return {"export": export.SESSION_CONF}
 
 
-def _session_args(ctx: typer.Context, job: str) -> tuple[str | None, dict[str, str]]:
-    from ignis_pipeline.session import parse_conf
+def _session_args(ctx: typer.Context) -> tuple[str | None, dict[str, str], str]:
+    """The master, the --conf settings and the level of Spark's logs, every one checked (no Spark needed)."""
+    from ignis_pipeline.session import check_master_url, parse_conf
+    from ignis_pipeline.settings import spark_log_level
 
-    master, conf = ctx.meta.get("ignis.spark", (None, []))
-    # Our own progress line replaces Spark's console bar; failures come back as exceptions, turned into one
-    # `error:` line by the core CLI, so Spark's own error logs (stack traces) would only repeat them.
-    return master, {"spark.ui.showConsoleProgress": "false", **_job_session_conf().get(job, {}), **parse_conf(conf)}
+    master, conf, verbose = ctx.meta.get("ignis.spark", (None, [], False))
+    given = parse_conf(conf)
+    if master is not None:
+        check_master_url(master)
+    if given.get("spark.master"):
+        check_master_url(given["spark.master"], "--conf spark.master=")
+    return master, given, spark_log_level(verbose)
 
 
-def _session(master: str | None, settings: dict[str, str], job: str) -> Any:
+def _session(master: str | None, settings: dict[str, str], job: str, log_level: str) -> Any:
     from ignis_pipeline.session import build_session
 
-    spark = build_session(f"ignis-pipeline-{job}", master, settings)
-    spark.sparkContext.setLogLevel("FATAL")
-    return spark
+    return build_session(f"ignis-pipeline-{job}", master, settings, log_level=log_level)
 
 
 def _store(ctx: typer.Context) -> dict[str, str]:
@@ -114,15 +127,31 @@ _OUR_ERROR = re.compile(r"\b(InvalidInputError|QueueNotFound|QueueInactive|Paylo
                         r"StoreFull|StoreError|StaleEpoch|CanaryFailed|InvalidSpecError): (.+)")
 
 
-def _job(ctx: typer.Context, name: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Run a job; a failure inside Spark comes back as one line naming the problem. Where the store can be
-    reached from is checked before the session starts (an lmdb store and a master on other hosts)."""
-    from ignis_pipeline.session import check_master, effective_master
+def _load(job: str) -> Callable[..., dict[str, Any]]:
+    """The function of a job (ignis_pipeline.jobs.JOB.JOB), imported when it runs: it imports pyspark."""
+    fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module(f"ignis_pipeline.jobs.{job}"), job)
+    return fn
+
+
+def _job(ctx: typer.Context, name: str, *args: Any, queues: Sequence[str] = (), **kwargs: Any) -> dict[str, Any]:
+    """Run job `name`; a failure inside Spark comes back as one line naming the problem. Before anything of Spark
+    is imported or started: the session's arguments, Spark and Java being there, where the store can be reached
+    from (an lmdb store and a master on other hosts), that the master answers, and that the named `queues`
+    exist."""
+    from ignis_pipeline.session import check_master, check_master_answers, check_runtime, effective_master
 
     store = _store(ctx)
-    master, settings = _session_args(ctx, name)
-    check_master(effective_master(master, settings), store["store"])
-    spark = _session(master, settings, name)
+    master, given, log_level = _session_args(ctx)
+    check_runtime()
+    chosen = effective_master(master, given)
+    check_master(chosen, store["store"])
+    check_master_answers(chosen)
+    usage.require_queues(store, queues)
+    # Our own progress line replaces Spark's console bar. Failures come back as exceptions, turned into one
+    # `error:` line by the core CLI, so Spark's own logs (its stack traces included) stay off unless asked for.
+    settings = {"spark.ui.showConsoleProgress": "false", **_job_session_conf().get(name, {}), **given}
+    fn = _load(name)
+    spark = _session(master, settings, name, log_level)
     try:
         return fn(spark, store, *args, **kwargs)
     except IgnisError:
@@ -162,11 +191,12 @@ def export(
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Snapshot queue messages to Parquet (or JSON), partitioned by queue and magazine. Nothing is consumed."""
-    from ignis_pipeline.jobs.export import export as run
-
+    names = usage.queue_list(queues)
     if not to:
         raise InvalidInputError("--to PATH is required: where to write the export")
-    doc = _job(ctx, "export", run, list(queues or []), to, magazine=magazine.value, fmt=fmt.value, since=since,
+    usage.load_times(since, until)
+    usage.new_output(to, overwrite)
+    doc = _job(ctx, "export", names, to, queues=names, magazine=magazine.value, fmt=fmt.value, since=since,
                until=until, overwrite=overwrite)
     _emit(doc, output, f"exported {doc['exported']} message(s) to {doc['path']} ({doc['format']})")
 
@@ -189,11 +219,11 @@ def replay(
 ) -> None:
     """Publish an export into a queue again, ids, keys and headers kept. Only the export's main rows unless
     --magazine asks for the sideline or the dead letters."""
-    from ignis_pipeline.jobs.replay import replay as run
-
     if not source or not queue:
         raise InvalidInputError("--from PATH and --to QUEUE are both required")
-    doc = _job(ctx, "replay", run, source, queue, fmt=fmt.value, where=where, rate=rate, canary=canary,
+    queue = usage.queue_name(queue, "--to")
+    usage.existing_input(source)
+    doc = _job(ctx, "replay", source, queue, queues=[queue], fmt=fmt.value, where=where, rate=rate, canary=canary,
                canary_timeout=canary_timeout, magazine=magazine.value)
     line = f"replayed {doc['published']} message(s) from {source} into {queue}"
     if doc["leftOut"]:
@@ -217,9 +247,8 @@ def redrive(
 ) -> None:
     """Move dead letters (or sidelined messages) matching --where back to main: ids kept, attempts reset,
     each moved once."""
-    from ignis_pipeline.jobs.redrive import redrive as run
-
-    doc = _job(ctx, "redrive", run, queue, source.value, where=where, rate=rate, canary=canary,
+    queue = usage.queue_name(queue, "QUEUE")
+    doc = _job(ctx, "redrive", queue, source.value, queues=[queue], where=where, rate=rate, canary=canary,
                canary_timeout=canary_timeout)
     line = f"moved {doc['moved']} message(s) from the {source.value} of {queue} back to main"
     if doc["gone"]:
@@ -237,14 +266,17 @@ def stats(
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Backlog analytics per queue and magazine: stored, depth (not claimed yet, as `ignis stats`), in flight,
-    ages (oldest, p50/p90/p99), attempts, reasons, top keys, messages stored per shard."""
-    from ignis_pipeline.jobs.plot import plot as draw
-    from ignis_pipeline.jobs.stats import stats as run
-
+    ages (oldest, p50/p90/p99), attempts, reasons, top keys, messages stored per shard; delayed messages (not
+    due yet) on each queue's main row."""
+    names = usage.queue_list(queues)
     if plot is not None and plot.suffix.lower() != ".png":
         raise InvalidInputError(f"--plot {plot}: the file name must end in .png")
-    doc = _job(ctx, "stats", run, list(queues or []))
+    if plot is not None and plot.is_dir():
+        raise InvalidInputError(f"--plot {plot}: a directory, not a file name")
+    doc = _job(ctx, "stats", names, queues=names)
     if plot is not None:
+        from ignis_pipeline.jobs.plot import plot as draw
+
         doc["plot"] = str(draw(doc, plot))
     if output is OutputFormat.JSON:
         emit_json(doc)
@@ -269,17 +301,17 @@ def _emit(doc: dict[str, Any], output: OutputFormat, line: str) -> None:
 
 def _stats_table(doc: dict[str, Any]) -> Table:
     table = Table(title="backlog")
-    for column in ("queue", "magazine", "stored", "depth", "in flight", "oldest", "p50", "p90", "p99", "attempts",
-                   "reasons", "top keys"):
-        table.add_column(column, justify="right" if column in ("stored", "depth", "in flight") else "left")
+    counts = ("stored", "depth", "in flight", "delayed")
+    for column in ("queue", "magazine", *counts, "oldest", "p50", "p90", "p99", "attempts", "reasons", "top keys"):
+        table.add_column(column, justify="right" if column in counts else "left")
 
     def age(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}s"
 
     for row in doc["magazines"]:
         table.add_row(row["queue"], row["magazine"], str(row["stored"]), str(row["depth"]), str(row["inFlight"]),
-                      age(row["oldestAgeSeconds"]), age(row["ageSeconds"]["p50"]), age(row["ageSeconds"]["p90"]),
-                      age(row["ageSeconds"]["p99"]),
+                      str(row["delayed"]) if "delayed" in row else "-", age(row["oldestAgeSeconds"]),
+                      age(row["ageSeconds"]["p50"]), age(row["ageSeconds"]["p90"]), age(row["ageSeconds"]["p99"]),
                       " ".join(f"{k}:{v}" for k, v in row["attempts"].items()) or "-",
                       " ".join(f"{k}:{v}" for k, v in row["reasons"].items()) or "-",
                       " ".join(f"{k['key']}:{k['count']}" for k in row["topKeys"][:3]) or "-")

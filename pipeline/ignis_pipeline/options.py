@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -37,7 +37,8 @@ def parse_time(name: str, value: Any) -> int:
     try:
         at = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise InvalidInputError(f"option {name}={text!r}: not epoch milliseconds or an ISO-8601 time "
+        given = f"{name} {text!r}" if name.startswith("-") else f"option {name}={text!r}"  # a CLI flag, or an option
+        raise InvalidInputError(f"{given}: not epoch milliseconds or an ISO-8601 time "
                                 "(e.g. 2026-11-23T08:00:00Z)") from None
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
@@ -145,10 +146,16 @@ def _queues(raw: Any) -> tuple[str, ...] | None:
     text = str(raw).strip()
     if text == "*":
         return None
-    found = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    return queue_names(text.split(","), "option queue")
+
+
+def queue_names(parts: Sequence[str], what: str) -> tuple[str, ...]:
+    """Queue names, each checked (letters, digits and '-'; no '_', which names a queue's other magazines), in
+    order, once each; blank parts (a trailing comma) are skipped. `what` names the input in the error."""
+    found = tuple(dict.fromkeys(part.strip() for part in parts if part.strip()))
     for name in found:
         if "_" in name or not names.ID_PATTERN.match(name):
-            raise InvalidInputError(f"option queue: {name!r} is not a queue name (lowercase letters, digits, '-')")
+            raise InvalidInputError(f"{what}: {name!r} is not a queue name (lowercase letters, digits, '-')")
     return found
 
 

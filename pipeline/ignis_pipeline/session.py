@@ -11,8 +11,10 @@ only say so after waiting for the master (about a minute when it is not there) w
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import os
+import re
 import shutil
 import socket
 import sys
@@ -63,6 +65,8 @@ def effective_master(master: str | None = None, conf: dict[str, str] | None = No
         return master
     if (conf or {}).get("spark.master"):
         return str((conf or {})["spark.master"])
+    if "pyspark" not in sys.modules and not under_spark_submit():
+        return DEFAULT_MASTER  # no session can be active in a process that has not imported pyspark
     try:
         from pyspark.sql import SparkSession
     except ImportError:
@@ -73,6 +77,19 @@ def effective_master(master: str | None = None, conf: dict[str, str] | None = No
     if under_spark_submit():
         return _submitted_master() or DEFAULT_MASTER
     return DEFAULT_MASTER
+
+
+_MASTER_FORMS = re.compile(
+    r"^(local|local\[(\*|[1-9]\d*)(,[1-9]\d*)?\]|local-cluster\[[1-9]\d*,\s*[1-9]\d*,\s*[1-9]\d*\]|yarn|"
+    r"spark://[^,/\s]+:\d+(,[^,/\s]+:\d+)*|k8s://\S+)$")
+MASTER_FORMS = "local, local[N], local[*], local[N,F], spark://HOST:PORT[,HOST:PORT...], yarn or k8s://URL"
+
+
+def check_master_url(master: str, what: str = "--master") -> None:
+    """Bad input, one line, unless `master` is a master URL Spark takes: found before Spark starts (Spark itself
+    says so only once its JVM is up, with a Java stack trace)."""
+    if not _MASTER_FORMS.match(master.strip()):
+        raise InvalidInputError(f"{what} {master!r}: not a Spark master URL ({MASTER_FORMS})")
 
 
 def master_addresses(master: str) -> list[tuple[str, int]]:
@@ -127,15 +144,24 @@ def check_master_answers(master: str, within: float = MASTER_ANSWER_SECONDS) -> 
                             "give another --master")
 
 
-def build_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None) -> Any:
-    """A SparkSession with the `ignis` format registered. A master that does not answer is bad input, found
-    before the session starts (check_master_answers)."""
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError:
-        raise InvalidInputError(SPARK_MISSING) from None
+def check_runtime() -> None:
+    """Bad input, one line, unless pyspark is installed and a `java` can be found: checked before anything of
+    Spark is imported or started."""
+    if importlib.util.find_spec("pyspark") is None:
+        raise InvalidInputError(SPARK_MISSING)
     if not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
         raise InvalidInputError(JAVA_MISSING)
+
+
+def build_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None, *,
+                  log_level: str | None = None) -> Any:
+    """A SparkSession with the `ignis` format registered. A master that does not answer is bad input, found
+    before the session starts (check_master_answers). `log_level` (log4j's names, e.g. OFF): the level of
+    Spark's logs from the JVM's start on, and a local master's driver on loopback, when this call starts the
+    JVM (ignis_pipeline.spark_logs); None leaves Spark's logging as Spark configures it."""
+    check_runtime()
+    from pyspark.sql import SparkSession
+
     # Python workers run this interpreter (with ignis installed), not whatever `python3` is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
@@ -144,11 +170,19 @@ def build_session(app_name: str, master: str | None = None, conf: dict[str, str]
         check_master_answers(effective_master(master, conf))
     if active is None and master is None and "spark.master" not in (conf or {}) and not under_spark_submit():
         master = DEFAULT_MASTER  # spark-submit sets spark.master itself: never override it
+    if log_level is not None and active is None and not under_spark_submit():
+        from ignis_pipeline import spark_logs
+
+        chosen = effective_master(master, conf)
+        conf = spark_logs.session_settings(chosen, conf or {}, log_level)
+        spark_logs.start_jvm({**conf, "spark.master": chosen, "spark.app.name": app_name}, chosen, log_level)
     if master is not None:
         builder = builder.master(master)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if log_level is not None:
+        spark.sparkContext.setLogLevel(log_level)
     import ignis_pipeline
 
     ignis_pipeline.register(spark)

@@ -64,6 +64,11 @@ def consumer_on(ignis: Ignis, latencies: Latencies) -> Consumer:
 
 
 def test_a_publish_through_another_handle_wakes_a_waiting_consumer_at_once(backend: Any, make_queue: Any) -> None:
+    """Handles of one store location (lmdb: one environment) share the shard activity: every message wakes the
+    consumer at once. Two Aerospike connections of a process are two locations (Storage.location): each learns of
+    the other's publishes through its watcher, as from another process, so the first message may wait out the
+    idle beacon interval (the consumer idled 1.5 s, IDLE_AFTER_SECONDS: its watcher may have gone idle just
+    before the first publish, seen once in 20 runs on a busy machine) and the queue flows from then on."""
     make_queue("wake", shards=8, concurrency=2)
     latencies = Latencies()
     with backend.ignis() as theirs:  # another Ignis, its own Queue objects: only the process is shared
@@ -71,14 +76,21 @@ def test_a_publish_through_another_handle_wakes_a_waiting_consumer_at_once(backe
         try:
             time.sleep(1.5)  # idle: every worker waits
             with backend.ignis() as mine:
+                shared = mine.store.location == theirs.store.location
                 queue = mine.queue("wake")
-                for _ in range(5):
+                start = time.monotonic()
+                for i in range(COUNT):
+                    time.sleep(max(0.0, start + i * EVERY_S - time.monotonic()))
                     queue.publish(b"x")
-                    time.sleep(0.1)
-            latencies.wait_for(5, 10)
+            latencies.wait_for(COUNT, 10)
         finally:
             consumer.stop()
-    assert max(latencies.seen) < BOUND_S, latencies.seen
+    if shared:
+        assert max(latencies.seen) < BOUND_S, latencies.seen
+        return
+    assert latencies.seen[0] < IDLE_POLL_SECONDS + BOUND_S, latencies.seen
+    flowing = int((IDLE_POLL_SECONDS + BOUND_S) / EVERY_S) + 1
+    assert max(latencies.seen[flowing:]) < BOUND_S, latencies.seen
 
 
 def test_a_publish_by_another_process_wakes_a_waiting_consumer(backend: Any, make_queue: Any) -> None:
@@ -112,12 +124,54 @@ def test_fire_sees_a_message_published_by_another_process(backend: Any, make_que
     proc = subprocess.Popen([sys.executable, WORKER, "publish-every", backend.url, "wake", "1", "0.2"],
                             stdout=subprocess.PIPE, text=True)
     message = queue.fire(timeout=10)
+    fired_at = time.time()  # (before the child's exit: under load that alone took 0.3-0.9 s, and was counted)
     proc.wait(30)
     assert message is not None
-    waited = time.time() - message.envelope.loaded_at / 1000
+    waited = fired_at - message.envelope.loaded_at / 1000
     assert waited < BOUND_S, waited
     message.ack()
     assert queue.fire_many(10, timeout=0.2) == []  # waits out its timeout, then says there is nothing
+
+
+def test_a_pointer_read_between_a_ring_and_its_commit_does_not_hide_the_message(backend: Any, make_queue: Any
+                                                                               ) -> None:
+    """lmdb: another process rings the doorbell before its commit, so a read of the pointers made between the two
+    (the watcher's, or a fire's refresh) sees no work in that shard. The shard stays listed anyway: the next
+    fire claims it at once (a claim's write lock waits such a commit out), not at the next read of the pointers
+    (the watcher's safety poll: 30 s). (It dropped it: 1 run in 5 of this file, on a busy machine, delivered
+    the message 0.3-1.1 s late, when a pointer read fell into that gap.)"""
+    cross_process(backend)
+    if backend.name != "lmdb":
+        pytest.skip("a doorbell's ring-then-commit is lmdb's")
+    from ignis.activity import activity_for
+
+    queue = make_queue("held", shards=1)
+    assert queue.fire() is None  # the watcher follows the queue, and this process listens for rings of it
+    time.sleep(0.3)  # (the watcher's first reads of it are done)
+    activity = activity_for(queue.store.location, queue.store.client_id, queue.main.name)
+    assert activity.active == ()
+    child = subprocess.Popen([sys.executable, WORKER, "publish-held", backend.url, "held", "1", "x"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline() == "rang\n"  # its commit waits for us
+        deadline = time.monotonic() + 10
+        while activity.active != (0,):
+            assert time.monotonic() < deadline, "the ring never arrived"
+            time.sleep(0.005)
+        # A read of the pointers now, as the watcher makes one: the commit is not there yet.
+        seen = activity.before_read()
+        [(with_work, _)] = queue.store.watch_pointers([(queue.main.name, 1)])
+        assert with_work == []
+        activity.replace(with_work, seen)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().startswith("published ")
+    finally:
+        child.wait(30)
+    message = queue.fire()  # no wait, no pointer read of its own (the watcher vouches for the set it read)
+    assert message is not None and message.payload == "x"
+    message.ack()
 
 
 def test_an_idle_consumer_stays_idle(backend: Any, make_queue: Any) -> None:
@@ -174,15 +228,16 @@ def test_a_waiting_fire_hands_out_a_slot_it_claimed_before_its_record_landed(bac
         pytest.skip("lmdb writes a slot in the transaction that allocates it: nothing is claimed before it lands")
     slot = store.reserve(queue.main.name, 0, 1)  # allocated by a publisher that has not written it yet
     got: list[Any] = []
-    waiter = threading.Thread(target=lambda: got.append(getattr(queue, fire)(**(
-        {"timeout": 10} if fire == "fire" else {"max_messages": 5, "timeout": 10}))))
+    waiter = threading.Thread(target=lambda: got.append((getattr(queue, fire)(**(
+        {"timeout": 10} if fire == "fire" else {"max_messages": 5, "timeout": 10})), time.monotonic())))
     waiter.start()
     time.sleep(0.5)  # the waiting fire saw the slot (the watcher follows the queue), claimed it, awaits it
     assert not got
     landed = time.monotonic()
     assert store.load_reserved(SlotRef(queue.main.name, 0, slot), b"late", "m-late", now_ms(), 60)
     waiter.join(15)
-    waited = time.monotonic() - landed
-    message = got[0] if fire == "fire" else got[0][0]
+    result, returned_at = got[0]  # (the time the fire returned, not the thread's end)
+    waited = returned_at - landed
+    message = result if fire == "fire" else result[0]
     assert message is not None and message.data == b"late"
     assert waited < BOUND_S, waited

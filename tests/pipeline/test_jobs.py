@@ -234,6 +234,24 @@ def test_stats_and_plot(spark: Any, store: dict[str, str], make_queue: Any, tmp_
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_stats_with_no_queue_named_is_every_queue_of_the_client(spark: Any, store: dict[str, str],
+                                                               make_queue: Any) -> None:
+    """Issue 45: every queue has its main row, whether it stores messages or none (one holds only delayed
+    messages); an empty store has none. (When no queue stored a message it failed with "option queue is missing",
+    after the whole Spark job: the delayed counts were read for the queues found in the rows, none.)"""
+    assert stats(spark, store, [])["magazines"] == []
+    make_queue("full", shards=2).publish_many([b"x"] * 3)
+    make_queue("empty", shards=2)
+    make_queue("later", shards=2).publish_many([b"y"] * 2, delay=600)
+
+    def rows(queues: list[str]) -> list[tuple[Any, ...]]:
+        return [(r["queue"], r["magazine"], r["stored"], r["depth"], r["delayed"])
+                for r in stats(spark, store, queues)["magazines"]]
+
+    assert rows([]) == [("empty", "main", 0, 0, 0), ("full", "main", 3, 3, 0), ("later", "main", 0, 0, 2)]
+    assert rows(["later", "empty"]) == [("empty", "main", 0, 0, 0), ("later", "main", 0, 0, 2)]
+
+
 def test_cli_pipeline_stats_json_in_a_subprocess(ignis: Ignis, store_url: str, make_queue: Any,
                                                 tmp_path: Path) -> None:
     if not store_url.startswith("lmdb:"):
@@ -247,6 +265,7 @@ def test_cli_pipeline_stats_json_in_a_subprocess(ignis: Ignis, store_url: str, m
     doc = json.loads(proc.stdout)
     assert [(r["magazine"], r["stored"], r["depth"]) for r in doc["magazines"]] == [("main", 7, 7)]
     assert (tmp_path / "s.png").exists()
+    assert proc.stderr.decode() == ""  # (-o json: the plot's path is in the document) nothing of Spark's
     bad = subprocess.run([str(IGNIS), "pipeline", "export", "cli"], capture_output=True, env=env, timeout=60)
     assert bad.returncode == 2 and bad.stderr.decode().startswith("error: --to PATH is required")
     missing = subprocess.run([str(IGNIS), "pipeline", "--conf", "spark.ui.enabled=false", "export", "nope", "--to",

@@ -27,6 +27,21 @@ def main() -> None:
                 ref = queue.publish(f"paced-{i}")
                 out.write(f"published {ref.id}\n")
                 out.flush()
+        elif action == "publish-held":  # one publish whose commit waits, after its committing ring, for a line
+            from ignis.storage.lmdb.context import StoreContext  # on stdin (lmdb: the doorbell's ring-then-commit)
+
+            ring = StoreContext.ring_committing
+
+            def held(self: StoreContext, *args: object, **kwargs: object) -> None:
+                ring(self, *args, **kwargs)
+                out.write("rang\n")
+                out.flush()
+                sys.stdin.readline()  # (the write transaction stays open meanwhile)
+
+            StoreContext.ring_committing = held  # type: ignore[method-assign]
+            ref = queue.publish(sys.argv[5])
+            out.write(f"published {ref.id}\n")
+            out.flush()
         elif action == "publish-delayed":  # one message per call, each `argv[5]` seconds later than now
             for i in range(count):
                 ref = queue.publish(f"delayed-{i}", delay=float(sys.argv[5]))

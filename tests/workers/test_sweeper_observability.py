@@ -46,7 +46,10 @@ def test_leader_reports_gauges_and_passes_and_clears_them_when_it_stops(tmp_path
     runner = threading.Thread(target=service.run, args=(stop,))
     runner.start()
     try:
-        wait_for(lambda: (sample("ignis_queue_oldest_in_flight_seconds", queue="gauged") or 0) >= 99)
+        # A pass sets a queue's gauges one after the other, the oldest waiting age last: wait for a pass that
+        # has set them all (the leader thread may be between two of them when the first one shows).
+        wait_for(lambda: (sample("ignis_queue_oldest_in_flight_seconds", queue="gauged") or 0) >= 99
+                 and sample("ignis_queue_oldest_age_seconds", queue="gauged") is not None)
         assert sample("ignis_queue_depth", queue="gauged") == 3
         assert sample("ignis_queue_in_flight", queue="gauged") == 2
         assert sample("ignis_queue_sweep_duration_seconds", queue="gauged") == 300
@@ -54,7 +57,8 @@ def test_leader_reports_gauges_and_passes_and_clears_them_when_it_stops(tmp_path
         # The waiting age is on the wall clock (producers stamp by theirs), not on the sweeper's 100 s ahead.
         assert 0 <= sample("ignis_queue_oldest_age_seconds", queue="gauged") <= time.time() - published + 1
         assert sample("ignis_queue_delayed", queue="gauged") == 0
-        wait_for(lambda: sample("ignis_queue_depth", queue="idle") == 0)
+        wait_for(lambda: sample("ignis_queue_oldest_age_seconds", queue="idle") is not None)  # (set last)
+        assert sample("ignis_queue_depth", queue="idle") == 0
         assert math.isnan(sample("ignis_queue_oldest_age_seconds", queue="idle"))  # nothing waits: NaN, not 0
         assert sample("ignis_sweep_interval_seconds") == 0.2
         assert abs(time.time() - sample("ignis_sweep_last_pass_timestamp_seconds")) < 5

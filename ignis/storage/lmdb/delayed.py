@@ -2,9 +2,11 @@
 
 A delayed message is a data record keyed `{queue}_DELAYED_{due:013d}_{msgId}`, so key order is due order and
 the due ones are one prefix read; the queue's count and the lease of the process moving the due ones are bins
-of its delay record in the meta database. `change_mark` (the environment's last transaction id) tells a waiter
-cheaply whether anything was committed since it last looked. Separate from the magazine primitives: these
-records have no shard or slot, and only ignis.delay uses them.
+of its delay record in the meta database. A due message is moved into main in one transaction (`move_delayed`:
+the copy into main's next slot, the delete of its delayed record and the count's decrement), so `delayed` and
+`depth` are exact at every moment: no reader sees a message counted in both, or in neither. `change_mark` (the
+environment's last transaction id) tells a waiter cheaply whether anything was committed since it last looked.
+Separate from the magazine primitives: these records have no shard or slot, and only ignis.delay uses them.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import lmdb
+
 from ignis import names
 from ignis.envelope import Envelope, now_ms
-from ignis.storage.base import DELAY_LEADER, DELAY_UNTIL, DELAYED_COUNT, DelayState
+from ignis.storage.base import DELAY_LEADER, DELAY_UNTIL, DELAYED_COUNT, DelayState, SlotRef
 from ignis.storage.lmdb.context import StoreContext, _delete_keys
-from ignis.storage.lmdb.records import _expire_at, _expired, _pack_data, _record, _unpack_data
+from ignis.storage.lmdb.records import _expire_at, _expired, _new_ref, _pack_data, _record, _unpack_data
 
 
 class DelayedMessages:
@@ -82,6 +86,51 @@ class DelayedMessages:
             return gone
 
         return self._ctx.grouped("settle_delayed", write, durable=True)
+
+    def move_delayed(self, queue: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
+        """`Storage.move_delayed`: one write transaction appends each copy whose delayed record is still there to
+        its shard of main, deletes that record and takes the moved ones off the queue's count; it rings main's
+        doorbell as a load does and is durable as a load is."""
+        if not items:
+            return []
+        now = now_ms()
+        expire_at = _expire_at(ttl_seconds, now)
+        packed = [(names.delayed_key(queue, env.due_at or 0, env.msg_id).encode(), shard, _pack_data(env, expire_at))
+                  for shard, env in items]
+        ctx, data_db = self._ctx, self._ctx.data
+        refs: list[SlotRef] = []
+        try:
+            with ctx.begin("move_delayed", True) as txn:
+                shards: dict[int, list[Any]] = {}
+                gone = 0
+                for delayed_key, shard, value in packed:
+                    raw = txn.get(delayed_key, None, data_db)
+                    if raw is None:
+                        continue  # moved or settled already: never copied twice
+                    txn.delete(delayed_key, b"", data_db)
+                    gone += 1
+                    if _expired(raw, now):
+                        continue  # expired meanwhile: absent, so uncounted and not delivered
+                    state = shards.get(shard)
+                    if state is None:
+                        state = shards[shard] = [*ctx.meta_get(txn, queue, shard), ctx.keys(queue, shard)[1]]
+                    slot = state[1] = state[1] + 1
+                    txn.put(state[3] + b"%d" % slot, value, db=data_db)
+                    refs.append(_new_ref(SlotRef, (queue, shard, slot)))
+                for meta_key, load, fire, _ in shards.values():
+                    ctx.meta_put(txn, meta_key, load, fire)
+                if gone:
+                    key, bins = self._delay_bins(txn, queue, now)
+                    bins[DELAYED_COUNT] = max(int(bins.get(DELAYED_COUNT, 0)) - gone, 0)
+                    txn.put(key, _record(bins), db=ctx.meta)
+                if shards:
+                    ctx.ring_committing(queue, shards)
+            if shards:
+                ctx.ring(queue, shards, after_committing=True)
+            ctx.flush()
+        except lmdb.Error as exc:
+            raise ctx.map_error(exc) from None
+        return refs
 
     def lead_delayed(self, queue: str, holder: str, now_ms_: int, hold_ms: int) -> bool:
         def write(txn: Any) -> bool:

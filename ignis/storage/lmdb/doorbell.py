@@ -233,7 +233,8 @@ class EnvironmentBell:
                 continue  # not a ring of ours
             if flag == COMMITTING:  # noted before the mark wakes a claimer, who looks for the note
                 self._committing.update((client, magazine, shard) for shard in marked)
-            activity_for(self.location, client, magazine).mark(marked)
+            # (committing: the shards stay listed through reads of the pointers made before that commit)
+            activity_for(self.location, client, magazine).mark(marked, committing=flag == COMMITTING)
 
     def take_committing(self, client: str, magazine: str, shard: int) -> bool:
         """Whether a committing ring vouches for a commit to that shard that a reader may not see yet (and

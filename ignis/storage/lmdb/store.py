@@ -279,6 +279,12 @@ class LmdbStore:
     def settle_delayed(self, queue: str, envelopes: Sequence[Envelope]) -> int:
         return self._delayed.settle_delayed(queue, envelopes)
 
+    # A due message's move into main is one transaction (delayed.py): its copy, its delete and its uncount.
+    moves_delayed_in_one_write = True
+
+    def move_delayed(self, queue: str, items: Sequence[tuple[int, Envelope]], ttl_seconds: int) -> list[SlotRef]:
+        return self._delayed.move_delayed(queue, items, ttl_seconds)
+
     def lead_delayed(self, queue: str, holder: str, now_ms_: int, hold_ms: int) -> bool:
         return self._delayed.lead_delayed(queue, holder, now_ms_, hold_ms)
 

@@ -2,7 +2,8 @@
 magazine (the `ignis` format, magazine=all), per queue and magazine: stored (every message stored, in flight
 included), depth (not claimed yet: what `ignis stats` calls depth), in flight (fired, not settled), oldest
 message age, age percentiles, attempts histogram, reasons (sideline, dead), top partition keys, and messages
-stored per shard."""
+stored per shard. Every queue asked (with none named: every queue of the client) has its main row, with its
+delayed messages (not due yet, in no magazine), even when it stores no message."""
 
 from __future__ import annotations
 
@@ -32,13 +33,23 @@ def _bucket(age: Any) -> Any:
 
 
 def _delayed(store: dict[str, str], queues: list[str]) -> dict[str, int]:
-    """Each queue's delayed messages (not due yet, so in no magazine): its delay record, read on the driver."""
-    options = SourceOptions.parse({**store, "queue": ",".join(queues)} if queues else store)
-    handle = open_driver_store(options)
+    """Each queue asked (`queues`; none: every queue of the client) and its delayed messages (not due yet, so in
+    no magazine): its delay record, read on the driver."""
+    handle = open_driver_store(SourceOptions.parse({**store, "queue": ",".join(queues) or "*"}))
     try:
-        return {q: state.count for q, state in zip(queues, handle.delay_states(queues), strict=True)}
+        names = list(queues) or sorted(record.name for record in handle.list_queues(active=None))
+        return {q: state.count for q, state in zip(names, handle.delay_states(names), strict=True)}
     finally:
         handle.close()
+
+
+def _row(queue: str, magazine: str, stored: int = 0, in_flight: int = 0, oldest: float | None = None,
+         pct: Any = None) -> dict[str, Any]:
+    p50, p90, p99 = pct or (None, None, None)
+    return {"queue": queue, "magazine": magazine, "stored": stored, "depth": stored - in_flight, "inFlight": in_flight,
+            "oldestAgeSeconds": _round(oldest), "ageSeconds": {"p50": _round(p50), "p90": _round(p90),
+                                                               "p99": _round(p99)},
+            "attempts": {}, "reasons": {}, "topKeys": [], "shards": {}, "ageHistogram": {}}
 
 
 def stats(spark: Any, store: dict[str, str], queues: list[str]) -> dict[str, Any]:
@@ -65,14 +76,7 @@ def stats(spark: Any, store: dict[str, str], queues: list[str]) -> dict[str, Any
 
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for r in summary:
-        p50, p90, p99 = r.pct or (None, None, None)
-        out[(r.queue, r.magazine)] = {
-            "queue": r.queue, "magazine": r.magazine, "stored": r.stored, "depth": r.stored - r.inFlight,
-            "inFlight": r.inFlight,
-            "oldestAgeSeconds": _round(r.oldest), "ageSeconds": {"p50": _round(p50), "p90": _round(p90),
-                                                                 "p99": _round(p99)},
-            "attempts": {}, "reasons": {}, "topKeys": [], "shards": {}, "ageHistogram": {},
-        }
+        out[(r.queue, r.magazine)] = _row(r.queue, r.magazine, r.stored, r.inFlight, r.oldest, r.pct)
     for r in shards:
         out[(r.queue, r.magazine)]["shards"][str(r.shard)] = r["count"]
     for r in attempts:
@@ -83,9 +87,8 @@ def stats(spark: Any, store: dict[str, str], queues: list[str]) -> dict[str, Any
         out[(r.queue, r.magazine)]["topKeys"].append({"key": r.key, "count": r["count"]})
     for r in ages:
         out[(r.queue, r.magazine)]["ageHistogram"][bucket_label(r.bucket)] = r["count"]
-    for queue, delayed in _delayed(store, sorted({k[0] for k in out})).items():  # apart from depth
-        if (queue, "main") in out:
-            out[(queue, "main")]["delayed"] = delayed
+    for queue, delayed in _delayed(store, queues).items():  # apart from depth; a queue storing none: zeros
+        out.setdefault((queue, "main"), _row(queue, "main"))["delayed"] = delayed
     rows = [out[k] for k in sorted(out, key=lambda k: (k[0], ("main", "sideline", "dead").index(k[1])))]
     for row in rows:
         row["shards"] = dict(sorted(row["shards"].items(), key=lambda kv: int(kv[0])))
