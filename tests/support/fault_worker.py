@@ -3,10 +3,13 @@
     fault_worker.py produce URL QUEUE SECONDS RATE [DELAYED_EVERY]
                                                        # publish for SECONDS at about RATE/s; every
                                                        # DELAYED_EVERY-th message with a delay of DELAY_S
-    fault_worker.py consume URL QUEUE                  # a Consumer until SIGTERM
+    fault_worker.py produce-topic URL TOPIC SECONDS RATE SUBJECTS
+                                                       # publish to a topic, the subjects (a comma list) in turn
+    fault_worker.py consume URL QUEUE                  # a Consumer until SIGTERM (a subscription's too)
 
 stdout (flushed, one line per step, each with the time it happened, epoch ms):
     published <ms> <id> [<due ms>]      a publish that returned (confirmed); a delayed one with its due time
+    subject <id> <subject>              a topic publish's subject (after its published line)
     handled <ms> <id> <attempts>        the handler got the message
     acked <ms> <id>                     its ack returned
 The process's logs (ignis.logs, text) go to stderr. A producer whose publish fails waits (backing off) and
@@ -68,6 +71,26 @@ class ReportingConsumer(Consumer):
             say("acked", now_ms(), m.id)
 
 
+def produce_topic(ignis: Ignis, topic_name: str, seconds: float, rate: float, subjects: list[str]) -> None:
+    topic = ignis.topic(topic_name)
+    backoff = Backoff()
+    deadline = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        subject = subjects[i % len(subjects)]
+        try:
+            ref = topic.publish(f"m-{i}".encode(), subject=subject)
+        except StoreError as exc:
+            time.sleep(backoff.failed(f"publish {topic_name}", exc))
+            continue
+        backoff.ok()
+        say("published", now_ms(), ref.id)
+        say("subject", ref.id, subject)
+        i += 1
+        time.sleep(max(0.0, 1 / rate - (time.monotonic() - started)))
+
+
 def consume(ignis: Ignis, queue_name: str) -> None:
     consumer = ReportingConsumer(ignis, queues=[queue_name], poll_interval=0.05)
 
@@ -88,6 +111,8 @@ def main() -> None:
         if action == "produce":
             produce(ignis, queue_name, float(sys.argv[4]), float(sys.argv[5]),
                     int(sys.argv[6]) if len(sys.argv) > 6 else 0)
+        elif action == "produce-topic":
+            produce_topic(ignis, queue_name, float(sys.argv[4]), float(sys.argv[5]), sys.argv[6].split(","))
         elif action == "consume":
             consume(ignis, queue_name)
         else:

@@ -23,9 +23,9 @@ from ignis_workers.election import LEASE_NAME
 from support.aerospike_support import lmdb_or_real_server_url
 from support.polling import wait_for
 
-from ignis import Ignis, QueueSpec
+from ignis import Ignis, QueueSpec, TopicSpec
 from ignis.storage import open_store
-from ignis.storage.base import SWEEP_EPOCH
+from ignis.storage.base import CURSOR_SWEPT, SWEEP_EPOCH
 
 LEASE_S, RENEW_S, RETRY_S = 3.0, 2.0, 0.3
 SWEEPER_ENV = {
@@ -287,11 +287,14 @@ with Ignis(sys.argv[1]) as ignis:
 """
 
 
+NOWHERE = "nowhere (deleted)"
+
+
 def locate(store: Any, queue: str, shards: int, ids: set[str]) -> dict[str, str]:
     """Where each message is now: every present record of the queue's magazines, claimed or not."""
     from ignis import names
 
-    where = dict.fromkeys(ids, "nowhere (deleted)")
+    where = dict.fromkeys(ids, NOWHERE)
     for magazine in (queue, names.sideline_of(queue), names.dead_of(queue)):
         for shard, p in store.pointers(magazine, shards).items():
             for ref, env in store.peek(magazine, shard, 1, p.load):
@@ -457,3 +460,290 @@ def test_delayed_messages_survive_producer_consumer_and_leader_kills(sweepers: S
             for child in children:
                 if child.proc.poll() is None:
                     child.kill()
+
+
+# ---- topics: at least once per subscription (issue 47, part 3) -------------------------------------------------
+TOPIC_SHARDS = 4
+# Two subscriptions of one topic, and the test's own reading of their MQTT filters: per subject, the subscriptions
+# that must get it (some get it in both, some in one, some in neither).
+FILTERS = {"orders": "orders/#", "paid": "+/+/paid"}
+SUBJECTS = {
+    "orders/eu/paid": {"orders", "paid"},
+    "orders/us/created": {"orders"},
+    "orders": {"orders"},  # `#` matches the parent level too
+    "orders/eu/paid/late": {"orders"},  # `+/+/paid` has exactly three levels
+    "refunds/eu/paid": {"paid"},
+    "refunds/eu/created": set(),
+    "audit": set(),
+}
+
+TOPIC_PRODUCER = """
+import sys, time
+from ignis import Ignis
+from ignis.envelope import now_ms
+subjects = sys.argv[4].split(",")
+with Ignis(sys.argv[1]) as ignis:
+    topic = ignis.topic(sys.argv[2])
+    i = 0
+    while i < int(sys.argv[3]):
+        subject = subjects[i % len(subjects)]
+        if i % 10 == 9:  # now and then a batch: one group commit, one subject
+            n = min(5, int(sys.argv[3]) - i)
+            refs = topic.publish_many([f"{sys.argv[5]}-{i + k}".encode() for k in range(n)], subject=subject)
+        else:
+            refs = [topic.publish(f"{sys.argv[5]}-{i}".encode(), subject=subject)]
+        at = now_ms()
+        for ref in refs:  # said once the publish returned: confirmed
+            print("published", ref.id, subject, at, flush=True)
+        i += len(refs)
+        time.sleep(0.001)  # a steady producer, so the kill lands mid-publish on the fast embedded store too
+"""
+
+# A subscription's consumer: says what it got (with the subject the message carries) before handling it, "acking"
+# before the ack and "acked" once the ack returned, so a kill between the two leaves the ack in doubt, not unseen.
+SUB_CONSUMER = """
+import sys, threading, time
+from ignis import Ignis
+from ignis.envelope import now_ms
+lock = threading.Lock()
+with Ignis(sys.argv[1]) as ignis:
+    q = ignis.queue(sys.argv[2])
+
+    def say(*words):
+        with lock:
+            print(*words, flush=True)
+
+    def work():
+        while True:
+            m = q.fire()
+            if m is None:
+                time.sleep(0.01)
+                continue
+            say("got", m.id, m.envelope.subject, m.attempts)
+            time.sleep(0.005)  # handling: a kill now leaves the message claimed and not acked
+            say("acking", m.id)
+            m.ack()
+            say("acked", m.id, now_ms())
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(4)]  # 4 threads: prefetch at work
+    for t in threads:
+        t.start()
+    time.sleep(3600)
+"""
+
+
+def subscribe(ignis: Ignis, name: str, topic: str, filter: str, **fields: Any) -> None:
+    ignis.apply(QueueSpec.build(name=name, handlerType=name, shards=4, sweepDurationSeconds=CRASH_SWEEP_S,
+                                shovel={"concurrency": 2, "intervalSeconds": 1}, maxDeliveries=0,
+                                subscribe={"topic": topic, "filter": filter, "start": "earliest"}, **fields))
+
+
+def first_words(lines: list[Lines], word: str) -> dict[str, list[str]]:
+    """Per message id, the rest of each `word` line of these processes (id first on every line)."""
+    out: dict[str, list[str]] = {}
+    for child in lines:
+        for value in child.values.get(word, []):
+            msg_id, _, rest = value.partition(" ")
+            out.setdefault(msg_id, []).append(rest)
+    return out
+
+
+def locate_subscribed(store: Any, sub: str, topic: str, ids: set[str]) -> dict[str, str]:
+    """Where each message is in a subscription: its own magazines (`locate`), or a claim in its cursor."""
+    from ignis import names
+
+    where = locate(store, sub, 4, ids)
+    cursor = names.cursor_of(sub, topic)
+    for shard, p in store.pointers(cursor, TOPIC_SHARDS).items():
+        for ref, env in store.peek(cursor, shard, 1, p.fire):
+            if env.msg_id in where:
+                where[env.msg_id] = f"claim {ref} fireTS={env.fire_ts} attempts={env.attempts}"
+    return where
+
+
+def misdelivered(consumers: dict[str, list[Lines]], published: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(subscription, id, subject) of every delivery a subscription's filter does not select, or whose subject is
+    not the one it was published with."""
+    wrong = []
+    for sub, lines in consumers.items():
+        for msg_id, rests in first_words(lines, "got").items():
+            for rest in rests:
+                subject = rest.split()[0]
+                if sub not in SUBJECTS.get(subject, set()) or published.get(msg_id, subject) != subject:
+                    wrong.append((sub, msg_id, subject))
+    return wrong
+
+
+@pytest.mark.timeout(CRASH_SWEEP_S + 180)
+def test_topic_producers_consumers_of_two_subscriptions_and_the_leader_killed_together(sweepers: Sweepers, url: str):
+    """Issue 47: a topic of 4 shards, two subscriptions with different filters, 4,000 publishes over 7 subjects;
+    a producer, a consumer of each subscription and the sweeper leader SIGKILLed mid-run, two sweepers. Every
+    publish that returned is acked at least once by every subscription whose filter selects its subject, and no
+    subscription is ever handed a message its filter does not select."""
+    with Ignis(url) as ignis:
+        ignis.apply(TopicSpec.build(name="feed", shards=TOPIC_SHARDS, retentionSeconds=3600))
+        for sub, pattern in FILTERS.items():
+            subscribe(ignis, sub, "feed", pattern)
+        for who in ("t1", "t2"):
+            sweepers.start(who)
+        leader = wait_for(lambda: sweepers.holder(), what="a leader")
+        subjects = ",".join(SUBJECTS)
+        producers = [Lines(TOPIC_PRODUCER, url, "feed", "2000", subjects, f"p{i}") for i in range(2)]
+        consumers = {sub: [Lines(SUB_CONSUMER, url, sub) for _ in range(2)] for sub in FILTERS}
+        children = [*producers, *(c for lines in consumers.values() for c in lines)]
+        killed = [lines[0] for lines in consumers.values()]
+        try:
+            wait_for(lambda: producers[0].count("published") >= 400, timeout=60, what="a producer under way")
+            producers[0].kill()  # mid-publish
+            wait_for(lambda: all(sum(c.count("acked") for c in lines) >= 300 for lines in consumers.values()),
+                     timeout=60, what="the consumers of both subscriptions under way")
+            sweepers.procs[leader].kill()  # mid-sweep: what follows is the next leader's work
+            for victim in killed:  # mid-consume: their claimed (and prefetched) messages are stranded
+                victim.kill()
+            killed_at = time.time()
+            wait_for(lambda: producers[1].proc.poll() is not None, timeout=120, what="the other producer")
+            published = {msg_id: rests[0].split()[0] for msg_id, rests in first_words(producers, "published").items()}
+            assert producers[1].count("published") == 2000 and 2000 + 400 <= len(published) < 4000
+            expected = {sub: {i for i, subject in published.items() if sub in SUBJECTS[subject]} for sub in FILTERS}
+            # An ack the kill cut between its call and its line: in doubt, settled below by what the store holds.
+            in_doubt = {sub: set(first_words([lines[0]], "acking")) - set(first_words([lines[0]], "acked"))
+                        for sub, lines in consumers.items()}
+            assert all(len(ids) <= 4 for ids in in_doubt.values()), in_doubt  # one per consumer thread at most
+
+            def unacked() -> dict[str, set[str]]:
+                return {sub: expected[sub] - set(first_words(consumers[sub], "acked")) for sub in FILTERS}
+
+            def where_unacked() -> dict[str, dict[str, str]]:
+                return {sub: locate_subscribed(sweepers.store, sub, "feed", missing)
+                        for sub, missing in unacked().items()}
+
+            def only_landed_acks_left() -> bool:
+                # An ack in doubt landed if its message is nowhere in the subscription any more (a sweep copies
+                # before it deletes): claimed or copied, it would be delivered, and acked, again.
+                if any(missing - in_doubt[sub] for sub, missing in unacked().items()):
+                    return False
+                return all(w == NOWHERE for found in where_unacked().values() for w in found.values())
+
+            # The survivors drain the rest, and what the dead consumers held comes back through the new leader's
+            # sweep of each subscription's claims (every claim looks abandoned to these sweepers) and the shovel.
+            deadline = time.monotonic() + CRASH_SWEEP_S + 60
+            while not only_landed_acks_left() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            for sub, found in where_unacked().items():
+                lost = {i: w for i, w in found.items() if i not in in_doubt[sub] or w != NOWHERE}
+                assert not lost, (f"{len(lost)} of {len(expected[sub])} messages of {FILTERS[sub]!r} never acked by "
+                                  f"subscription {sub}: {lost}")
+            wrong = misdelivered(consumers, published)
+            assert not wrong, f"{len(wrong)} deliveries a subscription's filter does not select: {wrong[:10]}"
+            # What a killed consumer got and did not ack came back, through the sweep: a later attempt acked.
+            for sub, lines in consumers.items():
+                stranded = set(first_words([lines[0]], "got")) - set(first_words([lines[0]], "acking"))
+                attempts = {i: max(int(r.split()[1]) for r in rests)
+                            for i, rests in first_words(lines[1:], "got").items() if i in stranded}
+                assert all(attempts.get(i, 0) >= 2 for i in stranded & expected[sub]), (sub, stranded, attempts)
+            # The standby took over and sweeps, the subscriptions' claims among them.
+            new_leader = wait_for(lambda: (h := sweepers.holder()) not in ("", leader) and h, timeout=LEASE_S * 4,
+                                  what="the standby to lead")
+            wait_for(lambda: any(p["who"] == new_leader and p["started"] > killed_at for p in sweepers.passes()),
+                     what="a sweep by the new leader")
+            swept = {sub: ignis.record(sub).bins.get(CURSOR_SWEPT, 0) for sub in FILTERS}
+            assert all(swept.values()), swept
+        finally:
+            for child in children:
+                if child.proc.poll() is None:
+                    child.kill()
+        stats = {sub: ignis.queue(sub).stats() for sub in FILTERS}
+        print(f"\n{len(published)} published; " + "; ".join(
+            f"{sub} ({FILTERS[sub]}): {len(expected[sub])} expected, all acked, "
+            f"{sum(c.count('acked') for c in consumers[sub])} acks, claims swept {swept[sub]}, "
+            f"in doubt {len(in_doubt[sub])}, expired {stats[sub].expired}" for sub in FILTERS))
+
+
+HOLDER = """
+import sys, time
+from ignis import Ignis
+with Ignis(sys.argv[1]) as ignis:
+    q = ignis.queue(sys.argv[2])
+    held = 0
+    while held < int(sys.argv[3]):
+        msgs = q.fire_many(50)
+        if not msgs:
+            time.sleep(0.01)
+            continue
+        for m in msgs:
+            print("holding", m.id, flush=True)
+        held += len(msgs)
+    print("held", held, flush=True)
+    time.sleep(3600)  # killed here, holding every claim: nothing it took is settled
+"""
+
+LIVE_BOUND_S = 5.0  # publish to ack, for the subscription whose consumers live (a shared 2-core machine: generous)
+
+
+@pytest.mark.timeout(240)
+def test_a_subscription_whose_consumer_died_holding_claims_never_delays_another(tmp_path: Path, url: str):
+    """Issue 47: a consumer of subscription `orders` SIGKILLed holding 300 claims, with no sweeper running (its
+    claims stay stranded for as long as the test looks): subscription `paid` of the same topic still acks every
+    message within LIVE_BOUND_S of its publish, and drains, while `orders`' stranded messages wait. A sweeper
+    then brings those back to `orders`, whose every message is then acked too."""
+    with Ignis(url) as ignis:
+        ignis.apply(TopicSpec.build(name="feed", shards=TOPIC_SHARDS, retentionSeconds=3600))
+        for sub, pattern in FILTERS.items():
+            subscribe(ignis, sub, "feed", pattern)
+        topic = ignis.topic("feed")
+        # Published before anyone claims (no write of it still on its way when the holder dies), all of them
+        # `orders`' and half of them `paid`'s.
+        early = {r.id: "orders/eu/paid" for r in topic.publish_many([b"e"] * 300, subject="orders/eu/paid")}
+        early |= {r.id: "orders/us/created" for r in topic.publish_many([b"e"] * 300, subject="orders/us/created")}
+        live = [Lines(SUB_CONSUMER, url, "paid")]
+        holder = Lines(HOLDER, url, "orders", "300")
+        children = [*live, holder]
+        try:
+            wait_for(lambda: holder.count("held"), timeout=60, what="the holder's claims")
+            holder.kill()
+            held = set(holder.values["holding"])
+            assert len(held) >= 300
+            killed_at_ms = int(time.time() * 1000)
+            producer = Lines(TOPIC_PRODUCER, url, "feed", "1500", ",".join(SUBJECTS), "p")
+            children.append(producer)
+            wait_for(lambda: producer.proc.poll() is not None, timeout=120, what="the producer")
+            publishes = {i: r[0].split() for i, r in first_words([producer], "published").items()}
+            published = early | {i: subject for i, (subject, _) in publishes.items()}
+            assert len(publishes) == 1500
+            expected = {sub: {i for i, subject in published.items() if sub in SUBJECTS[subject]} for sub in FILTERS}
+
+            def acked(lines: list[Lines]) -> dict[str, int]:
+                return {i: min(int(r) for r in rests) for i, rests in first_words(lines, "acked").items()}
+
+            wait_for(lambda: expected["paid"] <= set(acked(live)), timeout=60, what="`paid` to ack everything")
+            latency = sorted(acked(live)[i] - int(at) for i, (subject, at) in publishes.items()
+                             if "paid" in SUBJECTS[subject])
+            # Meanwhile `orders` got none of what the holder took: every one is still its stranded claim.
+            where = locate_subscribed(ignis.store, "orders", "feed", held)
+            assert all(w.startswith("claim ") and "attempts=1" in w for w in where.values()), where
+            assert latency[-1] <= LIVE_BOUND_S * 1000, \
+                f"`paid` slowed by `orders`' dead consumer: p50 {latency[len(latency) // 2]} ms, max {latency[-1]} ms"
+            assert not misdelivered({"paid": live}, published)
+
+            # A sweeper (every claim looks abandoned to it) and a consumer of `orders`: its stranded claims come
+            # back through the sweep and the shovel, and it acks everything too.
+            sweepers = Sweepers(url, tmp_path)
+            try:
+                sweepers.start("late")
+                mended = [Lines(SUB_CONSUMER, url, "orders")]
+                children += mended
+                wait_for(lambda: expected["orders"] <= set(acked(mended)), timeout=120,
+                         what="`orders` to ack everything once swept")
+                attempts = {i: max(int(r.split()[1]) for r in rests) for i, rests in first_words(mended, "got").items()}
+                assert all(attempts[i] >= 2 for i in held), "a stranded claim was delivered without a sweep"
+                assert not misdelivered({"orders": mended}, published)
+                assert ignis.record("orders").bins.get(CURSOR_SWEPT, 0) >= len(held)
+            finally:
+                sweepers.stop_all()
+        finally:
+            for child in children:
+                if child.proc.poll() is None:
+                    child.kill()
+        print(f"\n`paid` publish-to-ack while `orders` held {len(held)} stranded claims: p50 "
+              f"{latency[len(latency) // 2]} ms, p99 {latency[len(latency) * 99 // 100]} ms, max {latency[-1]} ms "
+              f"({len(latency)} messages after the kill at {killed_at_ms})")
