@@ -226,3 +226,63 @@ def test_bad_input_is_not_waited_for(server: EmulatedServer) -> None:
         Ignis("aerospike://emulator:3000/test?nonsense=1", connect_wait_seconds=30)
     with pytest.raises(StoreUnavailable, match="/proc/nope"):  # lmdb opens or not: never waited for
         Ignis("lmdb:///proc/nope/store", connect_wait_seconds=30)
+
+
+# ---- a subscription's claims through an outage (issue 47; found in the 3-node fault run) ----------------------------
+def _subscription(ignis: Ignis) -> Any:
+    from ignis import TopicSpec
+
+    ignis.apply(TopicSpec.build(name="feed", shards=1))
+    ignis.apply(QueueSpec.build(name="sub", handlerType="sub", shards=1, subscribe={"topic": "feed",
+                                                                                   "start": "earliest"}))
+    ignis.topic("feed").publish_many([b"a", b"b", b"c"], subject="s")
+    return ignis.queue("sub")
+
+
+def test_a_subscription_claim_cut_after_its_cursor_moved_keeps_its_messages(server: EmulatedServer,
+                                                                            ignis: Ignis) -> None:
+    """The cursor moved over the slots, then the read of the topic's records failed: the slots stay this handle's
+    (awaited) and are delivered once the store answers, not left for the sweeper a sweepDuration away."""
+    q = _subscription(ignis)
+    topics = ignis.store._topics  # type: ignore[attr-defined]
+    claim_slots = topics._claim_slots
+    calls = []
+
+    def cut_once(*args: Any, **kwargs: Any) -> Any:  # the first read of the topic's records after the move fails
+        calls.append(args)
+        if len(calls) == 1:
+            server.fail_records("batch_read", NO_RESPONSE, times=1)
+        return claim_slots(*args, **kwargs)
+
+    topics._claim_slots = cut_once
+    with pytest.raises(StoreUnavailable):
+        q.fire_many(3)
+    assert q.cursor.pointers()[0].fire == 3  # the move landed: no other claim of this subscription gets them
+    got = []
+    deadline = time.monotonic() + 10
+    while len(got) < 3 and time.monotonic() < deadline:
+        got += q.fire_many(3, timeout=1)
+    assert sorted(m.payload for m in got) == [b"a", b"b", b"c"]
+    assert all(m.attempts == 1 for m in got)
+
+
+def test_a_subscription_claim_whose_answer_was_lost_keeps_its_messages(server: EmulatedServer, ignis: Ignis) -> None:
+    """The cursor's move applied, its answer lost: the next fire finds out which slots it took (its token in the
+    cursor's record) and delivers them."""
+    q = _subscription(ignis)
+    q.cursor.pointers()
+    server.fail_next("operate", errors_module_timeout(), apply_first=True)
+    with pytest.raises(StoreUnavailable, match="may or may not have been applied"):
+        q.fire_many(3)
+    assert q.cursor.pointers()[0].fire == 3
+    got = []
+    deadline = time.monotonic() + 10
+    while len(got) < 3 and time.monotonic() < deadline:
+        got += q.fire_many(3, timeout=1)
+    assert sorted(m.payload for m in got) == [b"a", b"b", b"c"]
+
+
+def errors_module_timeout() -> type[Exception]:
+    from aerospike import exception as ex
+
+    return ex.TimeoutError

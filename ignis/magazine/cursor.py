@@ -20,7 +20,7 @@ from ignis.activity import activity_for
 from ignis.envelope import now_ms
 from ignis.magazine.core import Magazine
 from ignis.metrics import SUBSCRIPTION_EXPIRED
-from ignis.storage.base import Claimed, SlotRef, Storage
+from ignis.storage.base import Claimed, ClaimInDoubt, ClaimInterrupted, SlotRef, Storage
 from ignis.subjects import SubjectFilter
 
 log = logging.getLogger("ignis.topics")
@@ -49,12 +49,24 @@ class CursorMagazine(Magazine):
     def _claim_next(self, max_slots: int) -> list[Claimed] | None:
         """One claim through the cursor on a shard with work: None when no shard has work, [] when the claim took
         nothing (the shard drained, it is dropped; or the filter passed over what it looked at: it is not)."""
+        if self._in_doubt:  # a claim whose answer was lost: its slots first (awaited: read and claimed again)
+            resolved = self._resolve_in_doubt()
+            if resolved:
+                return resolved
         active_shards = self._active_shards
         loads_seen = active_shards.activity.last_load
         shard = active_shards.pick()
         if shard is None:
             return None
-        result = self._store.claim_cursor(self.name, shard, max_slots, now_ms(), self.only)
+        try:
+            result = self._store.claim_cursor(self.name, shard, max_slots, now_ms(), self.only)
+        except ClaimInDoubt as exc:  # (as Magazine._claim_next: the slots it may have taken stay this handle's)
+            with self._lock:
+                self._in_doubt.append(exc.ticket)
+            raise
+        except ClaimInterrupted as exc:
+            self._keep_interrupted(exc)
+            raise
         if result.expired:
             self._lost(shard, result.expired)
         elif result.claimed and shard in self._in_gap:

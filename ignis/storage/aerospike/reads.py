@@ -73,7 +73,7 @@ class Reads:
         if not refs:
             return []
         try:
-            found = self.batch_get("held", [self._ctx.data_key(ref) for ref in refs], _HELD_BINS)
+            found = self.batch_get("held", [self._ctx.data_key(ref) for ref in refs], _HELD_BINS, self._ctx.batch_all)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "held", self._ctx.data_set) from None
         return [bins is not None and bins.get(MSG_ID) is not None for bins in found]

@@ -233,6 +233,8 @@ class AerospikeStore:
         return self._claims.claim(magazine, shard, max_slots, now_ms_, count_attempt, up_to)
 
     def resolve_claim(self, ticket: ClaimTicket, now_ms_: int) -> list[Claimed] | None:
+        if names.cursor_topic(ticket.magazine) is not None:  # a subscription's claim through its cursor
+            return self._topics.resolve_cursor_claim(ticket)
         return self._claims.resolve_claim(ticket, now_ms_)
 
     def restamp(self, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool = True) -> list[Claimed]:

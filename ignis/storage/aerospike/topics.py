@@ -34,6 +34,8 @@ from aerospike_helpers.operations import operations as ops
 
 from ignis import names
 from ignis.envelope import ATTEMPTS, CODEC, FIRE_TS, LOADED_AT, MSG_ID, PAYLOAD, Envelope, now_ms
+from ignis.errors import StoreUnavailable
+from ignis.storage.aerospike.claims import _ANSWER_LOST, LAST_CLAIM, LAST_FROM
 from ignis.storage.aerospike.context import (
     BATCH_CHUNK,
     FILTERED_OUT,
@@ -44,9 +46,21 @@ from ignis.storage.aerospike.context import (
     TOMBSTONE,
     AerospikeContext,
 )
+from ignis.storage.aerospike.errors import error_field, is_transient
 from ignis.storage.aerospike.reads import Reads
 from ignis.storage.aerospike.seals import Seals
-from ignis.storage.base import FIRE_POINTER, HOLES_CLAIMED, LOAD_POINTER, Claimed, CursorClaim, QueueRecord, SlotRef
+from ignis.storage.base import (
+    FIRE_POINTER,
+    HOLES_CLAIMED,
+    LOAD_POINTER,
+    Claimed,
+    ClaimInDoubt,
+    ClaimInterrupted,
+    ClaimTicket,
+    CursorClaim,
+    QueueRecord,
+    SlotRef,
+)
 from ignis.subjects import SubjectFilter
 
 # The client (19.x) says CmpRegex is deprecated for the string expression RegexCompare, which Aerospike 8.1.2 CE
@@ -152,23 +166,51 @@ class Topics:
                     return CursorClaim([], 0, True)
             first, last = taken
             refs = [SlotRef(cursor, shard, slot) for slot in range(first, last + 1)]
-            expired: list[int] = []
-            claimed = self._claim_slots(refs, now, only, count_attempt, expired=expired)
-            gone = len(expired)
-            missing = [c for c in claimed if c.envelope is None and c.awaiting]
-            if missing and len(missing) + gone == len(refs) and last < limit:
-                # Nothing here but missing records: the subscription fell behind the retention, or publishes are on
-                # their way. A record after them published more than the write deadline ago tells which.
-                skipped = self._skip_gone(cursor, topic, shard, last, limit, now)
-                if skipped is not None:
-                    gone += len(missing) + skipped
-                    claimed = [c for c in claimed if c not in missing]
-            if gone:
-                self._ctx.call("claim", self._ctx.client.operate, self._ctx.meta_key(cursor, shard),
-                               [ops.increment(HOLES_CLAIMED, gone)], None, self._ctx.never, idempotent=False)
-            return CursorClaim(claimed, gone, False)
+            try:
+                return self._claim_taken(cursor, topic, shard, refs, limit, now, only, count_attempt)
+            except (ex.AerospikeError, StoreUnavailable) as exc:
+                # The slots are taken: still this claimer's, awaited, to read and claim again once the store answers
+                # (not left for the sweeper, a sweepDuration away). Found in the 3-node fault run.
+                error = self._ctx.fail(exc, "claim", self._ctx.data_set) if isinstance(exc, ex.AerospikeError) else exc
+                if not isinstance(error, StoreUnavailable):
+                    raise error from None
+                raise ClaimInterrupted(str(error), [Claimed(ref, None, True) for ref in refs]) from None
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "claim", self._ctx.meta_set) from None
+
+    def _claim_taken(self, cursor: str, topic: str, shard: int, refs: list[SlotRef], limit: int, now: int,
+                     only: SubjectFilter | None, count_attempt: bool) -> CursorClaim:
+        """The second half of `claim_cursor`, over the slots the cursor's move took: read, claim, count the gone."""
+        expired: list[int] = []
+        claimed = self._claim_slots(refs, now, only, count_attempt, expired=expired)
+        gone = len(expired)
+        missing = [c for c in claimed if c.envelope is None and c.awaiting]
+        last = refs[-1][2]
+        if missing and len(missing) + gone == len(refs) and last < limit:
+            # Nothing here but missing records: the subscription fell behind the retention, or publishes are on
+            # their way. A record after them published more than the write deadline ago tells which.
+            skipped = self._skip_gone(cursor, topic, shard, last, limit, now)
+            if skipped is not None:
+                gone += len(missing) + skipped
+                claimed = [c for c in claimed if c not in missing]
+        if gone:
+            self._ctx.call("claim", self._ctx.client.operate, self._ctx.meta_key(cursor, shard),
+                           [ops.increment(HOLES_CLAIMED, gone)], None, self._ctx.never, idempotent=False)
+        return CursorClaim(claimed, gone, False)
+
+    def resolve_cursor_claim(self, ticket: ClaimTicket) -> list[Claimed] | None:
+        """`Storage.resolve_claim` of a cursor's claim: the slots its move took, if it was applied and no move came
+        after it (else None: the sweeper finds them), awaited, to be read and claimed by the claimer's re-reads."""
+        try:
+            _, _, got = self._ctx.call("claim", self._ctx.client.get, self._ctx.meta_key(ticket.magazine, ticket.shard))
+        except ex.RecordNotFound:
+            return None
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "claim", self._ctx.meta_set) from None
+        if got.get(LAST_CLAIM) != ticket.token:
+            return None
+        first, last = int(got.get(LAST_FROM) or 0) + 1, int(got.get(FIRE_POINTER) or 0)
+        return [Claimed(SlotRef(ticket.magazine, ticket.shard, slot), None, True) for slot in range(first, last + 1)]
 
     def _settled_after(self, bins: Mapping[str, Any] | None, now: int) -> bool:
         """Whether a present topic record vouches that every slot before it is settled: it was published more than
@@ -184,7 +226,8 @@ class Topics:
         first_held, held_bins = limit + 1, None
         while low <= high:
             mid = (low + high) // 2
-            bins = self._reads.batch_get("claim", [self._ctx.data_key(SlotRef(topic, shard, mid))])[0]
+            bins = self._reads.batch_get("claim", [self._ctx.data_key(SlotRef(topic, shard, mid))], None,
+                                         self._ctx.batch_all)[0]
             if self._ctx.tombstoned(bins):  # (gone: expired, trimmed to the byte bound, or sealed)
                 low = mid + 1
             else:
@@ -202,17 +245,27 @@ class Topics:
         return max(target - max(int(got[CLAIM_FROM]), last), 0)  # (another claimer may have passed some first)
 
     def _advance(self, cursor: str, shard: int, count: int, limit: int) -> tuple[int, int] | None:
-        """Move the cursor over up to `count` slots, not past `limit`: the slots taken, None when none is left."""
+        """Move the cursor over up to `count` slots, not past `limit`: the slots taken, None when none is left. An
+        answer lost on the way (the server may have applied it) raises ClaimInDoubt: the move leaves its token and
+        where it began in the cursor's meta record (as a queue's claim does), so `resolve_claim` finds the slots."""
         fire = exp.IntBin(FIRE_POINTER)
         guard = exp.LT(fire, limit).compile()
+        token = f"{self._ctx.shared.claim_prefix}{next(self._ctx.shared.claim_seq)}"
         operations = [expr_ops.expression_read(CLAIM_FROM, fire.compile()),
+                      expr_ops.expression_write(LAST_FROM, fire.compile()),
                       expr_ops.expression_write(FIRE_POINTER, arithmetic.Min(arithmetic.Add(fire, count),
                                                                              limit).compile()),
-                      ops.read(FIRE_POINTER)]
+                      ops.read(FIRE_POINTER), ops.write(LAST_CLAIM, token)]
         key = self._ctx.meta_key(cursor, shard)
         try:
-            _, _, got = self._ctx.call("claim", self._ctx.client.operate, key, operations, None,
-                                       {**self._ctx.update, "expressions": guard}, idempotent=False)
+            try:
+                _, _, got = self._ctx.call("claim", self._ctx.client.operate, key, operations, None,
+                                           {**self._ctx.update, "expressions": guard}, idempotent=False)
+            except ex.AerospikeError as exc:
+                if is_transient(exc, True) and (error_field(exc, "in_doubt", False) or isinstance(exc, _ANSWER_LOST)):
+                    error = self._ctx.fail(exc, "claim", self._ctx.meta_set)
+                    raise ClaimInDoubt(str(error), ClaimTicket(cursor, shard, False, token, True)) from None
+                raise
         except ex.RecordNotFound:  # a cursor never set (a subscription applied before its first claim)
             with contextlib.suppress(ex.RecordExistsError):  # (another claimer made it first)
                 self._ctx.call("claim", self._ctx.client.put, key, {FIRE_POINTER: 0}, None,
@@ -241,7 +294,7 @@ class Topics:
         assert topic is not None
         filtered = self._filter(only)
         topic_keys = [self._ctx.data_key(SlotRef(topic, ref[1], ref[2])) for ref in refs]
-        policy = None if filtered is None else {**self._ctx.batch, "expressions": filtered}
+        policy = self._ctx.batch_all if filtered is None else {**self._ctx.batch_all, "expressions": filtered}
         records: list[Any] = []
         for start in range(0, len(topic_keys), BATCH_CHUNK):
             chunk = topic_keys[start:start + BATCH_CHUNK]
@@ -308,7 +361,7 @@ class Topics:
             return []
         try:
             claims = self._reads.batch_get("restamp", [self._ctx.data_key(ref) for ref in refs],
-                                           [ATTEMPTS, TOMBSTONE, PURGED])
+                                           [ATTEMPTS, TOMBSTONE, PURGED], self._ctx.batch_all)
             attempts = {ref: int((bins or {}).get(ATTEMPTS) or 0) for ref, bins in zip(refs, claims, strict=True)}
             return self._claim_slots(list(refs), now, only, count_attempt, attempts)
         except ex.AerospikeError as exc:
@@ -332,11 +385,12 @@ class Topics:
             return []
         topic = names.cursor_topic(refs[0][0])
         assert topic is not None
-        claims = self._reads.batch_get(operation, [self._ctx.data_key(ref) for ref in refs],
-                                       [FIRE_TS, ATTEMPTS, TOMBSTONE, PURGED])  # (a settled claim reads as none)
+        claims = self._reads.batch_get(operation, [self._ctx.data_key(ref) for ref in refs],  # (settled: none)
+                                       [FIRE_TS, ATTEMPTS, TOMBSTONE, PURGED], self._ctx.batch_all)
         present = [ref for ref, bins in zip(refs, claims, strict=True) if bins is not None]
         messages = dict(zip(present, self._reads.batch_get(
-            operation, [self._ctx.data_key(SlotRef(topic, ref[1], ref[2])) for ref in present]), strict=True))
+            operation, [self._ctx.data_key(SlotRef(topic, ref[1], ref[2])) for ref in present], None,
+            self._ctx.batch_all), strict=True))
         out: list[Envelope | None] = []
         for ref, claim in zip(refs, claims, strict=True):
             bins = messages.get(ref) if claim is not None else None
