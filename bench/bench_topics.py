@@ -226,8 +226,8 @@ def server_writes_per_publish(ignis: Any, subscriptions: int, args: argparse.Nam
 def stored_bytes(ignis: Any, subscriptions: int, args: argparse.Namespace,
                  dropped: list[tuple[str, list[str]]]) -> dict[str, float]:
     """Bytes the namespace stores for a backlog of --stored messages on a topic with `subscriptions`
-    subscriptions: once published, and once every subscription consumed it (their claims settled). The topic is
-    left for the caller to drop (`dropped`)."""
+    subscriptions: once published, and once every subscription consumed it (their claims settled) and a sweep
+    passed it. The topic is left for the caller to drop (`dropped`)."""
     name = unique("sto")
     subs = [(f"{name}s{i}", "#") for i in range(subscriptions)]
     topic = make_topic(ignis, name, args.shards, subs)
@@ -237,9 +237,21 @@ def stored_bytes(ignis: Any, subscriptions: int, args: argparse.Namespace,
     published = namespace_stats(ignis)["data_used_bytes"] - before
     for sub, _ in subs:
         drain(ignis.queue(sub), args.drain_threads)
+    sweep_once(ignis, [s for s, _ in subs])  # (the acks' tombstones go once a sweep passed them)
     consumed = namespace_stats(ignis)["data_used_bytes"] - before
     dropped.append((name, [s for s, _ in subs]))
     return {"published_per_message": published / args.stored, "consumed_per_message": consumed / args.stored}
+
+
+def sweep_once(ignis: Any, queues: list[str]) -> None:
+    """One sweep pass over these queues, as the sweeper leader's (a fresh epoch: this process leads for it)."""
+    from ignis_workers.sweeper import Sweeper
+
+    store = ignis.store
+    epoch = store.next_epoch()
+    sweeper = Sweeper(store, epoch_source=lambda: epoch, threads=8)
+    for queue in queues:
+        sweeper.sweep_queue(store.client_id, queue)
 
 
 def ignis_drain_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -508,6 +508,12 @@ class Storage(Protocol):
         until the slot's write deadline is known to be over)."""
         ...
 
+    def drop_settled(self, magazine: str, shard: int, first: int, last: int) -> int:
+        """Delete what is left of settled records in slots first..last, which a sweep pointer has passed (nothing
+        reads them again): where acks leave tombstones (Aerospike Community Edition), a subscription's would
+        otherwise outlive the ack by the topic's whole retention. How many it deleted; 0 where acks leave none."""
+        ...
+
     # Whether delete() reads its `ids`: False where a slot is never handed out twice (an lmdb environment), so a
     # settle skips building them (a hot path).
     settles_by_id: bool = True

@@ -534,3 +534,29 @@ def test_a_slot_a_crashed_claimer_passed_is_claimed_by_the_sweep_and_delivered_a
     report = s.sweep_queue(store.client_id, q.name)
     assert report.cursor.moved == 1
     assert [env.payload for _, env in q.sideline.browse()] == [b"k1"]  # the filter's one; "skip" was never its
+
+
+def test_acked_subscription_claims_are_passed_never_claimed_again_and_their_tombstones_dropped(store, clock):
+    """Acked claims are settled slots to the sweep, not slots a crashed claimer left unclaimed: passed, never
+    stamped and delivered again a sweepDuration later. What the acks left (tombstones, on Aerospike Community
+    Edition) is deleted once the pointer passed it, so ten subscriptions do not store ten traces per message for
+    the topic's retention."""
+    topic, q = subscription(store)
+    topic.publish_many([b"a", b"b", b"c"], subject="x")
+    for m in q.fire_many(3):
+        m.ack()
+    cursor = names.cursor_of(q.name, "feed")
+    refs = [SlotRef(cursor, 0, slot) for slot in (1, 2, 3)]
+    left_by_acks = store.settled(refs)
+    s = sweeper(store, clock)
+    for _ in range(2):  # the fire pointer seen, then known settled one write deadline later
+        clock.advance(store.write_grace_ms / 1000 + 1)
+        report = s.sweep_queue(store.client_id, q.name)
+        assert report.cursor.stamped == 0 and report.ok, report
+    assert pointer(store, q.name, "cursor") == 4
+    assert store.settled(refs) == [False] * 3  # (tombstones where acks leave them: gone)
+    assert any(left_by_acks) == bool(store.write_grace_ms)  # (Aerospike's acks leave them; lmdb's delete)
+    clock.advance(SWEEP_S + 1)
+    report = s.sweep_queue(store.client_id, q.name)
+    assert report.cursor.moved == 0 and report.cursor.stamped == 0
+    assert q.fire() is None and q.sideline.browse() == []

@@ -386,6 +386,8 @@ class Sweeper:
                     for ref, env in items], fired_before, epoch, advance, starts, todo, out)
         if advance:
             store.advance_sweep(queue.name, kind, epoch, advance, moved)
+            if kind == "cursor":
+                self._drop_settled(queue, source, advance, starts)
             examined = sum(advance[shard] - starts[shard] for shard in advance)
             out.examined += examined
             out.moved += moved
@@ -419,6 +421,19 @@ class Sweeper:
                 todo.pop(shard, None)
                 advance.pop(shard, None)  # its pointer must not pass the records still in place
             return 0
+
+    @staticmethod
+    def _drop_settled(queue: Queue, cursor: Magazine, advance: dict[int, int], starts: dict[int, int]) -> None:
+        """The acks' tombstones of a subscription's claims the pointer just passed, deleted (Storage.drop_settled):
+        they told this sweep an acked slot from one a crashed claimer left unclaimed (`_claim_stranded`), and
+        nothing reads them behind the pointer. Not worth failing the pass for: the next pass over them is gone
+        with the pointer, so a failure leaves them to their TTL (said in the log)."""
+        store = queue.store
+        for shard, to in advance.items():
+            try:
+                store.drop_settled(cursor.name, shard, starts[shard], to - 1)
+            except Exception as exc:
+                _log_failure(f"drop the settled claims of {queue.name} shard {shard} (kept until their TTL)", exc)
 
     @staticmethod
     def _claim_stranded(queue: Queue, cursor: Magazine, shard: int, slots: list[int], now: int) -> int | None:

@@ -174,7 +174,6 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
         # mode" (the clients' ReadModeAP). Found losing a subscription's message in the 3-node fault run.
         self.batch_all = {**self.batch, "read_mode_ap": aerospike.POLICY_READ_MODE_AP_ALL}
         self.durable_remove = {**wp, "durable_delete": True}
-        self.remove = {**wp, "durable_delete": self.durable}  # a delete that leaves no tombstone on Community
         self.small_batch = {**self.batch, "allow_inline": True,
                             "allow_inline_ssd": True}
         # The producer's write deadline: every attempt of a load's write and the waits between them, the

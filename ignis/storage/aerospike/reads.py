@@ -15,7 +15,6 @@ from aerospike_helpers.operations import expression_operations as expr_ops
 from aerospike_helpers.operations import operations as ops
 
 from ignis.envelope import FIRE_TS, MSG_ID, Envelope, now_ms
-from ignis.names import CURSOR_INFIX
 from ignis.storage.aerospike.context import (
     BATCH_CHUNK,
     FILTERED_OUT,
@@ -39,6 +38,7 @@ _ONE_HEAD, _ONE_TAIL = _ONE[:_AT], _ONE[_AT + 1:]
 # What an ack, a delete or a seal leaves in a slot. Not a purge's mark: slot numbering starts afresh
 # after a purge, so a new message may still be written over it.
 _SETTLED_BINS = [TOMBSTONE]
+_IS_TOMBSTONE = exp.BinExists(TOMBSTONE).compile()  # (drop_settled: only an ack's tombstone goes)
 _HELD_BINS = [MSG_ID, TOMBSTONE, PURGED]  # (a tombstone's or a purge mark's bins: batch_get answers None for those)
 
 
@@ -180,8 +180,6 @@ class Reads:
                ids: Sequence[str | None] | None = None) -> int:
         if not refs:
             return 0
-        if CURSOR_INFIX in refs[0][0]:  # a subscription's acks (names.cursor_of; no queue name has the infix)
-            return self.delete_claims(refs, ids)
         try:
             if ids is not None:  # (versions: a generation can repeat in a reused slot, so the id decides)
                 if len(refs) == 1:
@@ -212,39 +210,26 @@ class Reads:
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "delete", self._ctx.data_set) from None
 
-    def delete_claims(self, refs: Sequence[SlotRef], ids: Sequence[str | None] | None) -> int:
-        """A subscription's acks: its claim records deleted outright, not tombstoned as a queue's acked records are
-        on Community Edition (durable deletes on Enterprise). A tombstone per subscription and message would
-        outlive the ack by the topic's whole retention (128 bytes each, measured on 8.1: ten subscriptions would
-        store as much again as the messages), while a claim that a node's cold restart brings back costs one
-        redelivery at most: the sweeper finds it unsettled and hands its message out again (at least once;
-        docs/aerospike/durability.md). The id filter leaves a claim of another message alone, as a settle does.
-        (Here, below the topics' module, because every ack comes through delete(), bound on the store's facade.)"""
-        keys = [self._ctx.data_key(ref) for ref in refs]
-        known = ids is not None and all(msg_id is not None for msg_id in ids)
-        only = self._these_messages(ids) if known else None  # type: ignore[arg-type]
+    def drop_settled(self, magazine: str, shard: int, first: int, last: int) -> int:
+        """Storage.drop_settled: a batch delete of the slots' records that are tombstones (a server-side filter:
+        a live record is never touched). Plain deletes: nothing reads behind a sweep pointer, so one that a
+        node's cold restart brings back on Community Edition costs a few bytes until its TTL, never a delivery."""
+        keys = [self._ctx.data_key(SlotRef(magazine, shard, slot)) for slot in range(first, last + 1)]
+        dropped = 0
         try:
-            if len(keys) == 1:
-                policy = {**self._ctx.remove, **({"expressions": only} if only is not None else {})}
-                try:
-                    self._ctx.call("delete", self._ctx.client.remove, keys[0], policy=policy)
-                    return 1
-                except MISSING:
-                    return 0
-            present = 0
-            batch_policy = None if only is None else {**self._ctx.batch, "expressions": only}
+            policy = {**self._ctx.batch, "expressions": _IS_TOMBSTONE}
             for start in range(0, len(keys), BATCH_CHUNK):
                 chunk = keys[start:start + BATCH_CHUNK]
-                done = self._ctx.call("delete", self._ctx.client.batch_remove, chunk, batch_policy,
-                                      {"durable_delete": self._ctx.durable})
-                for record in self._ctx.answers("delete", done, len(chunk), self._ctx.data_set):
+                done = self._ctx.call("drop_settled", self._ctx.client.batch_remove, chunk, policy,
+                                      {"durable_delete": False})
+                for record in self._ctx.answers("drop_settled", done, len(chunk), self._ctx.data_set):
                     if record.result == 0:
-                        present += 1
+                        dropped += 1
                     elif record.result not in (NOT_FOUND, FILTERED_OUT):
-                        raise self._ctx.record_failure("delete", record, self._ctx.data_set)
-            return present
+                        raise self._ctx.record_failure("drop_settled", record, self._ctx.data_set)
         except ex.AerospikeError as exc:
-            raise self._ctx.fail(exc, "delete", self._ctx.data_set) from None
+            raise self._ctx.fail(exc, "drop_settled", self._ctx.data_set) from None
+        return dropped
 
     def stamp_unfired(self, ref: SlotRef, now_ms_: int) -> Envelope | None:
         # Create-only expression write with "no fail": stamps only a record that has no fireTS yet.

@@ -274,6 +274,9 @@ class AerospikeStore:
     def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
         return self._reads.settled(refs)
 
+    def drop_settled(self, magazine: str, shard: int, first: int, last: int) -> int:
+        return self._reads.drop_settled(magazine, shard, first, last)
+
     def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
                ids: Sequence[str | None] | None = None) -> int:
         return self._reads.delete(refs, versions, ids)

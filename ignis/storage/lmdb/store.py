@@ -250,6 +250,9 @@ class LmdbStore:
     def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
         return self._reads.settled(refs)
 
+    def drop_settled(self, magazine: str, shard: int, first: int, last: int) -> int:
+        return 0  # an ack deletes its record here: nothing is left behind
+
     def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
                ids: Sequence[str | None] | None = None) -> int:
         return self._reads.delete(refs, versions, ids)
