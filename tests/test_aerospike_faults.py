@@ -406,15 +406,13 @@ def _wait_drained(url: str, timeout: float) -> dict[str, Any]:
             "drained_after_s": round(time.monotonic() - started, 1)}
 
 
-def _check(report: dict[str, Any], server_losses_allowed: bool = False, acks_may_come_back: bool = False) -> None:
-    """`acks_may_come_back`: a subscription's ack deletes its claim with no tombstone on Community Edition, so a
-    node that restarts with its copy may bring a claim back, redelivered once (docs/aerospike/durability.md)."""
+def _check(report: dict[str, Any], server_losses_allowed: bool = False) -> None:
     if server_losses_allowed:  # only what the server itself lost, shown by the raw control
         assert report["lost_outside_server_window"] == [], report
         assert report["resurrected_acks_outside_server_window"] == [], report
     else:
         assert report["lost"] == 0, f"{report['lost']} confirmed publishes undelivered: {report['lost_ids']}"
-        assert acks_may_come_back or report["resurrected_acks"] == [], report["resurrected_acks"]
+        assert report["resurrected_acks"] == [], report["resurrected_acks"]
     assert report["misdelivered"] == [], f"delivered outside the subscription's filter: {report['misdelivered']}"
     assert report["delivered_before_due"] == [], report["delivered_before_due"]
     assert all(report["alive_before_stop"].values()), report["alive_before_stop"]
@@ -506,4 +504,4 @@ def test_a_cluster_losing_a_node_twice_strands_no_subscriptions_message() -> Non
                                      ("sigkill node 3 for 5 s", 2, True, 5.0)], "3-node cluster, a topic", topic=True)
     for sub, figures in report["subscriptions"].items():
         assert figures["confirmed"] > 0, sub
-        _check(figures, acks_may_come_back=True)
+        _check(figures)
