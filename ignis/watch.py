@@ -195,7 +195,10 @@ class Watcher:
         if moved:
             w.moved_at = now
         w.loaded = loaded
-        hungry = w.activity.waiting > 0 or now - w.touched <= HUNGRY_SECONDS
+        # (A subscription's consumers wait on its main magazine, which its cursor's changes wake: `wakes`.)
+        activity = w.activity
+        hungry = activity.waiting > 0 or now - w.touched <= HUNGRY_SECONDS or \
+            any(woken.waiting > 0 for woken in activity.wakes)
         w.busy = False
         if self._doorbell is not None:  # rings do the rest
             w.interval = SAFETY_POLL_SECONDS if w.due else SUBSCRIBED_POLL_SECONDS

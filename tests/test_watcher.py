@@ -100,3 +100,24 @@ def test_an_idle_queue_whose_pointers_moved_behind_a_still_beacon_flows_again(fa
         assert watcher._watched["quiet"].beacon is not None
     finally:
         watcher.stop()
+
+
+def test_a_cursor_is_read_often_while_its_subscriptions_consumers_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subscription's consumers wait on its main magazine (woken by its cursor's changes: ShardActivity.wake_with),
+    not on the cursor's own activity: while one waits, the cursor's pointers are read at the fast pace, not at the
+    pace of a magazine whose consumers are all busy (SAFETY_POLL_SECONDS), which made a subscription's consumer in
+    another process hear of a publish tens of milliseconds late on Aerospike."""
+    monkeypatch.setattr(watch, "HUNGRY_SECONDS", 0.0)  # (nobody looked for work lately: only a waiter counts)
+    store = CountingStore()
+    main, cursor = ShardActivity(), ShardActivity()
+    cursor.wake_with(main)
+    watcher = watch.Watcher(store)  # type: ignore[arg-type]
+    try:
+        main._waiting = 1  # a consumer waits on the subscription's main magazine
+        watcher.watch("subs_FROM_feed", 1, cursor)
+        wait_until(lambda: "subs_FROM_feed" in watcher._watched and watcher._watched["subs_FROM_feed"].loaded == 0)
+        assert watcher._watched["subs_FROM_feed"].interval < 1.0 and not watcher._watched["subs_FROM_feed"].busy
+        main._waiting = 0  # nobody waits any more: read slowly
+        wait_until(lambda: watcher._watched["subs_FROM_feed"].busy)
+    finally:
+        watcher.stop()
