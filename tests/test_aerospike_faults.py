@@ -428,7 +428,11 @@ def _check(report: dict[str, Any], server_losses_allowed: bool = False) -> None:
         assert max(per_process.values()) <= ALARMS_PER_OUTAGE, (what, per_process)
 
 
-def test_a_cluster_losing_a_node_twice_strands_nothing() -> None:
+CLUSTER_FAULTS = [("sigterm node 2 for 15 s", 1, False, 15.0), ("sigkill node 3 for 5 s", 2, True, 5.0)]
+
+
+def _cluster() -> tuple[list[tuple[str, int]], str]:
+    """The three nodes of CLUSTER_ENV, settled, and their URL (the test skips, saying why, where it cannot run)."""
     target = os.environ.get(CLUSTER_ENV)
     if not target:
         pytest.skip(f"cluster fault suite skipped: set {CLUSTER_ENV}=h:p,h:p,h:p/namespace (three nodes)")
@@ -439,10 +443,12 @@ def test_a_cluster_losing_a_node_twice_strands_nothing() -> None:
     if lossy:
         pytest.skip(lossy)
     settle(nodes)
-    url = f"aerospike://{','.join(f'{h}:{p}' for h, p in nodes)}/{namespace}"
-    report = _fault_run(url, nodes, [("sigterm node 2 for 15 s", 1, False, 15.0),
-                                     ("sigkill node 3 for 5 s", 2, True, 5.0)], "3-node cluster")
-    _check(report)
+    return nodes, f"aerospike://{','.join(f'{h}:{p}' for h, p in nodes)}/{namespace}"
+
+
+def test_a_cluster_losing_a_node_twice_strands_nothing() -> None:
+    nodes, url = _cluster()
+    _check(_fault_run(url, nodes, CLUSTER_FAULTS, "3-node cluster"))
 
 
 def test_a_single_node_stopped_and_restarted_strands_nothing() -> None:
@@ -489,19 +495,8 @@ def test_a_cluster_losing_a_node_twice_strands_no_subscriptions_message() -> Non
     """Issue 47: the cluster run with a topic instead of a queue: two subscriptions (every subject, and `+/paid`),
     two consumers each, the same faults. Every confirmed publish is delivered to every subscription whose filter
     selects it, within the same bound, and to none that does not; the queue-run's other checks hold for each."""
-    target = os.environ.get(CLUSTER_ENV)
-    if not target:
-        pytest.skip(f"cluster fault suite skipped: set {CLUSTER_ENV}=h:p,h:p,h:p/namespace (three nodes)")
-    nodes, namespace = parse_hosts(target)
-    if len(nodes) < 3:
-        pytest.skip(f"{CLUSTER_ENV} names {len(nodes)} node(s): the suite needs three")
-    lossy = next(filter(None, (restart_loses_data(h, p, namespace) for h, p in nodes)), None)
-    if lossy:
-        pytest.skip(lossy)
-    settle(nodes)
-    url = f"aerospike://{','.join(f'{h}:{p}' for h, p in nodes)}/{namespace}"
-    report = _fault_run(url, nodes, [("sigterm node 2 for 15 s", 1, False, 15.0),
-                                     ("sigkill node 3 for 5 s", 2, True, 5.0)], "3-node cluster, a topic", topic=True)
+    nodes, url = _cluster()
+    report = _fault_run(url, nodes, CLUSTER_FAULTS, "3-node cluster, a topic", topic=True)
     for sub, figures in report["subscriptions"].items():
         assert figures["confirmed"] > 0, sub
         _check(figures)

@@ -21,6 +21,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ignis import Consumer, Ignis
@@ -42,23 +43,45 @@ def say(*words: object) -> None:
 DELAY_S = 2.0
 
 
-def produce(ignis: Ignis, queue_name: str, seconds: float, rate: float, delayed_every: int = 0) -> None:
-    queue = ignis.queue(queue_name)
+def paced(name: str, seconds: float, rate: float, publish: Callable[[int], None]) -> None:
+    """Call publish(i) for i = 0, 1, ... at about `rate` a second for `seconds`; one whose store call fails is
+    retried as a new message after a backoff (an unconfirmed one may still have been stored)."""
     backoff = Backoff()
     deadline = time.monotonic() + seconds
     i = 0
     while time.monotonic() < deadline:
         started = time.monotonic()
-        delayed = delayed_every > 0 and i % delayed_every == delayed_every - 1
         try:
-            ref = queue.publish(f"m-{i}".encode(), delay=DELAY_S if delayed else None)
+            publish(i)
         except StoreError as exc:
-            time.sleep(backoff.failed(f"publish {queue_name}", exc))
+            time.sleep(backoff.failed(f"publish {name}", exc))
             continue
         backoff.ok()
-        say("published", now_ms(), ref.id, *([ref.slot] if delayed else []))  # (a delayed ref's slot: its due time)
         i += 1
         time.sleep(max(0.0, 1 / rate - (time.monotonic() - started)))
+
+
+def produce(ignis: Ignis, queue_name: str, seconds: float, rate: float, delayed_every: int = 0) -> None:
+    queue = ignis.queue(queue_name)
+
+    def publish(i: int) -> None:
+        delayed = delayed_every > 0 and i % delayed_every == delayed_every - 1
+        ref = queue.publish(f"m-{i}".encode(), delay=DELAY_S if delayed else None)
+        say("published", now_ms(), ref.id, *([ref.slot] if delayed else []))  # (a delayed ref's slot: its due time)
+
+    paced(queue_name, seconds, rate, publish)
+
+
+def produce_topic(ignis: Ignis, topic_name: str, seconds: float, rate: float, subjects: list[str]) -> None:
+    topic = ignis.topic(topic_name)
+
+    def publish(i: int) -> None:
+        subject = subjects[i % len(subjects)]
+        ref = topic.publish(f"m-{i}".encode(), subject=subject)
+        say("published", now_ms(), ref.id)
+        say("subject", ref.id, subject)
+
+    paced(topic_name, seconds, rate, publish)
 
 
 class ReportingConsumer(Consumer):
@@ -69,26 +92,6 @@ class ReportingConsumer(Consumer):
         super()._acked(queue, messages)
         for m in messages:
             say("acked", now_ms(), m.id)
-
-
-def produce_topic(ignis: Ignis, topic_name: str, seconds: float, rate: float, subjects: list[str]) -> None:
-    topic = ignis.topic(topic_name)
-    backoff = Backoff()
-    deadline = time.monotonic() + seconds
-    i = 0
-    while time.monotonic() < deadline:
-        started = time.monotonic()
-        subject = subjects[i % len(subjects)]
-        try:
-            ref = topic.publish(f"m-{i}".encode(), subject=subject)
-        except StoreError as exc:
-            time.sleep(backoff.failed(f"publish {topic_name}", exc))
-            continue
-        backoff.ok()
-        say("published", now_ms(), ref.id)
-        say("subject", ref.id, subject)
-        i += 1
-        time.sleep(max(0.0, 1 / rate - (time.monotonic() - started)))
 
 
 def consume(ignis: Ignis, queue_name: str) -> None:
