@@ -135,16 +135,17 @@ class ShardActivity:
         """The active set as read from the store (shards whose load pointer is past the fire pointer), keeping
         what loads of this process marked after the read began (`seen`: before_read() from before it). True
         if a shard was added."""
-        loads_seen, before = seen
+        loads_seen = seen[0]
         with self._cond:
+            marked = self.active  # (as it is now: with what loads marked during the read, which it may not show)
             self.active = tuple(with_work)
-            if self.last_load != loads_seen:  # a load committed after the read: keep what it saw
-                self.active += tuple(shard for shard in before if shard not in self.active)
+            if self.last_load != loads_seen:  # a load committed after the read began: keep what it marked
+                self.active += tuple(shard for shard in marked if shard not in self.active)
             if self.committing:  # rung before a commit this read may not have seen: kept until a read shows it
                 self.committing -= set(self.active)
                 self.active += tuple(shard for shard in self.committing if shard not in self.active)
             self.refreshed_at = time.monotonic()
-            added = [shard for shard in self.active if shard not in before]
+            added = [shard for shard in self.active if shard not in marked]  # (new to the waiters: wake them)
         if added:
             self._changed(len(added))
         return bool(added)
