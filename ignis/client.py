@@ -61,8 +61,11 @@ class Ignis:
     def close(self) -> None:
         with self._lock:
             queues = list(self._queues.values())
+            topics = list(self._topics.values())
         for queue in queues:  # slots reserved for publishes that will not come: consumers pass them at once
             queue.main.release_reserved()
+        for topic in topics:  # (a topic's too: its subscriptions would await each for the write deadline)
+            topic.log.release_reserved()
         if self._owns_store:  # the background threads first: no store call may run while the handle closes
             stop_mover(self.store)
             stop_watcher(self.store)

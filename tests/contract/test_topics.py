@@ -92,6 +92,22 @@ def test_a_subscription_keeps_its_position_across_a_reopen(backend: Any) -> None
         assert q.fire() is None
 
 
+def test_a_closed_publishers_spare_reserved_slots_are_passed_at_once(backend: Any) -> None:
+    """A publisher that closes seals the topic slots it reserved and did not write (as a queue's does), so its
+    subscriptions pass them at once instead of awaiting each one for the write deadline."""
+    with backend.ignis() as ignis:
+        t = topic(ignis, shards=1)
+        subscribe(ignis, "late", start="earliest")
+        for i in range(50):  # one at a time, quickly: a reserving store reserves ahead for the next ones
+            t.publish(b"%d" % i, subject="s")
+    with backend.ignis() as again:
+        q = again.queue("late")
+        got = drain(q)
+        assert sorted(int(m.payload) for m in got) == list(range(50))
+        assert q.cursor.awaiting() == 0  # nothing left to wait for: the spare slots were sealed at close
+        assert q.cursor.pointers()[0].fire == q.cursor.pointers()[0].load
+
+
 def test_seek_moves_a_subscription_back_and_forth(ignis: Ignis) -> None:
     t = topic(ignis, shards=2)
     q = subscribe(ignis, "audit", start="earliest")
