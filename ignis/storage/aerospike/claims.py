@@ -54,6 +54,18 @@ def _stamp_only(now: int) -> list[dict[str, Any]]:
     return [ops.write(FIRE_TS, now), *_READ_STAMPED]
 
 
+def applied_claim(ctx: AerospikeContext, ticket: ClaimTicket) -> Mapping[str, Any] | None:
+    """The meta record of a claim whose answer was lost, if that claim was applied and no claim came after it (its
+    token is the last one written there); None otherwise: then there is no telling what it took."""
+    try:
+        _, _, got = ctx.call("claim", ctx.client.get, ctx.meta_key(ticket.magazine, ticket.shard))
+    except ex.RecordNotFound:
+        return None
+    except ex.AerospikeError as exc:
+        raise ctx.fail(exc, "claim", ctx.meta_set) from None
+    return got if got.get(LAST_CLAIM) == ticket.token else None
+
+
 class Claims:
     """Claims slots of a shard and stamps the claimed records."""
 
@@ -115,13 +127,8 @@ class Claims:
         return self._claimed(magazine, shard, max_slots == 1 and up_to is None, got, before, now_ms_, count_attempt)
 
     def resolve_claim(self, ticket: ClaimTicket, now_ms_: int) -> list[Claimed] | None:
-        try:
-            _, _, got = self._ctx.call("claim", self._ctx.client.get, self._ctx.meta_key(ticket.magazine, ticket.shard))
-        except ex.RecordNotFound:
-            return None
-        except ex.AerospikeError as exc:
-            raise self._ctx.fail(exc, "claim", self._ctx.meta_set) from None
-        if got.get(LAST_CLAIM) != ticket.token:  # not applied, or another claim came after it: no telling
+        got = applied_claim(self._ctx, ticket)
+        if got is None:
             return None
         answer = {FIRE_POINTER: got.get(FIRE_POINTER, 0), CLAIM_FROM: got.get(LAST_FROM, 0)}
         return self._claimed(ticket.magazine, ticket.shard, ticket.single, answer, 0, now_ms_, ticket.count_attempt)

@@ -35,7 +35,7 @@ from aerospike_helpers.operations import operations as ops
 from ignis import names
 from ignis.envelope import ATTEMPTS, CODEC, FIRE_TS, LOADED_AT, MSG_ID, PAYLOAD, Envelope, now_ms
 from ignis.errors import StoreUnavailable
-from ignis.storage.aerospike.claims import _ANSWER_LOST, LAST_CLAIM, LAST_FROM
+from ignis.storage.aerospike.claims import _ANSWER_LOST, LAST_CLAIM, LAST_FROM, applied_claim
 from ignis.storage.aerospike.context import (
     BATCH_CHUNK,
     FILTERED_OUT,
@@ -201,13 +201,8 @@ class Topics:
     def resolve_cursor_claim(self, ticket: ClaimTicket) -> list[Claimed] | None:
         """`Storage.resolve_claim` of a cursor's claim: the slots its move took, if it was applied and no move came
         after it (else None: the sweeper finds them), awaited, to be read and claimed by the claimer's re-reads."""
-        try:
-            _, _, got = self._ctx.call("claim", self._ctx.client.get, self._ctx.meta_key(ticket.magazine, ticket.shard))
-        except ex.RecordNotFound:
-            return None
-        except ex.AerospikeError as exc:
-            raise self._ctx.fail(exc, "claim", self._ctx.meta_set) from None
-        if got.get(LAST_CLAIM) != ticket.token:
+        got = applied_claim(self._ctx, ticket)
+        if got is None:
             return None
         first, last = int(got.get(LAST_FROM) or 0) + 1, int(got.get(FIRE_POINTER) or 0)
         return [Claimed(SlotRef(ticket.magazine, ticket.shard, slot), None, True) for slot in range(first, last + 1)]
