@@ -66,12 +66,14 @@ class ShardActivity:
             if other not in self.wakes:
                 self.wakes += (other,)
 
-    def poke(self) -> None:
-        """Count a change and wake every waiter, without marking a shard (a cursor's change, for its queue)."""
+    def poke(self, wake: int) -> None:
+        """Count a change and wake `wake` waiters, without marking a shard (a cursor's change, for its queue: as
+        many as its own change would, never all of them, or every consumer thread of a subscription claimed at once
+        for each message, and all but one came back empty, slowing each other's calls threefold: measured)."""
         self.changes = next(_tokens)
         if self._waiting:
             with self._cond:
-                self._cond.notify_all()
+                self._cond.notify(wake)
 
     # ---- marks --------------------------------------------------------------------------------------
     def mark(self, shards: Iterable[int], committing: bool = False) -> None:
@@ -104,7 +106,7 @@ class ShardActivity:
             for follower in self.followers:
                 follower.mark_one(shard)
             for other in self.wakes:
-                other.poke()
+                other.poke(1)
 
     def _changed(self, wake: int) -> None:
         """After the active set changed: wake `wake` waiters (one per shard marked: each can claim there; a
@@ -114,7 +116,7 @@ class ShardActivity:
             with self._cond:
                 self._cond.notify(wake)
         for other in self.wakes:
-            other.poke()
+            other.poke(wake)
 
     def suppress(self, shard: int, loads_seen: int) -> None:
         """A claim found `shard` drained: drop it, unless a load marked it since the claim began."""

@@ -205,8 +205,10 @@ class Watcher:
             w.activity.fresh_until = now + w.interval + 1.0
         elif not hungry:  # its consumers are busy with messages (they claim on their own), or gone
             w.interval, w.busy = SAFETY_POLL_SECONDS, True
+            w.activity.fresh_until = float("-inf")  # (vouched for no more: their claims read for themselves)
         elif moved:
             w.interval = FAST_POLL_SECONDS  # messages flow: look again soon
+            w.activity.fresh_until = now + w.interval + 1.0
         elif idle_beacon is not None or w.beacon is not None:  # idle: from now on read with the others' beacons
             if w.beacon is None:
                 w.safety_due = now + random.uniform(0, IDLE_SAFETY_POLL_SECONDS)  # (spread: the module docstring)
@@ -215,6 +217,7 @@ class Watcher:
             w.beacon, w.interval = idle_beacon if w.beacon is None else w.beacon, math.inf
         else:
             w.interval = min(w.interval * POLL_GROWTH, IDLE_POLL_SECONDS)
+            w.activity.fresh_until = now + w.interval + 1.0
         w.due = now + w.interval
 
 

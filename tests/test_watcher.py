@@ -121,3 +121,49 @@ def test_a_cursor_is_read_often_while_its_subscriptions_consumers_wait(monkeypat
         wait_until(lambda: watcher._watched["subs_FROM_feed"].busy)
     finally:
         watcher.stop()
+
+
+def test_a_cursors_change_wakes_one_waiting_consumer_per_shard_not_all_of_them() -> None:
+    """A publish to a topic marks one shard of each cursor: it wakes one of the subscription's waiting consumer
+    threads, as a queue's publish does, not every one of them (all of them claimed at once, all but one came back
+    empty, and the crowd slowed each call threefold on a real server, measured)."""
+    main, cursor = ShardActivity(), ShardActivity()
+    cursor.wake_with(main)
+    woken: list[bool] = []
+    seen = main.changes
+    waiters = [threading.Thread(target=lambda: woken.append(main.wait(seen, 10.0))) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    wait_until(lambda: main.waiting == 3)
+    cursor.mark_one(0)
+    wait_until(lambda: len(woken) == 1)
+    time.sleep(0.2)  # (a wake of every waiter would have returned them all by now)
+    assert woken == [True] and main.waiting == 2
+    cursor.mark([1, 2])  # two shards: two more
+    wait_until(lambda: len(woken) == 3)
+    for waiter in waiters:
+        waiter.join()
+
+
+def test_the_watcher_vouches_for_a_flowing_magazines_pointers_only_while_its_consumers_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While consumers wait, the watcher reads the pointers every few milliseconds and vouches for what it read
+    (`fresh_until`: a subscription's caught-up claim then reads the topic's load pointer no more); once they are all
+    busy it reads slowly, and vouches for nothing: their claims read for themselves."""
+    monkeypatch.setattr(watch, "HUNGRY_SECONDS", 0.0)
+    store = CountingStore()
+    main, cursor = ShardActivity(), ShardActivity()
+    cursor.wake_with(main)
+    watcher = watch.Watcher(store)  # type: ignore[arg-type]
+    try:
+        main._waiting = 1
+        watcher.watch("subs_FROM_feed", 1, cursor)
+        wait_until(lambda: "subs_FROM_feed" in watcher._watched and watcher._watched["subs_FROM_feed"].loaded == 0)
+        store.loaded["subs_FROM_feed"] = 5  # a publish: the pointers moved
+        wait_until(lambda: watcher._watched["subs_FROM_feed"].loaded == 5)
+        assert cursor.fresh_until > time.monotonic()
+        main._waiting = 0
+        wait_until(lambda: watcher._watched["subs_FROM_feed"].busy)
+        assert cursor.fresh_until < time.monotonic()
+    finally:
+        watcher.stop()

@@ -127,6 +127,10 @@ class Magazine(MagazineLoads):
         so nothing else would wake the wait), or `timeout` seconds; meanwhile the process's watcher keeps this
         magazine's activity up to date with what other processes publish. True if woken."""
         due = self.next_check_in()
+        for other in self.also_watch:  # a subscription's cursor: its awaited slots are due for re-reads too
+            other_due = other.next_check_in()
+            if other_due is not None and (due is None or other_due < due):
+                due = other_due
         return self._active_shards.wait_for_work(self, seen, timeout if due is None else min(timeout, due))
 
     def watch(self) -> None:

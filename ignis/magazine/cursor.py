@@ -14,6 +14,7 @@ drained the shard) and counts what left the topic before the subscription came t
 from __future__ import annotations
 
 import logging
+import time
 
 from ignis import names
 from ignis.activity import activity_for
@@ -59,7 +60,10 @@ class CursorMagazine(Magazine):
         if shard is None:
             return None
         try:
-            result = self._store.claim_cursor(self.name, shard, max_slots, now_ms(), self.only)
+            # Caught up with the topic's load pointer as last seen: read it again, unless the watcher reads it
+            # often enough to vouch for it (a consumer's wake-ups; each recheck was a round trip of an empty claim).
+            recheck = time.monotonic() >= active_shards.activity.fresh_until
+            result = self._store.claim_cursor(self.name, shard, max_slots, now_ms(), self.only, recheck=recheck)
         except ClaimInDoubt as exc:  # (as Magazine._claim_next: the slots it may have taken stay this handle's)
             with self._lock:
                 self._in_doubt.append(exc.ticket)

@@ -636,12 +636,14 @@ class Storage(Protocol):
         ...
 
     def claim_cursor(self, cursor: str, shard: int, max_slots: int, now_ms: int, only: SubjectFilter | None,
-                     up_to: int | None = None, count_attempt: bool = True) -> CursorClaim:
+                     up_to: int | None = None, count_attempt: bool = True, recheck: bool = True) -> CursorClaim:
         """Move the cursor over the shard's next slots (never past the topic's load pointer nor `up_to`) until
         `max_slots` messages the filter `only` selects are taken (or a bounded number of slots looked at), and
         write each one's claim record (fireTS = now_ms, attempts 1). Messages the filter does not select are
         passed over, with no record; slots whose message left the topic are counted (`expired`). A message
-        that may still be on its way is returned awaiting, as `claim` does."""
+        that may still be on its way is returned awaiting, as `claim` does. A store that bounds the move by the
+        topic's load pointer as last seen reads it again when the cursor caught up with it, unless `recheck` is
+        False (the caller's watcher reads it often enough: the claim then says drained at once)."""
         ...
 
     def restamp_cursor(self, refs: Sequence[SlotRef], now_ms: int, only: SubjectFilter | None,

@@ -359,3 +359,18 @@ def test_the_async_api_publishes_to_a_topic_and_consumes_a_subscription(backend:
             return got
 
     assert sorted(asyncio.run(main())) == [(b"one", "a/b"), (b"three", "a/c"), (b"two", "a/c")]
+
+
+def test_a_waiting_consumer_of_a_subscription_wakes_for_its_cursors_awaited_slots(ignis: Ignis, monkeypatch: Any
+                                                                                ) -> None:
+    """A slot the cursor claimed before its record landed is re-read on a schedule of milliseconds: a consumer that
+    found nothing else waits on the subscription's main magazine no longer than that (it waited for the next publish,
+    or its whole poll interval when none came: a message 10 s late, found in the latency benchmark)."""
+    topic(ignis)
+    q = subscribe(ignis, "awaiting")
+    monkeypatch.setattr(q.cursor, "next_check_in", lambda: 0.002)  # an awaited slot due in 2 ms
+    timeouts: list[float] = []
+    monkeypatch.setattr(q.main._active_shards, "wait_for_work",
+                        lambda _main, _seen, timeout: timeouts.append(timeout) or False)
+    q.main.wait_for_work(q.main.changes, 10.0)
+    assert timeouts == [0.002]

@@ -174,18 +174,24 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
         # mode" (the clients' ReadModeAP). Found losing a subscription's message in the 3-node fault run.
         self.batch_all = {**self.batch, "read_mode_ap": aerospike.POLICY_READ_MODE_AP_ALL}
         self.durable_remove = {**wp, "durable_delete": True}
-        self.small_batch = {**self.batch, "allow_inline": True,
-                            "allow_inline_ssd": True}
+        self.small_batch = {**self.batch, "allow_inline": True, "allow_inline_ssd": True}
+        self.small_batch_all = {**self.batch_all, "allow_inline": True, "allow_inline_ssd": True}
         # The producer's write deadline: every attempt of a load's write and the waits between them, the
         # longest a reserved slot waits for its write (Storage.reserve), and a second for the gap between
         # the increment's answer and the write (a scheduling delay).
         self.write_grace_ms = ((s.retries + 1) * s.total_timeout_ms + s.retries * s.retry_sleep_ms
                                + RESERVATION_FRESH_MS + 1000)
 
-    def batch_policy(self, count: int) -> dict[str, Any] | None:
-        """The parent policy of a batch of `count` records: processed inline when small (INLINE_BATCH_MAX), else
-        the client's default."""
-        return self.small_batch if count <= INLINE_BATCH_MAX else None
+    def batch_policy(self, count: int, policy: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The parent policy of a batch of `count` records: `policy` (None: the client's default), processed inline
+        when small (INLINE_BATCH_MAX)."""
+        if count > INLINE_BATCH_MAX:
+            return policy
+        if policy is None:
+            return self.small_batch
+        if policy is self.batch_all:
+            return self.small_batch_all
+        return {**policy, "allow_inline": True, "allow_inline_ssd": True}
 
     @contextlib.contextmanager
     def query_running(self) -> Iterator[None]:

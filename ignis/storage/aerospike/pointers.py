@@ -61,7 +61,8 @@ class Pointers:
         try:
             for start in range(0, len(keys), BATCH_CHUNK):
                 chunk = keys[start:start + BATCH_CHUNK]
-                done = self._ctx.call("watch", self._ctx.client.batch_read, chunk, [LOAD_POINTER, FIRE_POINTER])
+                done = self._ctx.call("watch", self._ctx.client.batch_read, chunk, [LOAD_POINTER, FIRE_POINTER],
+                                      self._ctx.batch_policy(len(chunk)))
                 records += self._ctx.answers("watch", done, len(chunk), self._ctx.meta_set)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "watch", self._ctx.meta_set) from None
@@ -103,7 +104,8 @@ class Pointers:
         try:
             for start in range(0, len(keys), BATCH_CHUNK):
                 chunk = keys[start:start + BATCH_CHUNK]
-                done = self._ctx.call("watch", self._ctx.client.batch_read, chunk, [BEACON_BIN])
+                done = self._ctx.call("watch", self._ctx.client.batch_read, chunk, [BEACON_BIN],
+                                      self._ctx.batch_policy(len(chunk)))
                 for record in self._ctx.answers("watch", done, len(chunk), self._ctx.meta_set):
                     if record.result == 0 and record.record is not None:
                         out.append(int((record.record[2] or {}).get(BEACON_BIN) or 0))

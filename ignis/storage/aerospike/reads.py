@@ -56,8 +56,8 @@ class Reads:
         set_name = keys[0][1] if keys else ""
         for start in range(0, len(keys), BATCH_CHUNK):
             chunk = keys[start:start + BATCH_CHUNK]
-            done = (self._ctx.call(operation, self._ctx.client.batch_read, chunk) if bins is None and policy is None
-                    else self._ctx.call(operation, self._ctx.client.batch_read, chunk, bins, policy))
+            done = self._ctx.call(operation, self._ctx.client.batch_read, chunk, bins,
+                                  self._ctx.batch_policy(len(chunk), policy))
             for record in self._ctx.answers(operation, done, len(chunk), set_name):
                 if record.result == 0:
                     found = record.record[2] if record.record is not None else None
@@ -136,15 +136,16 @@ class Reads:
         once: per-record policies cost it about three times the CPU, measured). `only`: a compiled filter every
         record must also pass, in the batch policy, which applies it to each key ("filterExp": BatchPolicy)."""
         present = 0
-        batch_policy = None if only is None else {**self._ctx.batch, "expressions": only}
         for start in range(0, len(keys), BATCH_CHUNK):
             chunk = keys[start:start + BATCH_CHUNK]
+            batch_policy = self._ctx.batch_policy(len(chunk), None if only is None else
+                                                  {**self._ctx.batch, "expressions": only})
             if self._ctx.durable:
                 done = self._ctx.call(operation, self._ctx.client.batch_remove, chunk, batch_policy,
                                       {"durable_delete": True})
             elif only is None:
                 done = self._ctx.call(operation, self._ctx.client.batch_operate, chunk,
-                                      [ops.write(TOMBSTONE, now_ms())], None, self._ctx.replace_live)
+                                      [ops.write(TOMBSTONE, now_ms())], batch_policy, self._ctx.replace_live)
             else:
                 done = self._ctx.call(operation, self._ctx.client.batch_operate, chunk,
                                       [ops.write(TOMBSTONE, now_ms())], batch_policy, self._ctx.replace)

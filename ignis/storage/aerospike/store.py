@@ -308,10 +308,10 @@ class AerospikeStore:
         """A subscription's cursor: the topic's load pointers, the cursor's position (fire) and hole counters."""
         topic = names.cursor_topic(cursor)
         assert topic is not None
-        try:
-            loads = self._reads.batch_get("pointers", [self._ctx.meta_key(topic, s) for s in range(shards)],
-                                          [LOAD_POINTER])
-            own = self._reads.batch_get("pointers", [self._ctx.meta_key(cursor, s) for s in range(shards)])
+        try:  # (one batch call for both: the watcher reads this every few milliseconds while messages flow)
+            both = self._reads.batch_get("pointers", [self._ctx.meta_key(topic, s) for s in range(shards)]
+                                         + [self._ctx.meta_key(cursor, s) for s in range(shards)])
+            loads, own = both[:shards], both[shards:]
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "pointers", self._ctx.meta_set) from None
         out = {}
@@ -345,8 +345,8 @@ class AerospikeStore:
         self._topics.set_cursor(cursor, positions)
 
     def claim_cursor(self, cursor: str, shard: int, max_slots: int, now_ms_: int, only: SubjectFilter | None,
-                     up_to: int | None = None, count_attempt: bool = True) -> CursorClaim:
-        return self._topics.claim_cursor(cursor, shard, max_slots, now_ms_, only, up_to, count_attempt)
+                     up_to: int | None = None, count_attempt: bool = True, recheck: bool = True) -> CursorClaim:
+        return self._topics.claim_cursor(cursor, shard, max_slots, now_ms_, only, up_to, count_attempt, recheck)
 
     def restamp_cursor(self, refs: Sequence[SlotRef], now_ms_: int, only: SubjectFilter | None,
                        count_attempt: bool = True) -> list[Claimed]:

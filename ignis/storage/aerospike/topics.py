@@ -8,7 +8,9 @@ the slots it claimed, claim records: the message's id, load time and codec, fire
 (the message stays in the topic), expiring with the topic's record.
 
 A claim here is three round trips: the cursor's fire pointer moves over the next slots (never past the topic's
-load pointer as last read: `LoadPointers` keeps it, read again when the cursor catches up), the topic's records of
+load pointer as last seen by this process: the highest its allocations, pointer reads and watcher saw, the marks of
+ignis.storage.rollback; read again when the cursor catches up, unless the caller's watcher vouches for what was
+seen: `recheck`), the topic's records of
 those slots are read with the subscription's filter applied by the server (a regular expression on `subject`:
 what it does not select comes back filtered out, with no payload), and the claim records of the selected ones are
 written. A process that stops between the first and the last leaves slots its cursor passed without claim records:
@@ -19,10 +21,9 @@ sweepDuration, never lost.
 from __future__ import annotations
 
 import contextlib
-import threading
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import aerospike
 from aerospike import exception as ex
@@ -73,6 +74,13 @@ SUBJECT_BIN = "subject"
 SCAN_LIMIT = 1_000  # topic slots one claim looks at, at most (a filter that selects little: the next claim goes on)
 
 
+class _Read(NamedTuple):
+    """A topic record as a batch read answers it (result code, record), the filter applied by the client."""
+
+    result: int
+    record: Any
+
+
 class Topics:
     """Topic records (`Storage.apply_topic`, ...) and cursor claims, reads and seals (`Storage.claim_cursor`, ...)."""
 
@@ -81,8 +89,6 @@ class Topics:
         self._reads = reads
         self._seals = seals
         self._set = names.topic_set(ctx.farm_id, ctx.client_id)
-        self._loads: dict[tuple[str, int], int] = {}  # (topic, shard) -> its load pointer as last read
-        self._lock = threading.Lock()
         self._filters: dict[str, list[Any]] = {}  # filter text -> its compiled expression
 
     # ---- registry -----------------------------------------------------------------------------------
@@ -137,30 +143,37 @@ class Topics:
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "set_cursor", self._ctx.meta_set) from None
 
+    def _load_mark(self, topic: str, shard: int) -> tuple[str, str, str]:
+        """The key of a topic shard's load pointer among the process's high marks (allocations note theirs there)."""
+        key = self._ctx.meta_key(topic, shard)
+        return key[1], key[2], LOAD_POINTER
+
     def topic_load(self, topic: str, shard: int, fresh: bool = False) -> int:
-        """The topic shard's load pointer as last read (read now when `fresh`, or never read)."""
-        known = self._loads.get((topic, shard))
-        if known is None or fresh:
+        """The topic shard's load pointer: the highest this process has seen (read now when `fresh`, or never seen)."""
+        known = self._ctx.shared.marks.mark(self._load_mark(topic, shard))
+        if not known or fresh:
             bins = self._reads.batch_get("claim", [self._ctx.meta_key(topic, shard)], [LOAD_POINTER])[0]
             known = self.saw_load(topic, shard, int((bins or {}).get(LOAD_POINTER) or 0))
         return known
 
     def saw_load(self, topic: str, shard: int, load: int) -> int:
         """Note a topic shard's load pointer read elsewhere (pointers, the watcher); the highest seen."""
-        with self._lock:
-            known = max(self._loads.get((topic, shard), 0), load)
-            self._loads[(topic, shard)] = known
-        return known
+        mark = self._load_mark(topic, shard)
+        self._ctx.shared.marks.saw(mark, load)
+        return max(self._ctx.shared.marks.mark(mark), load)
 
     def claim_cursor(self, cursor: str, shard: int, max_slots: int, now: int, only: SubjectFilter | None,
-                     up_to: int | None = None, count_attempt: bool = True) -> CursorClaim:
+                     up_to: int | None = None, count_attempt: bool = True, recheck: bool = True) -> CursorClaim:
         topic = names.cursor_topic(cursor)
         assert topic is not None
         try:
             limit = self.topic_load(topic, shard)
             taken = self._advance(cursor, shard, max_slots, limit if up_to is None else min(limit, up_to))
-            if taken is None:  # caught up with the load pointer as known: read it again
-                limit = self.topic_load(topic, shard, fresh=True)
+            if taken is None:  # caught up with the load pointer as known: read it again (if it may have moved)
+                fresh = self.topic_load(topic, shard, fresh=True) if recheck else limit
+                if fresh <= limit or (up_to is not None and up_to <= limit):
+                    return CursorClaim([], 0, True)
+                limit = fresh
                 taken = self._advance(cursor, shard, max_slots, limit if up_to is None else min(limit, up_to))
                 if taken is None:
                     return CursorClaim([], 0, True)
@@ -281,20 +294,24 @@ class Topics:
         return compiled
 
     def _claim_slots(self, refs: list[SlotRef], now: int, only: SubjectFilter | None, count_attempt: bool,
-                     attempts: Mapping[SlotRef, int] | None = None, expired: list[int] | None = None) -> list[Claimed]:
-        """Read the topic's records of cursor slots (the filter applied by the server), write the claim records of
-        those selected, and return them joined: the selected ones, an awaited slot for each record that may still
-        be on its way, and (`attempts` given: a restamp) a passed-over marker for each one the filter refuses."""
-        topic = names.cursor_topic(refs[0][0])
-        assert topic is not None
-        filtered = self._filter(only)
-        topic_keys = [self._ctx.data_key(SlotRef(topic, ref[1], ref[2])) for ref in refs]
-        policy = self._ctx.batch_all if filtered is None else {**self._ctx.batch_all, "expressions": filtered}
-        records: list[Any] = []
-        for start in range(0, len(topic_keys), BATCH_CHUNK):
-            chunk = topic_keys[start:start + BATCH_CHUNK]
-            done = self._ctx.call("claim", self._ctx.client.batch_read, chunk, None, policy)
-            records += self._ctx.answers("claim", done, len(chunk), self._ctx.data_set)
+                     attempts: Mapping[SlotRef, int] | None = None, expired: list[int] | None = None,
+                     records: list[Any] | None = None) -> list[Claimed]:
+        """Read the topic's records of cursor slots (the filter applied by the server; or take `records`, read
+        so by the caller), write the claim records of those selected, and return them joined: the selected ones,
+        an awaited slot for each record that may still be on its way, and (`attempts` given: a restamp) a
+        passed-over marker for each one the filter refuses."""
+        if records is None:
+            topic = names.cursor_topic(refs[0][0])
+            assert topic is not None
+            filtered = self._filter(only)
+            topic_keys = [self._ctx.data_key(SlotRef(topic, ref[1], ref[2])) for ref in refs]
+            policy = self._ctx.batch_all if filtered is None else {**self._ctx.batch_all, "expressions": filtered}
+            records = []
+            for start in range(0, len(topic_keys), BATCH_CHUNK):
+                chunk = topic_keys[start:start + BATCH_CHUNK]
+                done = self._ctx.call("claim", self._ctx.client.batch_read, chunk, None,
+                                      self._ctx.batch_policy(len(chunk), policy))
+                records += self._ctx.answers("claim", done, len(chunk), self._ctx.data_set)
         out: list[Claimed] = []
         writes: list[tuple[SlotRef, Envelope]] = []
         ttl = 1
@@ -345,7 +362,8 @@ class Topics:
             ops.write(PAYLOAD, b""), ops.write(MSG_ID, env.msg_id), ops.write(LOADED_AT, env.loaded_at),
             ops.write(CODEC, env.codec), ops.write(FIRE_TS, env.fire_ts), ops.write(ATTEMPTS, env.attempts)],
             policy=policy) for ref, env in writes])
-        done = self._ctx.call("claim", self._ctx.client.batch_write, batch) or batch
+        done = self._ctx.call("claim", self._ctx.client.batch_write, batch,
+                              self._ctx.batch_policy(len(writes))) or batch
         failed = [r for r in self._ctx.answers("claim", done, len(writes), self._ctx.data_set) if r.result != 0]
         if failed:
             raise self._ctx.record_failure("claim", failed[0], self._ctx.data_set)
@@ -354,11 +372,31 @@ class Topics:
                        count_attempt: bool = True) -> list[Claimed]:
         if not refs:
             return []
+        topic = names.cursor_topic(refs[0][0])
+        assert topic is not None
         try:
-            claims = self._reads.batch_get("restamp", [self._ctx.data_key(ref) for ref in refs],
-                                           [ATTEMPTS, TOMBSTONE, PURGED], self._ctx.batch_all)
-            attempts = {ref: int((bins or {}).get(ATTEMPTS) or 0) for ref, bins in zip(refs, claims, strict=True)}
-            return self._claim_slots(list(refs), now, only, count_attempt, attempts)
+            # One round trip reads both halves: the claim records (their attempts) and the topic's records, the
+            # filter applied here (a miss, the common case of an awaited slot's re-read, costs nothing more).
+            keys = [self._ctx.data_key(ref) for ref in refs]
+            keys += [self._ctx.data_key(SlotRef(topic, ref[1], ref[2])) for ref in refs]
+            both: list[Any] = []
+            for start in range(0, len(keys), BATCH_CHUNK):
+                chunk = keys[start:start + BATCH_CHUNK]
+                done = self._ctx.call("restamp", self._ctx.client.batch_read, chunk, None,
+                                      self._ctx.batch_policy(len(chunk), self._ctx.batch_all))
+                both += self._ctx.answers("restamp", done, len(chunk), self._ctx.data_set)
+            claims, messages = both[:len(refs)], both[len(refs):]
+            attempts = {}
+            for ref, record in zip(refs, claims, strict=True):
+                bins = record.record[2] if record.result == 0 and record.record is not None else None
+                if record.result not in (0, NOT_FOUND):
+                    raise self._ctx.record_failure("restamp", record, self._ctx.data_set)
+                attempts[ref] = 0 if bins is None or self._ctx.tombstoned(bins) else int(bins.get(ATTEMPTS) or 0)
+            selects = None if only is None or only.matches_all else only.matches
+            read = [_Read(FILTERED_OUT, None) if selects is not None and r.result == 0 and r.record is not None
+                    and not self._ctx.tombstoned(r.record[2]) and not selects(r.record[2].get(SUBJECT_BIN))
+                    else r for r in messages]
+            return self._claim_slots(list(refs), now, only, count_attempt, attempts, records=read)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "restamp", self._ctx.data_set) from None
 

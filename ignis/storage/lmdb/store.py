@@ -314,8 +314,8 @@ class LmdbStore:
         self._topics.set_cursor(cursor, positions)
 
     def claim_cursor(self, cursor: str, shard: int, max_slots: int, now_ms_: int, only: SubjectFilter | None,
-                     up_to: int | None = None, count_attempt: bool = True) -> CursorClaim:
-        return self._topics.claim_cursor(cursor, shard, max_slots, now_ms_, only, up_to, count_attempt)
+                     up_to: int | None = None, count_attempt: bool = True, recheck: bool = True) -> CursorClaim:
+        return self._topics.claim_cursor(cursor, shard, max_slots, now_ms_, only, up_to, count_attempt)  # (exact)
 
     def restamp_cursor(self, refs: Sequence[SlotRef], now_ms_: int, only: SubjectFilter | None,
                        count_attempt: bool = True) -> list[Claimed]:
