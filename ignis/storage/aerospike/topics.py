@@ -358,9 +358,11 @@ class Topics:
         """The claim records (one operation list per record, so a batch of per-record writes), expiring no sooner
         than the messages they claim."""
         policy = {**self._ctx.wp, "ttl": ttl}
+        write = aerospike.OPERATOR_WRITE  # (the op dicts ops.write builds, without six calls per record)
         batch = BatchRecords([Write(self._ctx.data_key(ref), [
-            ops.write(PAYLOAD, b""), ops.write(MSG_ID, env.msg_id), ops.write(LOADED_AT, env.loaded_at),
-            ops.write(CODEC, env.codec), ops.write(FIRE_TS, env.fire_ts), ops.write(ATTEMPTS, env.attempts)],
+            {"op": write, "bin": PAYLOAD, "val": b""}, {"op": write, "bin": MSG_ID, "val": env.msg_id},
+            {"op": write, "bin": LOADED_AT, "val": env.loaded_at}, {"op": write, "bin": CODEC, "val": env.codec},
+            {"op": write, "bin": FIRE_TS, "val": env.fire_ts}, {"op": write, "bin": ATTEMPTS, "val": env.attempts}],
             policy=policy) for ref, env in writes])
         done = self._ctx.call("claim", self._ctx.client.batch_write, batch,
                               self._ctx.batch_policy(len(writes))) or batch
