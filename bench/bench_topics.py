@@ -25,7 +25,7 @@
   max is the subscription's lag), and that it gets exactly the matching ones. RabbitMQ: a binding key.
 - replay: a topic that retains --replay messages (1,000,000); a subscription created at `earliest` (timed: it
   copies nothing) and one at a time in the middle; the replaying one drained against a live one (created before
-  the publishes) with the same method. RabbitMQ: a stream of --amqp-replay messages read from its first offset.
+  the publishes) with the same method, in alternating tenths. RabbitMQ: a stream of --amqp-replay messages read from its first offset.
 
 Each phase prints its table; the targets of issue 47 are checked at the end (a table; `--check` exits 1 when one
 is missed); `--json` writes every figure.
@@ -139,13 +139,17 @@ def fill(publish_many: Callable[[list[bytes]], Any], count: int, what: str, chun
     return count / (time.perf_counter() - started)
 
 
-def drain(queue: Any, threads: int, batch: int = 100) -> tuple[float, int]:
-    """(messages per second, messages) of draining `queue` with fire_many(batch) + ack from `threads` threads."""
+def drain(queue: Any, threads: int, batch: int = 100, limit: int | None = None) -> tuple[float, int]:
+    """(messages per second, messages) of draining `queue` with fire_many(batch) + ack from `threads` threads (until
+    it is empty, or about `limit` messages were drained)."""
     counts = [0] * threads
     ends = [0.0] * threads
 
     def run(k: int) -> None:
-        while messages := queue.fire_many(batch):
+        while limit is None or sum(counts) < limit:
+            messages = queue.fire_many(batch)
+            if not messages:
+                return
             queue.ack(messages)
             counts[k] += len(messages)
             ends[k] = time.perf_counter()
@@ -363,12 +367,25 @@ def ignis_replay_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
                                     subscribe={"topic": name, "start": str(middle)}))
         at_time_s = time.perf_counter() - started
         mid_depth = ignis.queue(f"{name}mid").stats().depth
-        rates = {}
-        for who in ("live", "rep"):  # the same method, the same log: only when the subscription began differs
-            rate_, count = drain(ignis.queue(f"{name}{who}"), args.drain_threads)
+        # The same method, the same log: only when the subscription began differs. Drained in alternating tenths
+        # (live first, then the replay first, ...): whichever goes second drains a store the first has just written
+        # a million claims and acks into (the replay always did, and came out 7 % slower on lmdb).
+        seconds, counts = {"live": 0.0, "rep": 0.0}, {"live": 0, "rep": 0}
+        chunk, turn = max(args.replay // 10, 1000), 0
+        while any(counts[who] < args.replay for who in counts):
+            for who in ("live", "rep") if turn % 2 == 0 else ("rep", "live"):
+                if counts[who] < args.replay:
+                    rate_, count = drain(ignis.queue(f"{name}{who}"), args.drain_threads,
+                                         limit=min(chunk, args.replay - counts[who]))
+                    if count == 0:
+                        raise SystemExit(f"{who} drained {counts[who]} of {args.replay} messages")
+                    seconds[who] += count / rate_
+                    counts[who] += count
+            turn += 1
+        for who, count in counts.items():
             if count != args.replay:
                 raise SystemExit(f"{who} drained {count} of {args.replay} messages")
-            rates[who] = rate_
+        rates = {who: counts[who] / seconds[who] for who in counts}
         drop_topic(ignis, name, [f"{name}live", f"{name}rep", f"{name}mid"])
     return {"system": system_name(url), "retained": args.replay, "publish_many_rate": round(rate),
             "earliest_s": round(earliest_s, 4), "at_time_s": round(at_time_s, 4),

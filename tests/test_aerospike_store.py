@@ -509,3 +509,21 @@ def test_a_settles_filter_built_from_its_template_is_the_compiled_expression() -
 
     for msg_id in ("0190c6d3a1b2c3d4e5f60718293a4b5c", "", "a\0b", "ünïcode"):
         assert Reads._this_message(msg_id) == exp.Eq(exp.StrBin(MSG_ID), msg_id).compile()
+
+
+def test_a_subscriptions_claim_record_holds_its_fire_time_and_attempts_only(server: EmulatedServer, make) -> None:
+    """DESIGN §8b: a claim writes a small per-(subscription, slot) record, fire time and attempts, whatever the
+    payload (the cursor's slot n claims the topic's slot n: the slot says which message); an ack settles it."""
+    store = make()
+    with Ignis(store) as ignis:
+        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
+        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
+                                    subscribe={"topic": "feed", "start": "earliest"}))
+        ignis.topic("feed").publish(b"p" * 4000, subject="s")
+        message = ignis.queue("all").fire()
+        assert message is not None and message.payload == b"p" * 4000
+        _, meta, bins = store.client.get(store._ctx.data_key(message.ref))
+        assert set(bins) == {"fireTS", "attempts"} and bins["attempts"] == 1 and meta["ttl"] > 3000
+        message.ack()
+        _, _, bins = store.client.get(store._ctx.data_key(message.ref))
+        assert context.TOMBSTONE in bins and "fireTS" not in bins

@@ -374,3 +374,20 @@ def test_a_waiting_consumer_of_a_subscription_wakes_for_its_cursors_awaited_slot
                         lambda _main, _seen, timeout: timeouts.append(timeout) or False)
     q.main.wait_for_work(q.main.changes, 10.0)
     assert timeouts == [0.002]
+
+
+def test_a_message_claimed_again_after_a_seek_back_is_held_live_for_the_sweeper(ignis: Ignis) -> None:
+    """A seek back claims again slots whose earlier claims were acked: the new claim is live (on Aerospike the
+    claim write clears the ack's tombstone), so the sweeper sees it and delivers it again should its consumer die,
+    and its ack settles it. A claim left tombstoned would read as acked: lost for this pass if the consumer died."""
+    t = topic(ignis, shards=1)
+    q = subscribe(ignis, "again", start="earliest")
+    t.publish_many([b"a", b"b"], subject="x")
+    assert len(drain(q)) == 2
+    ignis.seek("again", "earliest")
+    m = q.fire()
+    assert m is not None and m.payload == b"a"
+    held = q.store.read([m.ref])[0]  # (what the sweeper's peek of the subscription's claims sees)
+    assert held is not None and held.payload == b"a" and held.attempts >= 1
+    m.ack()
+    assert q.store.read([m.ref])[0] is None

@@ -636,8 +636,10 @@ def test_topic_producers_consumers_of_two_subscriptions_and_the_leader_killed_to
             wrong = misdelivered(consumers, published)
             assert not wrong, f"{len(wrong)} deliveries a subscription's filter does not select: {wrong[:10]}"
             # What a killed consumer got and did not ack came back, through the sweep: a later attempt acked.
+            stranded_in: dict[str, set[str]] = {}
             for sub, lines in consumers.items():
                 stranded = set(first_words([lines[0]], "got")) - set(first_words([lines[0]], "acking"))
+                stranded_in[sub] = stranded & expected[sub]
                 attempts = {i: max(int(r.split()[1]) for r in rests)
                             for i, rests in first_words(lines[1:], "got").items() if i in stranded}
                 assert all(attempts.get(i, 0) >= 2 for i in stranded & expected[sub]), (sub, stranded, attempts)
@@ -647,7 +649,11 @@ def test_topic_producers_consumers_of_two_subscriptions_and_the_leader_killed_to
             wait_for(lambda: any(p["who"] == new_leader and p["started"] > killed_at for p in sweepers.passes()),
                      what="a sweep by the new leader")
             swept = {sub: ignis.record(sub).bins.get(CURSOR_SWEPT, 0) for sub in FILTERS}
-            assert all(swept.values()), swept
+            # Swept: the claims of every subscription whose killed consumer held a message it had not acked. A victim
+            # that was between messages at the kill held none (on Aerospike, whose consumers keep up since their
+            # wake-up fixes, often both): test_a_subscription_whose_consumer_died_holding_claims_never_delays_another
+            # kills one that holds claims for certain, and counts them swept.
+            assert all(swept[sub] for sub in FILTERS if stranded_in[sub]), (swept, stranded_in)
         finally:
             for child in children:
                 if child.proc.poll() is None:
@@ -655,7 +661,8 @@ def test_topic_producers_consumers_of_two_subscriptions_and_the_leader_killed_to
         stats = {sub: ignis.queue(sub).stats() for sub in FILTERS}
         print(f"\n{len(published)} published; " + "; ".join(
             f"{sub} ({FILTERS[sub]}): {len(expected[sub])} expected, all acked, "
-            f"{sum(c.count('acked') for c in consumers[sub])} acks, claims swept {swept[sub]}, "
+            f"{sum(c.count('acked') for c in consumers[sub])} acks, claims swept {swept[sub]} "
+            f"({len(stranded_in[sub])} stranded by the kill), "
             f"in doubt {len(in_doubt[sub])}, expired {stats[sub].expired}" for sub in FILTERS))
 
 

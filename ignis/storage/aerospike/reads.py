@@ -14,6 +14,7 @@ from aerospike_helpers import expressions as exp
 from aerospike_helpers.operations import expression_operations as expr_ops
 from aerospike_helpers.operations import operations as ops
 
+from ignis import names
 from ignis.envelope import FIRE_TS, MSG_ID, Envelope, now_ms
 from ignis.storage.aerospike.context import (
     BATCH_CHUNK,
@@ -181,6 +182,11 @@ class Reads:
                ids: Sequence[str | None] | None = None) -> int:
         if not refs:
             return 0
+        if ids is not None and any(names.cursor_topic(magazine) is not None for magazine in {ref[0] for ref in refs}):
+            # A subscription's claim record holds no message id (topics.py): the live record in a cursor's slot is the
+            # claim of the topic's message in the slot of the same number, whichever delivery of it is acked.
+            ids = [None if names.cursor_topic(ref[0]) is not None else msg_id for ref, msg_id in zip(refs, ids,
+                                                                                                    strict=True)]
         try:
             if ids is not None:  # (versions: a generation can repeat in a reused slot, so the id decides)
                 if len(refs) == 1:

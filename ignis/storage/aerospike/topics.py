@@ -4,8 +4,9 @@ Layout (docs/aerospike/layout.md): a topic record per topic in `{farm}_{client}_
 config bins, createdAt; no TTL). A topic's messages are the magazine named after it, loaded as any magazine is,
 with a `subject` bin, and its meta records hold its load pointer. A subscription's cursor magazine
 (`names.cursor_of`) has, per topic shard, a meta record whose FIRE_POINTER is the subscription's position, and, in
-the slots it claimed, claim records: the message's id, load time and codec, fireTS and attempts, an empty payload
-(the message stays in the topic), expiring with the topic's record.
+the slots it claimed, claim records: fireTS and attempts only (the message stays in the topic; a cursor's slot n
+claims the topic's slot n, so the slot says which message, and an ack settles the live claim record there),
+expiring with the topic's record.
 
 A claim here is three round trips: the cursor's fire pointer moves over the next slots (never past the topic's
 load pointer as last seen by this process: the highest its allocations, pointer reads and watcher saw, the marks of
@@ -28,13 +29,12 @@ from typing import Any, NamedTuple
 import aerospike
 from aerospike import exception as ex
 from aerospike_helpers import expressions as exp
-from aerospike_helpers.batch.records import BatchRecords, Write
 from aerospike_helpers.expressions import arithmetic
 from aerospike_helpers.operations import expression_operations as expr_ops
 from aerospike_helpers.operations import operations as ops
 
 from ignis import names
-from ignis.envelope import ATTEMPTS, CODEC, FIRE_TS, LOADED_AT, MSG_ID, PAYLOAD, Envelope, now_ms
+from ignis.envelope import ATTEMPTS, FIRE_TS, LOADED_AT, Envelope, now_ms
 from ignis.errors import StoreUnavailable
 from ignis.storage.aerospike.claims import _ANSWER_LOST, LAST_CLAIM, LAST_FROM, applied_claim
 from ignis.storage.aerospike.context import (
@@ -355,20 +355,24 @@ class Topics:
         return out
 
     def _write_claims(self, writes: list[tuple[SlotRef, Envelope]], ttl: int) -> None:
-        """The claim records (one operation list per record, so a batch of per-record writes), expiring no sooner
-        than the messages they claim."""
+        """The claim records: fireTS and attempts, nothing of the message (DESIGN §8b; the slot says which message:
+        a cursor's slot claims the topic's slot of the same number, for good), expiring no sooner than the messages
+        they claim, live (an ack's tombstone from an earlier pass over the slot, a seek back, is cleared). Every
+        record of a claim shares its fireTS and attempts (a restamp's attempts may differ: one call per value), so a
+        claim is one `batch_operate`, whose single operation list the client converts once: per-record writes cost
+        it 1.6 ms of CPU per 100 records, this 0.43 ms (measured), half a subscription's drain."""
         policy = {**self._ctx.wp, "ttl": ttl}
-        write = aerospike.OPERATOR_WRITE  # (the op dicts ops.write builds, without six calls per record)
-        batch = BatchRecords([Write(self._ctx.data_key(ref), [
-            {"op": write, "bin": PAYLOAD, "val": b""}, {"op": write, "bin": MSG_ID, "val": env.msg_id},
-            {"op": write, "bin": LOADED_AT, "val": env.loaded_at}, {"op": write, "bin": CODEC, "val": env.codec},
-            {"op": write, "bin": FIRE_TS, "val": env.fire_ts}, {"op": write, "bin": ATTEMPTS, "val": env.attempts}],
-            policy=policy) for ref, env in writes])
-        done = self._ctx.call("claim", self._ctx.client.batch_write, batch,
-                              self._ctx.batch_policy(len(writes))) or batch
-        failed = [r for r in self._ctx.answers("claim", done, len(writes), self._ctx.data_set) if r.result != 0]
-        if failed:
-            raise self._ctx.record_failure("claim", failed[0], self._ctx.data_set)
+        groups: dict[tuple[int | None, int], list[tuple[str, str, str]]] = {}
+        for ref, env in writes:
+            groups.setdefault((env.fire_ts, env.attempts), []).append(self._ctx.data_key(ref))
+        for (fire_ts, attempts), keys in groups.items():
+            done = self._ctx.call("claim", self._ctx.client.batch_operate, keys,
+                                  [ops.write(FIRE_TS, fire_ts), ops.write(ATTEMPTS, attempts),
+                                   ops.write(TOMBSTONE, None), ops.write(PURGED, None)],
+                                  self._ctx.batch_policy(len(keys)), policy)
+            failed = [r for r in self._ctx.answers("claim", done, len(keys), self._ctx.data_set) if r.result != 0]
+            if failed:
+                raise self._ctx.record_failure("claim", failed[0], self._ctx.data_set)
 
     def restamp_cursor(self, refs: Sequence[SlotRef], now: int, only: SubjectFilter | None,
                        count_attempt: bool = True) -> list[Claimed]:
