@@ -527,3 +527,28 @@ def test_a_subscriptions_claim_record_holds_its_fire_time_and_attempts_only(serv
         message.ack()
         _, _, bins = store.client.get(store._ctx.data_key(message.ref))
         assert context.TOMBSTONE in bins and "fireTS" not in bins
+
+
+def test_a_topic_slot_never_written_after_a_live_one_is_a_hole_not_a_loss_to_retention(
+        server: EmulatedServer, make, caplog: pytest.LogCaptureFixture) -> None:
+    """A topic's records leave it oldest first (TTL, the byte bound's trim), so a missing record after a live one
+    was never written: a publish that failed after its reservation, whose seal failed too (an outage; the
+    publisher was told). The subscription passes it, and neither counts nor logs it lost to retention (it did in
+    the 3-node fault run); one missing before every live record of the claim still counts as expired."""
+    store = make()
+    with Ignis(store) as ignis:
+        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
+        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
+                                    subscribe={"topic": "feed", "start": "earliest"}))
+        first = store.reserve("feed", 0, 4)
+        old = now_ms() - 2 * store.write_grace_ms  # (published long enough ago: nothing of theirs still on its way)
+        for slot in (first + 1, first + 3):  # slot `first` missing before them all, `first + 2` between them
+            env = Envelope(b"m%d" % slot, f"id{slot}", old, subject="s")
+            assert store.load_reserved_envelope(SlotRef("feed", 0, slot), env, 3600)
+        with caplog.at_level(logging.WARNING, logger="ignis.topics"):
+            got = ignis.queue("all").fire_many(10)
+        assert sorted(m.payload for m in got) == [b"m%d" % (first + 1), b"m%d" % (first + 3)]
+        stats = ignis.queue("all").stats()
+        assert stats.expired == 1 and stats.depth == 0
+        assert [r.getMessage().split(" lost ")[1][:12] for r in caplog.records if " lost " in r.getMessage()] == \
+            ["1 message(s)"]

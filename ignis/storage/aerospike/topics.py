@@ -317,12 +317,18 @@ class Topics:
         ttl = 1
         # A missing record before one published more than the write deadline ago will never come: its message left
         # the topic (`expired`, counted by the caller), unless the caller only restamps.
-        settled_before = 0
+        # But one after a live record was never written (a publish that failed after its reservation, and whose seal
+        # failed too: an outage), for a topic's records leave it oldest first (by TTL, or by the byte bound's trim):
+        # a hole, not a loss to retention (the publisher was told it failed). Found in the 3-node fault run.
+        settled_before, first_live = 0, None
         if expired is not None:
             for ref, record in zip(refs, records, strict=True):
-                if record.result == 0 and record.record is not None and \
-                        self._settled_after(record.record[2], now):
-                    settled_before = ref[2]
+                if record.result == 0 and record.record is not None and not self._ctx.tombstoned(record.record[2]):
+                    ttl = int((record.record[1] or {}).get("ttl") or 0)
+                    if first_live is None and (ttl <= 0 or ttl > self._ctx.write_grace_ms // 1000 + 1):
+                        first_live = ref[2]  # (far from its own expiry: one written near it may have expired first)
+                    if self._settled_after(record.record[2], now):
+                        settled_before = ref[2]
         for ref, record in zip(refs, records, strict=True):
             if record.result == FILTERED_OUT:
                 if attempts is not None:
@@ -337,6 +343,9 @@ class Topics:
                     if attempts is not None:
                         out.append(Claimed(ref, None, None))
                     continue
+                if expired is not None and bins is None and first_live is not None and \
+                        first_live < ref[2] < settled_before:
+                    continue  # never written (above): nothing lost, nothing to claim
                 if expired is not None and ((bins is None and ref[2] < settled_before) or
                                             (bins is not None and bins.get(SEALED) is not None)):
                     expired.append(ref[2])  # gone before this subscription came to it (or another found it so)
