@@ -359,11 +359,12 @@ def ignis_replay_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
         rate = fill(lambda batch: topic.publish_many(batch, subject=SUBJECTS[0]), args.replay - half,
                     f"{args.replay:,} messages, 2/2")
         started = time.perf_counter()
-        ignis.apply(QueueSpec.build(name=f"{name}rep", handlerType="r", shards=2,
+        # (specs as make_topic's for the live one: the same shards and concurrency, only the start differs)
+        ignis.apply(QueueSpec.build(name=f"{name}rep", handlerType="r", shards=2, concurrency=4,
                                     subscribe={"topic": name, "start": "earliest"}))
         earliest_s = time.perf_counter() - started
         started = time.perf_counter()
-        ignis.apply(QueueSpec.build(name=f"{name}mid", handlerType="m", shards=2,
+        ignis.apply(QueueSpec.build(name=f"{name}mid", handlerType="m", shards=2, concurrency=4,
                                     subscribe={"topic": name, "start": str(middle)}))
         at_time_s = time.perf_counter() - started
         mid_depth = ignis.queue(f"{name}mid").stats().depth
