@@ -25,7 +25,8 @@
   max is the subscription's lag), and that it gets exactly the matching ones. RabbitMQ: a binding key.
 - replay: a topic that retains --replay messages (1,000,000); a subscription created at `earliest` (timed: it
   copies nothing) and one at a time in the middle; the replaying one drained against a live one (created before
-  the publishes) with the same method, in alternating tenths. RabbitMQ: a stream of --amqp-replay messages read from its first offset.
+  the publishes) with the same method, in alternating tenths. RabbitMQ: a stream of --amqp-replay messages read
+  from its first offset.
 
 Each phase prints its table; the targets of issue 47 are checked at the end (a table; `--check` exits 1 when one
 is missed); `--json` writes every figure.
