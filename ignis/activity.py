@@ -36,8 +36,8 @@ _tokens = itertools.count(1)
 class ShardActivity:
     """The shards of one magazine known to have work in this process, and its waiting consumers."""
 
-    __slots__ = ("_cond", "_waiting", "active", "changes", "committing", "followers", "fresh_until", "last_load",
-                 "refreshed_at", "wakes")
+    __slots__ = ("_cond", "_waiting", "active", "changes", "committing", "followers", "fresh_until", "invalidated",
+                 "last_load", "refreshed_at", "wakes")
 
     def __init__(self) -> None:
         self.active: tuple[int, ...] = ()
@@ -45,6 +45,7 @@ class ShardActivity:
         self.changes = 0
         self.refreshed_at = float("-inf")  # when the active set was last read from the store (monotonic)
         self.fresh_until = float("-inf")  # the watcher vouches for the active set until then (monotonic)
+        self.invalidated = 0  # a token of the last invalidate(): a read that began before it is stale
         self.committing: frozenset[int] = frozenset()  # marked by a ring before a commit a read may not see yet
         self._cond = threading.Condition(threading.Lock())
         self._waiting = 0
@@ -129,15 +130,28 @@ class ShardActivity:
                 elif shard in self.committing:  # the claim saw past that commit (its write lock waited for it)
                     self.committing -= {shard}
 
-    def before_read(self) -> tuple[int, tuple[int, ...]]:
+    def before_read(self) -> tuple[int, tuple[int, ...], int]:
         """What `replace` needs to know of the moment before the store's pointers were read."""
-        return self.last_load, self.active
+        return self.last_load, self.active, self.invalidated
 
-    def replace(self, with_work: Iterable[int], seen: tuple[int, tuple[int, ...]]) -> bool:
+    def current(self, seen: tuple[int, tuple[int, ...], int]) -> bool:
+        """Whether a read that began at `seen` (before_read()) is still current: no invalidate() came since."""
+        return seen[2] == self.invalidated
+
+    def replace(self, with_work: Iterable[int], seen: tuple[int, tuple[int, ...], int]) -> bool:
         """The active set as read from the store (shards whose load pointer is past the fire pointer), keeping
-        what loads of this process marked after the read began (`seen`: before_read() from before it). True
-        if a shard was added."""
+        what loads of this process marked after the read began (`seen`: before_read() from before it). A read
+        that began before an invalidate() (a seek moved a cursor meanwhile) only adds what it found: it vouches
+        for nothing, and the next fire reads the pointers itself. True if a shard was added."""
         loads_seen = seen[0]
+        if not self.current(seen):
+            with self._cond:
+                before = self.active
+                self.active += tuple(shard for shard in with_work if shard not in before)
+                added = len(self.active) - len(before)
+            if added:
+                self._changed(added)
+            return bool(added)
         with self._cond:
             marked = self.active  # (as it is now: with what loads marked during the read, which it may not show)
             self.active = tuple(with_work)
@@ -159,8 +173,15 @@ class ShardActivity:
 
     def invalidate(self) -> None:
         """Forget when the store was last read (and what the watcher vouched for): the next fire reads the
-        pointers again."""
+        pointers again, whatever a read already under way answers (`current`)."""
+        self.invalidated = next(_tokens)
         self.refreshed_at = self.fresh_until = float("-inf")
+
+    def vouch(self, until: float, seen: tuple[int, tuple[int, ...], int]) -> None:
+        """The watcher vouches for the active set until `until` (monotonic), from a read that began at `seen`:
+        not if an invalidate() came since (that read may predate what it invalidated)."""
+        if self.current(seen):
+            self.fresh_until = until
 
     # ---- waiting -------------------------------------------------------------------------------------
     def wait(self, seen: int, timeout: float) -> bool:

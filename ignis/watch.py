@@ -160,12 +160,13 @@ class Watcher:
         self._beacons_due = time.monotonic() + IDLE_POLL_SECONDS
         if not idle:
             return
-        for w, value in zip(idle, store.read_beacons([w.magazine for w in idle]), strict=True):
+        began = [w.activity.before_read() for w in idle]
+        for w, seen, value in zip(idle, began, store.read_beacons([w.magazine for w in idle]), strict=True):
             if value != w.beacon:
                 w.beacon, w.interval, w.due = None, FAST_POLL_SECONDS, 0.0
                 wake_mover(store)  # perhaps a delayed publish: the mover reads the delay records now
             else:  # nothing published since: what its consumers know is as good as a fresh read of the pointers
-                w.activity.fresh_until = time.monotonic() + 2 * IDLE_POLL_SECONDS
+                w.activity.vouch(time.monotonic() + 2 * IDLE_POLL_SECONDS, seen)
         now = time.monotonic()
         due = [w for w in idle if w.beacon is not None and w.safety_due <= now]
         if not due:
@@ -202,13 +203,13 @@ class Watcher:
         w.busy = False
         if self._doorbell is not None:  # rings do the rest
             w.interval = SAFETY_POLL_SECONDS if w.due else SUBSCRIBED_POLL_SECONDS
-            w.activity.fresh_until = now + w.interval + 1.0
+            w.activity.vouch(now + w.interval + 1.0, seen)
         elif not hungry:  # its consumers are busy with messages (they claim on their own), or gone
             w.interval, w.busy = SAFETY_POLL_SECONDS, True
             w.activity.fresh_until = float("-inf")  # (vouched for no more: their claims read for themselves)
         elif moved:
             w.interval = FAST_POLL_SECONDS  # messages flow: look again soon
-            w.activity.fresh_until = now + w.interval + 1.0
+            w.activity.vouch(now + w.interval + 1.0, seen)
         elif idle_beacon is not None or w.beacon is not None:  # idle: from now on read with the others' beacons
             if w.beacon is None:
                 w.safety_due = now + random.uniform(0, IDLE_SAFETY_POLL_SECONDS)  # (spread: the module docstring)
@@ -217,7 +218,7 @@ class Watcher:
             w.beacon, w.interval = idle_beacon if w.beacon is None else w.beacon, math.inf
         else:
             w.interval = min(w.interval * POLL_GROWTH, IDLE_POLL_SECONDS)
-            w.activity.fresh_until = now + w.interval + 1.0
+            w.activity.vouch(now + w.interval + 1.0, seen)
         w.due = now + w.interval
 
 

@@ -167,3 +167,22 @@ def test_the_watcher_vouches_for_a_flowing_magazines_pointers_only_while_its_con
         assert cursor.fresh_until < time.monotonic()
     finally:
         watcher.stop()
+
+
+def test_a_read_that_began_before_an_invalidate_vouches_for_nothing_and_drops_nothing() -> None:
+    """A seek invalidates the handle's activity so that its next fire reads the pointers again. A watcher read that
+    began before it and finished after it may show the pointers from before the seek (a shard the seek moved back
+    still drained): it adds what it found, drops nothing, and neither it nor the watcher's vouching makes the fire
+    skip its own read (a message was not delivered after a seek, 2 runs in 36)."""
+    activity = ShardActivity()
+    activity.replace([1], activity.before_read())  # a drained shard 0: not listed
+    seen = activity.before_read()  # a watcher read begins
+    activity.invalidate()  # a seek moved the cursor of shard 0 back
+    activity.mark([0])  # (what the fire's own read would find)
+    activity.replace([1, 2], seen)  # the stale read lands
+    activity.vouch(time.monotonic() + 60.0, seen)
+    assert set(activity.active) == {0, 1, 2} and activity.refresh_due(1.0)
+    fresh = activity.before_read()
+    activity.replace([2], fresh)  # a read after the invalidate is the truth again
+    activity.vouch(time.monotonic() + 60.0, fresh)
+    assert activity.active == (2,) and not activity.refresh_due(1.0)
