@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ignis.errors import InvalidSpecError
+from ignis.topics.spec import TOPIC_KIND
 from ignis_operator.reconcile import condition, spec_from_object
 
 Key = tuple[str, str]  # (namespace, name)
@@ -33,7 +34,7 @@ def plain(value: Any) -> Any:
 
 @dataclass(slots=True)
 class Declared:
-    """One IgnisQueue object as last seen on the watch stream (plus what the operator wrote since)."""
+    """One IgnisQueue or IgnisTopic object as last seen on the watch stream (plus what the operator wrote since)."""
 
     namespace: str
     name: str
@@ -142,11 +143,17 @@ class Catalog:
         if cached is not None and cached.generation == entry.generation:
             return cached
         try:
-            spec = spec_from_object(entry.name, entry.namespace, entry.spec)
+            if entry.kind == TOPIC_KIND:  # (topic records do not expire: no TTL to re-assert)
+                from ignis_operator.topics import topic_spec_from_object
+
+                topic = topic_spec_from_object(entry.name, entry.namespace, entry.spec)
+                cached = DeclaredBins(entry.generation, topic.client_id or entry.namespace, topic.config_bins(), 0)
+            else:
+                spec = spec_from_object(entry.name, entry.namespace, entry.spec)
+                cached = DeclaredBins(entry.generation, spec.client_id or entry.namespace, spec.config_bins(),
+                                      spec.record_ttl_seconds)
         except InvalidSpecError:
             return None
-        cached = DeclaredBins(entry.generation, spec.client_id or entry.namespace, spec.config_bins(),
-                              spec.record_ttl_seconds)
         self._declared[entry.uid] = cached
         return cached
 

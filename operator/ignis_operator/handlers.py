@@ -1,7 +1,13 @@
 """The operator's per-object handling, shared by kopf's watch (wiring.py) and the background passes
 (resync.py): the operator's context and settings, reconcile an object's record and settle its status, and
-apply its deletionPolicy when it is deleted. Each is a thin shell around reconcile.py; kopf itself is wired
-in wiring.py, which imports this module and resync.py (neither imports it back)."""
+apply its deletionPolicy when it is deleted. Each is a thin shell around reconcile.py (IgnisQueue) or topics.py
+(IgnisTopic), chosen by the object's kind; kopf itself is wired in wiring.py, which imports this module and
+resync.py (neither imports it back).
+
+Topics and subscriptions depend on each other, and `kubectl apply -f dir/` creates them in any order: a
+subscription whose topic does not exist yet is Ready=False TopicNotFound and retried with backoff (and at once
+when its topic becomes Ready); a topic whose deletion waits for subscriptions is Ready=False InUse, naming them,
+re-checked with backoff (and at once when one of them is finalized)."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ignis.errors import InvalidSpecError, StoreError
 from ignis.logs import Reachability
 from ignis.storage.base import Storage
+from ignis.topics.spec import TOPIC_KIND
 from ignis_operator.catalog import Catalog, Declared, Guards
 from ignis_operator.metrics import DRIFT_REPAIRS, QueueStates, timed
 from ignis_operator.reconcile import (
@@ -27,18 +34,34 @@ from ignis_operator.reconcile import (
     INVALID_SPEC,
     STORE_UNAVAILABLE,
     SYNCED,
+    TOPIC_NOT_FOUND,
     Owner,
     SyncResult,
+    condition,
     figures_changed,
     figures_status,
     finalize_queue,
     invalid,
     parse_k8s_time,
     queue_figures,
+    set_condition,
     spec_from_object,
     status_changes,
     status_for,
     sync_queue,
+)
+from ignis_operator.topics import (
+    IN_USE,
+    RETAINED,
+    TOPIC_PLURAL,
+    InUse,
+    finalize_topic,
+    subscriptions_by_topic,
+    sync_topic,
+    topic_figures,
+    topic_figures_changed,
+    topic_figures_status,
+    topic_spec_from_object,
 )
 
 GROUP = "ignismq.io"
@@ -88,7 +111,8 @@ class OperatorContext:
     config: OperatorConfig = field(default_factory=OperatorConfig)
     states: QueueStates = field(default_factory=QueueStates)
     kube: Any = None
-    catalog: Catalog = field(default_factory=Catalog)
+    catalog: Catalog = field(default_factory=Catalog)  # IgnisQueue objects
+    topics: Catalog = field(default_factory=Catalog)  # IgnisTopic objects
     guards: Guards = field(default_factory=Guards)
     store_health: Reachability = field(default_factory=lambda: Reachability("store", log))
     api_health: Reachability = field(default_factory=lambda: Reachability("Kubernetes API", log))
@@ -98,10 +122,34 @@ class OperatorContext:
     finalizing: set[str] = field(default_factory=set)  # uids whose deletionPolicy is being applied now
     finalized: set[str] = field(default_factory=set)  # uids whose deletionPolicy is applied (finalizer going)
     released: set[str] = field(default_factory=set)  # uids whose finalizer a background pass removed (until gone)
+    in_use: dict[str, InUse] = field(default_factory=dict)  # by uid: topics whose deletion waits for subscriptions
 
     def event(self, entry: Declared, type_: str, reason: str, message: str) -> None:
         if self.api is not None:
             self.api.event(entry.ref, type_, reason, message)
+
+    def catalog_of(self, entry: Declared) -> Catalog:
+        return self.topics if is_topic(entry) else self.catalog
+
+    def wake(self, catalog: Catalog, client_id: str, names: set[str], reason: str, now: float) -> None:
+        """Retry now the objects of `catalog` named `names` in `client_id` that wait with `reason` (a topic that
+        became Ready wakes its TopicNotFound subscriptions; a finalized subscription, its InUse topic)."""
+        for uid, retry in list(self.retries.items()):
+            entry = catalog.get(retry.key)
+            if entry is None or entry.uid != uid or entry.name not in names or entry.client_id != client_id:
+                continue
+            waiting = self.in_use.get(uid) is not None if reason == IN_USE else entry.ready.get("reason") == reason
+            if waiting and retry.due > now:
+                self.retries[uid] = Retry(retry.key, retry.generation, retry.attempt, now, retry.kind, retry.since,
+                                          retry.plural)
+
+
+def is_topic(entry: Declared) -> bool:
+    return entry.kind == TOPIC_KIND
+
+
+def plural_of(entry: Declared) -> str:
+    return TOPIC_PLURAL if is_topic(entry) else PLURAL
 
 
 RECONCILE = "reconcile"
@@ -118,12 +166,13 @@ class Retry:
     due: float
     kind: str = RECONCILE  # or FINALIZE: its deletionPolicy
     since: float = 0.0  # FINALIZE: when the first attempt failed (the finalizer timeout counts from there)
+    plural: str = PLURAL  # which catalog `key` is in: ignisqueues or ignistopics
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     result: SyncResult
-    figures: dict[str, int | None] | None
+    figures: dict[str, Any] | None
 
 
 def _key(namespace: str | None, name: str) -> str:
@@ -162,6 +211,8 @@ def reconcile_object(ctx: OperatorContext, *, name: str, namespace: str | None, 
 def reconcile_entry(ctx: OperatorContext, entry: Declared, *, figures: bool = True) -> Outcome | None:
     """Sync one catalogued object (blocking: run it in a thread), and measure its figures when it is
     Synced and `figures`. None when its deletion has begun or it is gone (its record is the finalizer's)."""
+    if is_topic(entry):
+        return reconcile_topic_entry(ctx, entry, figures=figures)
     with ctx.guards.hold(entry.key):
         current = ctx.catalog.get(entry.key)
         if ctx.guards.deleting(entry.uid) or current is None or current.uid != entry.uid or current.deleting:
@@ -179,6 +230,37 @@ def reconcile_entry(ctx: OperatorContext, entry: Declared, *, figures: bool = Tr
     return Outcome(result, measured)
 
 
+def reconcile_topic_entry(ctx: OperatorContext, entry: Declared, *, figures: bool = True) -> Outcome | None:
+    """reconcile_entry of an IgnisTopic: sync its record and, when Synced and `figures`, measure its figures."""
+    key = _key(entry.namespace, entry.name)
+    with ctx.guards.hold(("topic", *entry.key)):
+        current = ctx.topics.get(entry.key)
+        if ctx.guards.deleting(entry.uid) or current is None or current.uid != entry.uid or current.deleting:
+            return None
+        owner = Owner(entry.uid, key, parse_k8s_time(entry.created))
+        synced_client_id = entry.status.get("clientId")
+        with timed():
+            try:
+                spec = topic_spec_from_object(entry.name, entry.namespace, entry.spec, f"IgnisTopic {key}")
+                if synced_client_id and spec.client_id != synced_client_id:
+                    raise InvalidSpecError([f"clientId={spec.client_id!r}: clientId is immutable (the topic lives "
+                                            f"in clientId {synced_client_id!r}); create a new IgnisTopic instead"])
+            except InvalidSpecError as exc:
+                return Outcome(invalid(entry.name, exc, entry.spec.get("clientId") or entry.namespace), None)
+            try:
+                result = sync_topic(ctx.store, spec, owner)
+            except StoreError as exc:
+                result = SyncResult(entry.name, spec.client_id, False, STORE_UNAVAILABLE, f"store unreachable: {exc}")
+    measured = None
+    if figures and result.reason == SYNCED:
+        try:
+            users = subscriptions_by_topic(ctx.store, result.client_id or entry.client_id).get(entry.name, [])
+            measured = topic_figures(ctx.store, spec, users)
+        except StoreError as exc:
+            log.debug("figures of topic %s not measured: %s", key, exc)
+    return Outcome(result, measured)
+
+
 def settle(ctx: OperatorContext, entry: Declared, outcome: Outcome, *, drift: bool, logger: Any,
            now: float) -> dict[str, Any]:
     """Log, post Events and schedule retries for an outcome; return the status fields that changed (the
@@ -189,12 +271,17 @@ def settle(ctx: OperatorContext, entry: Declared, outcome: Outcome, *, drift: bo
     desired = status_for(result, entry.status, entry.generation)
     if result.reason == INVALID_SPEC:
         desired.pop("clientId", None)  # keep the clientId the queue really lives in
-    if outcome.figures is not None and figures_changed(entry.status, outcome.figures,
-                                                       ctx.config.figures_change_percent):
-        desired.update(figures_status(outcome.figures))
+    if outcome.figures is not None:
+        if is_topic(entry):
+            if topic_figures_changed(entry.status, outcome.figures, ctx.config.figures_change_percent):
+                desired.update(topic_figures_status(outcome.figures))
+        elif figures_changed(entry.status, outcome.figures, ctx.config.figures_change_percent):
+            desired.update(figures_status(outcome.figures))
     if result.reason == SYNCED:
         ctx.store_health.answered()
         ctx.retries.pop(entry.uid, None)
+        if is_topic(entry) and (result.created or previous.get("reason") != SYNCED):
+            ctx.wake(ctx.catalog, result.client_id or entry.client_id, {entry.name}, TOPIC_NOT_FOUND, now)
         if drift and (result.created or result.diff):  # a record deleted or edited behind our back
             DRIFT_REPAIRS.inc()
             logger.warning("drift repaired: %s", result.message)
@@ -217,7 +304,18 @@ def settle(ctx: OperatorContext, entry: Declared, outcome: Outcome, *, drift: bo
             return {}  # the next pass comes back by itself; an outage does not rewrite every status
         retry = ctx.retries.get(entry.uid)
         attempt = retry.attempt + 1 if retry is not None and retry.generation == entry.generation else 0
-        ctx.retries[entry.uid] = Retry(entry.key, entry.generation, attempt, now + ctx.config.backoff(attempt))
+        ctx.retries[entry.uid] = Retry(entry.key, entry.generation, attempt, now + ctx.config.backoff(attempt),
+                                       plural=plural_of(entry))
+        return status_changes(entry.status, desired)
+    if result.reason == TOPIC_NOT_FOUND:
+        # Retried with backoff (and at once when the topic becomes Ready: ctx.wake); one line and Event per generation.
+        retry = ctx.retries.get(entry.uid)
+        attempt = retry.attempt + 1 if retry is not None and retry.generation == entry.generation else 0
+        ctx.retries[entry.uid] = Retry(entry.key, entry.generation, attempt, now + ctx.config.backoff(attempt),
+                                       plural=plural_of(entry))
+        if (previous.get("reason"), previous.get("observedGeneration")) != (result.reason, entry.generation):
+            logger.info("%s", result.message)
+            ctx.event(entry, "Warning", result.reason, result.message)
         return status_changes(entry.status, desired)
     ctx.retries.pop(entry.uid, None)
     if (previous.get("reason"), previous.get("observedGeneration")) != (result.reason, entry.generation):
@@ -242,6 +340,8 @@ async def finalize(ctx: OperatorContext, entry: Declared, *, now: float) -> bool
 
 
 def _finalize(ctx: OperatorContext, entry: Declared, now: float) -> bool:
+    if is_topic(entry):
+        return _finalize_topic(ctx, entry, now)
     cfg = ctx.config
     logger = object_logger(entry)
     ctx.guards.begin_deletion(entry.uid)  # from now on the background passes leave its record alone
@@ -276,4 +376,71 @@ def _finalize(ctx: OperatorContext, entry: Declared, now: float) -> bool:
     logger.info("%s", done.message)
     if done.action in (DEACTIVATED, DELETED):
         ctx.event(entry, "Normal", done.action, done.message)
+    if qspec.subscribe is not None:  # its topic's deletion may have waited for it
+        ctx.wake(ctx.topics, qspec.client_id or entry.client_id, {qspec.subscribe.topic}, IN_USE, now)
     return True
+
+
+def _finalize_topic(ctx: OperatorContext, entry: Declared, now: float) -> bool:
+    """_finalize of an IgnisTopic: its deletionPolicy once no active subscription reads it. While some do: False,
+    `ctx.in_use` names them (the caller writes the InUse condition), re-checked with backoff, without end (the
+    finalizer timeout is for an unreachable store only)."""
+    cfg = ctx.config
+    logger = object_logger(entry)
+    ctx.guards.begin_deletion(entry.uid)  # from now on the background passes leave its record alone
+    previous = ctx.retries.pop(entry.uid, None)
+    if entry.ready.get("reason") in (INVALID_SPEC, CONFLICT):
+        return True  # this object never owned a record
+    try:
+        spec = topic_spec_from_object(entry.name, entry.namespace, entry.spec)
+    except InvalidSpecError:
+        return True
+    owner = Owner(entry.uid, _key(entry.namespace, entry.name), parse_k8s_time(entry.created))
+    same = previous is not None and previous.kind == FINALIZE
+    attempt = previous.attempt + 1 if same else 0
+    try:
+        with ctx.guards.hold(("topic", *entry.key)):
+            done = finalize_topic(ctx.store, spec, owner, default_client_id=entry.client_id)
+    except StoreError as exc:
+        ctx.store_health.failed(exc)
+        since = previous.since if same and previous.since else now
+        waited = now - since
+        if waited >= cfg.finalizer_timeout_seconds:
+            message = (f"store unreachable for {waited:.0f}s ({exc}); finalizer released WITHOUT applying "
+                       f"deletionPolicy {spec.deletion_policy.value}: clean up topic {entry.name!r} by hand")
+            logger.error("%s", message)
+            ctx.event(entry, "Warning", "FinalizerTimeout", message)
+            return True
+        delay = min(cfg.backoff(attempt), max(cfg.finalizer_timeout_seconds - waited, 0.1))
+        ctx.retries[entry.uid] = Retry(entry.key, entry.generation, attempt, now + delay, FINALIZE, since,
+                                       TOPIC_PLURAL)
+        return False
+    ctx.store_health.answered()
+    if isinstance(done, InUse):
+        before = ctx.in_use.get(entry.uid)
+        ctx.in_use[entry.uid] = done
+        if before is None or before.subscriptions != done.subscriptions:
+            logger.info("%s", done.message)
+            if before is None:
+                ctx.event(entry, "Warning", IN_USE, done.message)
+        # since=0: waiting for subscriptions is no outage; the finalizer timeout does not run meanwhile
+        ctx.retries[entry.uid] = Retry(entry.key, entry.generation, attempt, now + cfg.backoff(attempt), FINALIZE,
+                                       0.0, TOPIC_PLURAL)
+        return False
+    ctx.in_use.pop(entry.uid, None)
+    logger.info("%s", done.message)
+    if done.action in (RETAINED, DELETED):
+        ctx.event(entry, "Normal", done.action, done.message)
+    return True
+
+
+def in_use_status(ctx: OperatorContext, entry: Declared) -> dict[str, Any]:
+    """The status patch that says why a topic's deletion waits ({} when it does not, or it says so already)."""
+    waiting = ctx.in_use.get(entry.uid)
+    if waiting is None:
+        return {}
+    ready = condition(entry.status, "Ready")
+    if (ready.get("status"), ready.get("reason"), ready.get("message")) == ("False", IN_USE, waiting.message):
+        return {}
+    return {"conditions": set_condition(entry.status.get("conditions"), "Ready", False, IN_USE, waiting.message,
+                                        generation=entry.generation)}

@@ -33,6 +33,9 @@ SYNCED = "Synced"
 INVALID_SPEC = "InvalidSpec"
 CONFLICT = "Conflict"
 STORE_UNAVAILABLE = "StoreUnavailable"
+# A subscription whose topic does not exist (yet): not the user's mistake to fix in this object (its topic may be
+# applied in the same `kubectl apply -f dir/`, after it), so it is retried with backoff, not left as InvalidSpec.
+TOPIC_NOT_FOUND = "TopicNotFound"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,10 @@ def sync_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_client_
                               f"{stored_shards} in the store)")
         if holder is not None and holder.uid == owner.uid:
             owner = Owner(owner.uid, owner.ref, holder.since_ms)  # a claim keeps its age across re-syncs
+    if spec.subscribe is not None and s.get_topic(spec.subscribe.topic) is None:
+        return SyncResult(spec.name, client_id, False, TOPIC_NOT_FOUND,
+                          f"topic {spec.subscribe.topic!r} does not exist in clientId {client_id!r} (yet): apply its "
+                          "IgnisTopic; the subscription is created once it exists (retried with backoff)")
     try:  # a subscription: its topic exists and stays; a new one's cursor is set where it starts (ignis.topics)
         prepare_subscription(s, spec, current)
     except InvalidInputError as exc:
@@ -180,15 +187,29 @@ def finalize_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_cli
 
 
 def queue_figures(store: Storage, spec: QueueSpec, *, default_client_id: str | None = None
-                  ) -> dict[str, int | None]:
+                  ) -> dict[str, Any]:
     """Live figures for the status: depth, inFlight, delayed, sidelined, dead, and oldestAgeSeconds (whole
-    seconds the oldest waiting message has waited; None when none waits)."""
+    seconds the oldest waiting message has waited; None when none waits); a subscription's also its topic, lag
+    and expired."""
     client_id = spec.client_id or default_client_id or store.client_id
     s = client_view(store, client_id)
-    stats = Queue(s, spec).stats(in_flight=True)
+    queue = Queue(s, spec)
+    stats = queue.stats(in_flight=True)
     age = stats.oldest_age_seconds
-    return {"depth": stats.depth, "inFlight": stats.in_flight or 0, "delayed": stats.delayed,
-            "sidelined": stats.sidelined, "dead": stats.dead, AGE_FIGURE: None if age is None else int(age)}
+    figures: dict[str, Any] = {"depth": stats.depth, "inFlight": stats.in_flight or 0, "delayed": stats.delayed,
+                               "sidelined": stats.sidelined, "dead": stats.dead,
+                               AGE_FIGURE: None if age is None else int(age)}
+    if spec.subscribe is not None and queue.cursor is not None:
+        # Kafka's consumer lag: the topic's messages past the subscription's position (depth adds what waits in its
+        # own magazines: retries and the like). Its oldest age is already the older of the two.
+        lag = sum(max(p.load - p.fire, 0) for p in queue.cursor.pointers().values())
+        figures.update({TOPIC_FIGURE: spec.subscribe.topic, "lag": lag, "expired": stats.expired})
+    return figures
+
+
+def subscription_status(topic: str, figures: Mapping[str, Any]) -> dict[str, Any]:
+    """The status fields of a subscription: its topic, lag and the messages it lost to the topic's retention."""
+    return {TOPIC_FIGURE: topic, **{k: figures[k] for k in SUBSCRIPTION_FIGURES}}
 
 
 # ---- status ------------------------------------------------------------------------------------------
@@ -247,6 +268,8 @@ def status_changes(current: Mapping[str, Any] | None, desired: Mapping[str, Any]
 
 # ---- figures -----------------------------------------------------------------------------------------
 FIGURES = ("depth", "inFlight", "delayed", "sidelined", "dead")
+SUBSCRIPTION_FIGURES = ("lag", "expired")  # a subscription's, beside FIGURES
+TOPIC_FIGURE = "topic"  # a subscription's topic (written with its figures)
 AGE_FIGURE = "oldestAgeSeconds"  # absent from the status while nothing waits (a merge patch of null removes it)
 FIGURES_CHANGE_PERCENT = 10.0
 # An age grows by itself between two passes: it is rewritten only when it also moved by this much, so a queue
@@ -254,14 +277,16 @@ FIGURES_CHANGE_PERCENT = 10.0
 AGE_CHANGE_SECONDS = 60
 
 
-def figures_changed(written: Mapping[str, Any] | None, measured: Mapping[str, int | None],
+def figures_changed(written: Mapping[str, Any] | None, measured: Mapping[str, Any],
                     percent: float = FIGURES_CHANGE_PERCENT) -> bool:
     """Whether measured figures are worth a status write: a figure was never written, became 0 or stopped
     being 0, or moved by at least `percent` % of its written value (and by at least 1); the oldest age
     appeared or went, or moved by `percent` % and AGE_CHANGE_SECONDS. So an idle queue is never rewritten,
     and a busy one at most once per figures pass; Prometheus has the live figures."""
     written = written or {}
-    for key in FIGURES:
+    if measured.get(TOPIC_FIGURE) != written.get(TOPIC_FIGURE):
+        return True
+    for key in (*FIGURES, *(k for k in SUBSCRIPTION_FIGURES if k in measured)):
         old, new = written.get(key), measured[key]
         if old is None or new is None or (old == 0) != (new == 0) or \
                 abs(new - old) >= max(1.0, abs(old) * percent / 100):
@@ -273,10 +298,12 @@ def figures_changed(written: Mapping[str, Any] | None, measured: Mapping[str, in
         abs(age - old_age) >= max(AGE_CHANGE_SECONDS, abs(old_age) * percent / 100)
 
 
-def figures_status(measured: Mapping[str, int | None]) -> dict[str, Any]:
+def figures_status(measured: Mapping[str, Any]) -> dict[str, Any]:
     """The status fields of measured figures, with the time they were measured (an oldest age of None
     removes the field: nothing waits)."""
-    return {**{k: measured[k] for k in FIGURES}, AGE_FIGURE: measured.get(AGE_FIGURE), "figuresTime": now_rfc3339()}
+    subscription = subscription_status(measured[TOPIC_FIGURE], measured) if measured.get(TOPIC_FIGURE) else {}
+    return {**{k: measured[k] for k in FIGURES}, AGE_FIGURE: measured.get(AGE_FIGURE), **subscription,
+            "figuresTime": now_rfc3339()}
 
 
 def invalid(name: str, exc: InvalidSpecError, client_id: str | None = None, source: str | None = None) -> SyncResult:

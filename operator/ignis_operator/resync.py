@@ -14,6 +14,11 @@ rather than one kopf timer per object: 10,000 timers firing every 30-60 s cost a
   exponential backoff; and, while kopf's requests fail, a probe of the API server (capped, jittered
   backoff) that logs the one INFO line when it answers again.
 
+IgnisTopic objects (ctx.topics) go through the same passes: drift compares each clientId's topic records (one
+bulk read) with what the objects declare, and re-creates a record deleted behind the operator's back; figures
+(published, retained messages and bytes, subscriptions) are written only where `topic_figures_changed`, with
+the subscriptions of every topic of a clientId found in one read of its queue records per pass.
+
 A store outage is one WARNING line for all passes and objects (`OperatorContext.store_health`), and the
 passes back off (capped, jittered) until it answers.
 """
@@ -34,11 +39,13 @@ from ignis_operator.handlers import (
     FINALIZE,
     FINALIZER,
     GROUP,
-    PLURAL,
     VERSION,
     OperatorContext,
     finalize,
+    in_use_status,
+    is_topic,
     object_logger,
+    plural_of,
     reconcile_entry,
     settle,
 )
@@ -53,6 +60,15 @@ from ignis_operator.reconcile import (
     queue_figures,
     spec_from_object,
 )
+from ignis_operator.topics import (
+    TOPIC_PLURAL,
+    subscriptions_by_topic,
+    topic_figures,
+    topic_figures_changed,
+    topic_figures_status,
+    topic_spec_from_object,
+)
+from ignis_operator.topics import in_step as topic_in_step
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +122,8 @@ class Background:
             for uid, retry in list(self.ctx.retries.items()):
                 if retry.due > now:
                     continue
-                entry = self.ctx.catalog.get(retry.key)
+                catalog = self.ctx.topics if retry.plural == TOPIC_PLURAL else self.ctx.catalog
+                entry = catalog.get(retry.key)
                 if entry is None or entry.uid != uid or (entry.deleting and retry.kind != FINALIZE):
                     self.ctx.retries.pop(uid, None)
                     continue
@@ -117,13 +134,15 @@ class Background:
 
     async def _finalize(self, entry: Declared) -> None:
         """Apply a deleted object's policy (a retry, or one the watch handler missed) and release it."""
-        current = self.ctx.catalog.get(entry.key)  # a pass's snapshot may be older than the watch
+        current = self.ctx.catalog_of(entry).get(entry.key)  # a pass's snapshot may be older than the watch
         if (current is None or current.uid != entry.uid or not current.deleting
                 or FINALIZER not in current.finalizers or entry.uid in self.ctx.finalizing
                 or entry.uid in self.ctx.released):  # removed already; the watch has not shown it yet
             return
         if entry.uid in self.ctx.finalized or await finalize(self.ctx, entry, now=self.loop.time()):
             await self._release(entry)
+        elif changes := in_use_status(self.ctx, current):  # a topic that subscriptions still read
+            await self._write(current, changes)
 
     async def _release(self, entry: Declared, attempts: int = 5) -> None:
         """Remove the finalizer of an object whose deletionPolicy is applied, with the resourceVersion the
@@ -136,11 +155,12 @@ class Background:
         done: bool | None = None
         try:
             for _ in range(attempts):
-                current = self.ctx.catalog.get(entry.key)
+                current = self.ctx.catalog_of(entry).get(entry.key)
                 if current is None or current.uid != entry.uid or FINALIZER not in current.finalizers:
                     return
-                done = await self.ctx.api.remove_finalizer(GROUP, VERSION, PLURAL, current.namespace, current.name,
-                                                           FINALIZER, current.finalizers, current.resource_version)
+                done = await self.ctx.api.remove_finalizer(GROUP, VERSION, plural_of(current), current.namespace,
+                                                           current.name, FINALIZER, current.finalizers,
+                                                           current.resource_version)
                 if done is not None:
                     return
                 await asyncio.sleep(TICK_SECONDS)
@@ -163,29 +183,32 @@ class Background:
 
     async def drift_pass(self) -> bool:
         """One pass over every served object; False when the store did not answer (the pass stopped)."""
-        groups: dict[str, list[Declared]] = defaultdict(list)
-        for entry in self.ctx.catalog.snapshot():
-            if entry.uid in self.ctx.retries:
-                continue
-            if entry.deleting:
-                if FINALIZER in entry.finalizers:  # a deletion the watch handler did not finish (a bug?)
-                    await self._finalize(entry)
-            elif not self.ctx.guards.deleting(entry.uid):
-                groups[entry.client_id].append(entry)
-        for client_id, entries in groups.items():
-            try:
-                records = await asyncio.to_thread(self._records, client_id)
-            except StoreError as exc:
-                self.ctx.store_health.failed(exc)
-                return False
-            self.ctx.store_health.answered()
-            todo = await asyncio.to_thread(self._out_of_step, entries, records)
-            for entry, drift in todo:
-                await self._reconcile(entry, drift=drift)
+        # Topics first: a subscription that waits for its topic finds it in the same pass.
+        for catalog, topics in ((self.ctx.topics, True), (self.ctx.catalog, False)):
+            groups: dict[str, list[Declared]] = defaultdict(list)
+            for entry in catalog.snapshot():
+                if entry.uid in self.ctx.retries:
+                    continue
+                if entry.deleting:
+                    if FINALIZER in entry.finalizers:  # a deletion the watch handler did not finish (a bug?)
+                        await self._finalize(entry)
+                elif not self.ctx.guards.deleting(entry.uid):
+                    groups[entry.client_id].append(entry)
+            for client_id, entries in groups.items():
+                try:
+                    records = await asyncio.to_thread(self._records, client_id, topics)
+                except StoreError as exc:
+                    self.ctx.store_health.failed(exc)
+                    return False
+                self.ctx.store_health.answered()
+                todo = await asyncio.to_thread(self._out_of_step, entries, records)
+                for entry, drift in todo:
+                    await self._reconcile(entry, drift=drift)
         return True
 
-    def _records(self, client_id: str) -> dict[str, QueueRecord]:
-        return {r.name: r for r in client_view(self.ctx.store, client_id).list_queues(None)}
+    def _records(self, client_id: str, topics: bool = False) -> dict[str, QueueRecord]:
+        view = client_view(self.ctx.store, client_id)
+        return {r.name: r for r in (view.list_topics() if topics else view.list_queues(None))}
 
     def _out_of_step(self, entries: list[Declared], records: dict[str, QueueRecord]
                      ) -> list[tuple[Declared, bool]]:
@@ -196,12 +219,18 @@ class Background:
             ready = entry.ready
             reason = ready.get("reason")
             key = f"{entry.namespace}/{entry.name}"
+            topic = is_topic(entry)  # (topics are not counted in the queue-state gauge)
             if entry.needs_reconcile():
                 todo.append((entry, False))
             elif reason == INVALID_SPEC:
-                self.ctx.states.record(key, INVALID_SPEC)  # the user must edit it: nothing to retry
+                if not topic:
+                    self.ctx.states.record(key, INVALID_SPEC)  # the user must edit it: nothing to retry
             elif reason == SYNCED and ready.get("status") == "True":
-                if self._in_step(entry, records.get(entry.name)):
+                if topic:
+                    declared = self.ctx.topics.declared(entry)
+                    if declared is None or not topic_in_step(records.get(entry.name), declared.bins, entry.uid):
+                        todo.append((entry, True))
+                elif self._in_step(entry, records.get(entry.name)):
                     self.ctx.states.record(key, SYNCED)
                 else:
                     todo.append((entry, True))
@@ -244,31 +273,48 @@ class Background:
     async def figures_pass(self) -> bool:
         """Measure every Ready object's figures at the configured rate; write those that changed enough.
         False when the store did not answer (the pass stopped)."""
-        entries = [e for e in self.ctx.catalog.snapshot()
+        entries = [e for catalog in (self.ctx.topics, self.ctx.catalog) for e in catalog.snapshot()
                    if not e.deleting and e.ready.get("status") == "True" and not self.ctx.guards.deleting(e.uid)]
+        try:  # each clientId's subscriptions by topic: one read of its queue records a pass
+            subscriptions = await asyncio.to_thread(self._subscriptions, {e.client_id for e in entries if is_topic(e)})
+        except StoreError as exc:
+            self.ctx.store_health.failed(exc)
+            return False
         per_second = max(1, int(self.cfg.figures_queues_per_second))
         for start in range(0, len(entries), per_second):
             began = self.loop.time()
             try:
-                measured = await asyncio.to_thread(self._measure, entries[start:start + per_second])
+                measured = await asyncio.to_thread(self._measure, entries[start:start + per_second], subscriptions)
             except StoreError as exc:
                 self.ctx.store_health.failed(exc)
                 return False
             self.ctx.store_health.answered()
             for entry, figures in measured:
-                current = self.ctx.catalog.get(entry.key)  # the freshest status (a write may have landed)
+                current = self.ctx.catalog_of(entry).get(entry.key)  # the freshest status (a write may have landed)
                 if current is None or current.uid != entry.uid or current.deleting:
                     continue
-                if figures_changed(current.status, figures, self.cfg.figures_change_percent):
+                if is_topic(entry):
+                    if topic_figures_changed(current.status, figures, self.cfg.figures_change_percent):
+                        await self._write(current, topic_figures_status(figures))
+                elif figures_changed(current.status, figures, self.cfg.figures_change_percent):
                     await self._write(current, figures_status(figures))
             if start + per_second < len(entries):
                 await asyncio.sleep(max(0.0, 1.0 - (self.loop.time() - began)))
         return True
 
-    def _measure(self, entries: list[Declared]) -> list[tuple[Declared, dict[str, int | None]]]:
-        out = []
+    def _subscriptions(self, client_ids: set[str]) -> dict[str, dict[str, list[str]]]:
+        return {client_id: subscriptions_by_topic(self.ctx.store, client_id) for client_id in client_ids}
+
+    def _measure(self, entries: list[Declared], subscriptions: dict[str, dict[str, list[str]]]
+                 ) -> list[tuple[Declared, dict[str, Any]]]:
+        out: list[tuple[Declared, dict[str, Any]]] = []
         for entry in entries:
             try:
+                if is_topic(entry):
+                    topic = topic_spec_from_object(entry.name, entry.namespace, entry.spec)
+                    users = subscriptions.get(entry.client_id, {}).get(entry.name, [])
+                    out.append((entry, topic_figures(self.ctx.store, topic, users, default_client_id=entry.client_id)))
+                    continue
                 spec = spec_from_object(entry.name, entry.namespace, entry.spec)
             except InvalidSpecError:
                 continue
@@ -283,5 +329,5 @@ class Background:
         if self._next_write > now:
             await asyncio.sleep(self._next_write - now)
         self._next_write = max(now, self._next_write) + gap
-        if await self.ctx.api.patch_status(GROUP, VERSION, PLURAL, entry.namespace, entry.name, changes):
-            self.ctx.catalog.wrote(entry, changes)
+        if await self.ctx.api.patch_status(GROUP, VERSION, plural_of(entry), entry.namespace, entry.name, changes):
+            self.ctx.catalog_of(entry).wrote(entry, changes)

@@ -1,4 +1,4 @@
-"""kopf wiring: the IgnisQueue handlers registered on a registry of their own (so tests and the benchmark
+"""kopf wiring: the IgnisQueue and IgnisTopic handlers registered on a registry of their own (so tests and the benchmark
 can run several operators side by side), each a thin shell around reconcile.py. Built to serve 10,000
 queues on a small API server: an idle operator makes no API call and logs nothing.
 
@@ -28,9 +28,13 @@ diff-base or progress annotations, no finalizer of its own, so nothing of kopf e
 no timer can: there are none). Per created object the operator makes two API writes (finalizer, status)
 and posts one Event.
 
+IgnisTopic objects go through the same `observe` (one per resource, each with its catalog: ctx.catalog for
+queues, ctx.topics for topics), with the same finalizer; a topic whose deletion waits for subscriptions gets a
+Ready=False InUse condition naming them (handlers.py).
+
 Kubernetes API calls (what the chart's RBAC grants, tests/deploy/test_rbac.py checks it against the calls
-made): list/watch and patch of ignisqueues, patch of ignisqueues/status, create of events; with `scanning`
-on, list/watch of customresourcedefinitions (and of namespaces when serving named namespaces).
+made): list/watch and patch of ignisqueues and ignistopics, patch of their status, create of events; with
+`scanning` on, list/watch of customresourcedefinitions (and of namespaces when serving named namespaces).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import kopf
 
 from ignis.errors import StoreError
 from ignis.storage.base import Storage
+from ignis_operator.catalog import Catalog
 from ignis_operator.handlers import (
     FINALIZER,
     GROUP,
@@ -50,10 +55,12 @@ from ignis_operator.handlers import (
     VERSION,
     OperatorContext,
     finalize,
+    in_use_status,
     object_logger,
     reconcile_entry,
     settle,
 )
+from ignis_operator.topics import TOPIC_PLURAL
 
 KOPF_FINALIZER = "ignismq.io/kopf"  # kopf's setting: a finalizer kopf would manage, never needed (no handler of kopf's)
 API_CONNECTIONS = 32  # kopf's connections to the API server, watches included
@@ -113,36 +120,47 @@ def build_registry(ctx: OperatorContext, *, cluster_login: bool = True) -> kopf.
         if ctx.api is not None:
             await ctx.api.close()
 
-    @kopf.on.event(*resource, registry=registry, id="observe")
-    async def observe(event: Mapping[str, Any], body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        if event.get("type") == "DELETED":
-            meta = body.get("metadata") or {}
-            uid = meta.get("uid") or ""
-            ctx.catalog.forget((meta.get("namespace") or "", meta.get("name") or ""), uid)
-            ctx.guards.gone(uid)
-            ctx.retries.pop(uid, None)
-            ctx.finalized.discard(uid)
-            ctx.released.discard(uid)
-            return
-        entry = ctx.catalog.observe(body)
-        loop = asyncio.get_running_loop()
-        if entry.deleting:
-            waiting = entry.uid in ctx.finalizing or entry.uid in ctx.retries or entry.uid in ctx.finalized
-            if FINALIZER in entry.finalizers and not waiting and await finalize(ctx, entry, now=loop.time()):
-                patch.fns.append(remove_finalizer)
-            return
-        if FINALIZER not in entry.finalizers:
-            patch.fns.append(add_finalizer)  # and nothing else in this cycle: the record comes after it
-            return
-        if not entry.needs_reconcile() or ctx.guards.deleting(entry.uid):
-            return
-        outcome = await asyncio.to_thread(reconcile_entry, ctx, entry)
-        if outcome is None:
-            return
-        changes = settle(ctx, entry, outcome, drift=False, logger=object_logger(entry), now=loop.time())
-        if changes:
-            patch.status.update(changes)
-            ctx.catalog.wrote(entry, changes)
+    def observer(catalog: Catalog) -> Any:
+        async def observe(event: Mapping[str, Any], body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+            if event.get("type") == "DELETED":
+                meta = body.get("metadata") or {}
+                uid = meta.get("uid") or ""
+                catalog.forget((meta.get("namespace") or "", meta.get("name") or ""), uid)
+                ctx.guards.gone(uid)
+                ctx.retries.pop(uid, None)
+                ctx.finalized.discard(uid)
+                ctx.released.discard(uid)
+                ctx.in_use.pop(uid, None)
+                return
+            entry = catalog.observe(body)
+            loop = asyncio.get_running_loop()
+            if entry.deleting:
+                waiting = entry.uid in ctx.finalizing or entry.uid in ctx.retries or entry.uid in ctx.finalized
+                if FINALIZER in entry.finalizers and not waiting:
+                    if await finalize(ctx, entry, now=loop.time()):
+                        patch.fns.append(remove_finalizer)
+                    elif changes := in_use_status(ctx, entry):  # a topic that subscriptions still read
+                        patch.status.update(changes)
+                        catalog.wrote(entry, changes)
+                return
+            if FINALIZER not in entry.finalizers:
+                patch.fns.append(add_finalizer)  # and nothing else in this cycle: the record comes after it
+                return
+            if not entry.needs_reconcile() or ctx.guards.deleting(entry.uid):
+                return
+            outcome = await asyncio.to_thread(reconcile_entry, ctx, entry)
+            if outcome is None:
+                return
+            changes = settle(ctx, entry, outcome, drift=False, logger=object_logger(entry), now=loop.time())
+            if changes:
+                patch.status.update(changes)
+                catalog.wrote(entry, changes)
+
+        return observe
+
+    # One handler id for both resources: kopf keys its per-object bookkeeping by object, not by id alone.
+    kopf.on.event(*resource, registry=registry, id="observe")(observer(ctx.catalog))
+    kopf.on.event(GROUP, VERSION, TOPIC_PLURAL, registry=registry, id="observe")(observer(ctx.topics))
 
     return registry
 

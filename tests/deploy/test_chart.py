@@ -33,6 +33,8 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kuberne
 KUBE_VERSION = "1.32.0"
 MONITORING_SCHEMAS = json.loads((ROOT / "tests/deploy/schemas/monitoring.coreos.com_v1.json").read_text())["schemas"]
 CRD_SOURCE = yaml.safe_load((ROOT / "crds/ignisqueues.ignismq.io.yaml").read_text())
+TOPIC_CRD_SOURCE = yaml.safe_load((ROOT / "crds/ignistopics.ignismq.io.yaml").read_text())
+CRD_SOURCES = {crd["spec"]["names"]["kind"]: crd for crd in (CRD_SOURCE, TOPIC_CRD_SOURCE)}
 
 
 def crd_schema(crd: dict[str, Any]) -> dict[str, Any]:
@@ -49,7 +51,7 @@ def validate_object(doc: dict[str, Any]) -> None:
         # The CRD schemas say metadata is an object; the API server also wants a name.
         assert doc["metadata"].get("name"), doc
     elif group == "ignismq.io":
-        jsonschema.Draft7Validator(crd_schema(CRD_SOURCE)).validate(doc)
+        jsonschema.Draft7Validator(crd_schema(CRD_SOURCES[doc["kind"]])).validate(doc)
     else:
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
 
@@ -61,13 +63,19 @@ def test_generated_files_are_up_to_date() -> None:
     assert generate.stale() == [], "run: python deploy/generator/generate.py"
 
 
-def test_the_crd_template_is_the_crds_directory_file(chart: Any) -> None:
-    crd = one(render(chart), "CustomResourceDefinition")
-    assert crd["spec"] == CRD_SOURCE["spec"]  # identical schema, printer columns, CEL rules
-    assert crd["metadata"]["name"] == CRD_SOURCE["metadata"]["name"]
+@pytest.mark.parametrize("kind", ["IgnisQueue", "IgnisTopic"])
+def test_the_crd_template_is_the_crds_directory_file(chart: Any, kind: str) -> None:
+    source = CRD_SOURCES[kind]
+    crds = {d["spec"]["names"]["kind"]: d for d in by_kind(render(chart), "CustomResourceDefinition")}
+    assert set(crds) == set(CRD_SOURCES)  # every CRD of crds/, no other
+    crd = crds[kind]
+    assert crd["spec"] == source["spec"]  # identical schema, printer columns, CEL rules
+    assert crd["metadata"]["name"] == source["metadata"]["name"]
     assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     assert by_kind(render(chart, {"crds": {"enabled": False}}), "CustomResourceDefinition") == []
-    assert "annotations" not in one(render(chart, {"crds": {"keep": False}}), "CustomResourceDefinition")["metadata"]
+    unkept = {d["spec"]["names"]["kind"]: d for d in by_kind(render(chart, {"crds": {"keep": False}}),
+                                                              "CustomResourceDefinition")}
+    assert "annotations" not in unkept[kind]["metadata"]
 
 
 def test_a_changed_crd_source_makes_the_check_fail(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
@@ -77,6 +85,15 @@ def test_a_changed_crd_source_makes_the_check_fail(monkeypatch: pytest.MonkeyPat
     changed.write_text((ROOT / "crds/ignisqueues.ignismq.io.yaml").read_text().replace("maximum: 512", "maximum: 513"))
     monkeypatch.setattr(generate, "CRD_SOURCE", changed)
     assert generate.CHART / "templates" / "crd-ignisqueues.yaml" in generate.stale()
+
+
+def test_a_changed_topic_crd_source_makes_the_check_fail(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import generate
+
+    changed = tmp_path / "ignistopics.ignismq.io.yaml"
+    changed.write_text((ROOT / "crds/ignistopics.ignismq.io.yaml").read_text().replace("maximum: 512", "maximum: 513"))
+    monkeypatch.setattr(generate, "TOPIC_CRD_SOURCE", changed)
+    assert generate.stale() == [generate.CHART / "templates" / "crd-ignistopics.yaml"]
 
 
 def test_chart_versions_follow_the_package() -> None:
@@ -119,11 +136,15 @@ def test_the_validation_catches_a_bad_object(chart: Any) -> None:
         validate_object(rule)
 
 
-def test_example_queues_validate_against_the_rendered_crd() -> None:
-    for path in sorted((ROOT / "examples" / "queues").glob("*.yaml")):
+@pytest.mark.parametrize("folder", ["queues", "topics"])
+def test_example_queues_validate_against_the_rendered_crd(folder: str) -> None:
+    kinds = set()
+    for path in sorted((ROOT / "examples" / folder).glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
-            if doc and doc.get("kind") == "IgnisQueue":
+            if doc and doc.get("kind") in CRD_SOURCES:
                 validate_object(doc)
+                kinds.add(doc["kind"])
+    assert kinds == ({"IgnisQueue"} if folder == "queues" else {"IgnisQueue", "IgnisTopic"})
 
 
 # ---- pod security -----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""An offline stand-in for the API server's admission of IgnisQueue objects: structural defaulting,
-the OpenAPI schema (jsonschema) and every CEL rule (`x-kubernetes-validations`, evaluated with the
-`cel` package), including transition rules against an old object. Used by the CRD tests."""
+"""An offline stand-in for the API server's admission of IgnisQueue and IgnisTopic objects: structural
+defaulting, the OpenAPI schema (jsonschema) and every CEL rule (`x-kubernetes-validations`, evaluated with
+the `cel` package), including transition rules against an old object. Used by the CRD tests. The CRD is
+chosen by the object's `kind` (IgnisQueue when it has none)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,23 @@ from jsonschema import Draft7Validator
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "ignisqueues.ignismq.io.yaml"
+TOPIC_CRD_PATH = ROOT / "crds" / "ignistopics.ignismq.io.yaml"
+CRD_PATHS = {"IgnisQueue": CRD_PATH, "IgnisTopic": TOPIC_CRD_PATH}
 _MISSING = object()
 
 
 @cache
-def crd() -> dict[str, Any]:
-    return yaml.safe_load(CRD_PATH.read_text(encoding="utf-8"))
+def crd(kind: str = "IgnisQueue") -> dict[str, Any]:
+    return yaml.safe_load(CRD_PATHS[kind].read_text(encoding="utf-8"))
 
 
-def schema() -> dict[str, Any]:
-    (version,) = [v for v in crd()["spec"]["versions"] if v["storage"]]
+def schema(kind: str = "IgnisQueue") -> dict[str, Any]:
+    (version,) = [v for v in crd(kind)["spec"]["versions"] if v["storage"]]
     return version["schema"]["openAPIV3Schema"]
+
+
+def kind_of(obj: Any) -> str:
+    return str(obj.get("kind") or "IgnisQueue") if isinstance(obj, dict) else "IgnisQueue"
 
 
 def apply_defaults(node: dict[str, Any], value: Any) -> Any:
@@ -42,9 +49,24 @@ def apply_defaults(node: dict[str, Any], value: Any) -> Any:
     return result
 
 
+@cache
+def _validation_schema(kind: str) -> dict[str, Any]:
+    """The schema as jsonschema should check it: `x-kubernetes-int-or-string` is the API server's type check of
+    an integer or a string (a boolean there is refused), which JSON Schema spells as a list of types."""
+    def convert(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: convert(v) for k, v in node.items()}
+            if node.get("x-kubernetes-int-or-string") and "type" not in node:
+                out["type"] = ["integer", "string"]
+            return out
+        return [convert(v) for v in node] if isinstance(node, list) else node
+
+    return convert(schema(kind))
+
+
 def schema_errors(obj: dict[str, Any]) -> list[tuple[str, str]]:
     """(path, message) of every OpenAPI schema violation, sorted."""
-    validator = Draft7Validator(schema())
+    validator = Draft7Validator(_validation_schema(kind_of(obj)))
     return sorted((".".join(str(p) for p in e.absolute_path), e.message) for e in validator.iter_errors(obj))
 
 
@@ -52,7 +74,7 @@ def cel_errors(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[t
     """(path, message) of every failing CEL rule. Transition rules (those using oldSelf) run only where
     the old object has a value at the same path, as in the API server."""
     errors: list[tuple[str, str]] = []
-    _walk_cel(schema(), obj, old if old is not None else _MISSING, "", errors)
+    _walk_cel(schema(kind_of(obj)), obj, old if old is not None else _MISSING, "", errors)
     return sorted(errors)
 
 
@@ -74,7 +96,7 @@ def _walk_cel(node: dict[str, Any], value: Any, old: Any, path: str, errors: lis
 def admit(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[tuple[str, str]]:
     """Everything the API server would reject, after defaulting both objects (schema errors first:
     the API server runs CEL only on schema-valid objects)."""
-    sch = schema()
+    sch = schema(kind_of(obj))
     obj = apply_defaults(sch, obj)
     problems = schema_errors(obj)
     if problems:
@@ -82,7 +104,7 @@ def admit(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[tuple[
     return cel_errors(obj, apply_defaults(sch, old) if old is not None else None)
 
 
-def rules() -> list[tuple[str, dict[str, Any]]]:
+def rules(kind: str = "IgnisQueue") -> list[tuple[str, dict[str, Any]]]:
     """Every (path, rule) of the schema."""
     found: list[tuple[str, dict[str, Any]]] = []
 
@@ -93,5 +115,5 @@ def rules() -> list[tuple[str, dict[str, Any]]]:
         if "items" in node:
             walk(node["items"], f"{path}[]")
 
-    walk(schema(), "")
+    walk(schema(kind), "")
     return found

@@ -234,6 +234,11 @@ VALID = [
     ("a subscription from epoch ms", manifest(subscribe={"topic": "events", "start": 1795870000000}), None),
     ("a subscription's filter edited", manifest(subscribe={"topic": "events", "filter": "a/#"}),
      manifest(subscribe={"topic": "events"})),
+    ("a subscription from a leap day", manifest(subscribe={"topic": "events", "start": "2028-02-29T00:00:00Z"}), None),
+    ("a subscription from a time with an offset",
+     manifest(subscribe={"topic": "events", "start": "2026-11-28T12:00:00.250+05:30"}), None),
+    ("a subscription's start edited (it only matters at creation)",
+     manifest(subscribe={"topic": "events", "start": "earliest"}), manifest(subscribe={"topic": "events"})),
 ]
 
 
@@ -253,6 +258,7 @@ CID_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 SUBSCRIBE_TOPIC = ("subscribe.topic is immutable, and a queue does not become or stop being a subscription: create a "
                    "new IgnisQueue instead")
 FILTER = "filter: '+' must be a whole level (sensors/+/temp) and '#' the whole last level (sensors/#)"
+FILTER_NUL = "filter: NUL is not allowed in a subject filter (nor in a subject)"
 START = "start must be earliest, latest, an RFC 3339 time (2026-11-28T12:00:00Z) or epoch milliseconds"
 
 INVALID = [
@@ -264,6 +270,26 @@ INVALID = [
      [("spec.subscribe.start", START)]),
     ("a negative start", manifest(subscribe={"topic": "events", "start": -1}), None,
      [("spec.subscribe.start", START)]),
+    ("a filter with NUL", manifest(subscribe={"topic": "events", "filter": "a/\0"}), None,
+     [("spec.subscribe.filter", FILTER_NUL)]),
+    ("a filter too long", manifest(subscribe={"topic": "events", "filter": "a" * 256}), None,
+     [("spec.subscribe.filter", f"'{'a' * 256}' is too long")]),
+    ("an empty filter", manifest(subscribe={"topic": "events", "filter": ""}), None,
+     [("spec.subscribe.filter", "'' should be non-empty")]),
+    ("a start on a day that does not exist", manifest(subscribe={"topic": "events", "start": "2026-02-30T00:00:00Z"}),
+     None, [("spec.subscribe.start", START)]),
+    ("a start on a leap day of a common year",
+     manifest(subscribe={"topic": "events", "start": "2100-02-29T00:00:00Z"}), None, [("spec.subscribe.start", START)]),
+    ("a start in month 13", manifest(subscribe={"topic": "events", "start": "2026-13-01T00:00:00Z"}), None,
+     [("spec.subscribe.start", START)]),
+    ("a start at hour 24", manifest(subscribe={"topic": "events", "start": "2026-11-28T24:00:00Z"}), None,
+     [("spec.subscribe.start", START)]),
+    ("a start as a boolean", manifest(subscribe={"topic": "events", "start": True}), None,
+     [("spec.subscribe.start", "True is not of type 'integer', 'string'")]),
+    ("a subscription's topic with a capital", manifest(subscribe={"topic": "Events"}), None,
+     [("spec.subscribe.topic", "'Events' does not match '^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$'")]),
+    ("a subscription's topic removed", manifest(), manifest(subscribe={"topic": "events"}),
+     [("spec", SUBSCRIBE_TOPIC)]),
     ("a subscription without its topic", manifest(subscribe={"filter": "#"}), None,
      [("spec.subscribe", "'topic' is a required property")]),
     ("a subscription's topic changed", manifest(subscribe={"topic": "other"}), manifest(subscribe={"topic": "events"}),
@@ -353,9 +379,9 @@ INVALID = [
 INVALID = [c for c in INVALID if c[0] != "batching empty"]
 
 
-# QueueSpec (pydantic, lax mode) coerces "8" and "yes"; the API server is strict. A missing spec is a
+# QueueSpec (pydantic, lax mode) coerces "8", "yes" and True (a start of 1 ms); the API server is strict. A missing spec is a
 # different message there. Every other create-time refusal is shared.
-LAX = {"no spec", "shards as a string", "shovel enabled as a string"}
+LAX = {"no spec", "shards as a string", "shovel enabled as a string", "a start as a boolean"}
 
 
 def test_invalid_table_is_big_enough() -> None:
@@ -370,6 +396,57 @@ def test_invalid_table(case: str, doc: dict[str, Any], old: dict[str, Any] | Non
         # what the API server refuses, QueueSpec refuses too (transition rules need the stored object)
         with pytest.raises(InvalidSpecError):
             QueueSpec.from_manifest(doc)
+
+
+# ---- subscribe: admission refuses what the operator would refuse (ignis/subjects.py, ignis.spec.start_ms) ----
+def _subscription(**subscribe: Any) -> dict[str, Any]:
+    return manifest(subscribe={"topic": "events", **subscribe})
+
+
+def test_every_filter_admission_accepts_the_operator_accepts_and_back() -> None:
+    """Every filter of up to three pieces from an alphabet of levels, wildcards in and out of place, separators
+    and NUL: the CEL rules and ignis.subjects.filter_problem agree on each."""
+    import itertools
+
+    from ignis.subjects import filter_problem
+
+    pieces = ["a", "+", "#", "/", "a+", "#a", "\0", " ", "b.c"]
+    checked, disagree = 0, []
+    for n in (1, 2, 3):
+        for parts in itertools.product(pieces, repeat=n):
+            text = "".join(parts)
+            checked += 1
+            if (admit(_subscription(filter=text)) == []) != (filter_problem(text) is None):
+                disagree.append(text)
+    assert checked > 800 and disagree == []
+
+
+START_SAMPLES = [f"{y}-{m}-{d}T12:00:00Z" for y in ("0001", "1900", "2000", "2024", "2026", "2100", "2400")
+                 for m in ("00", "01", "02", "04", "12", "13") for d in ("00", "01", "28", "29", "30", "31", "32")] + [
+    f"2026-11-28{t}" for t in ("T00:00", "T23:59:59", "T24:00:00", "T12:60:00", "T12:00:60", "T12:00:00.1234567",
+                               "T12:00:00+23:59", "T12:00:00+24:00", "T12:00:00-05:30", "T12:00:00.5", "T12:00:00.Z",
+                               "T12:00:00+0100", "t12:00:00Z", "T12:00:00z")] + [
+    "earliest", "latest", "Latest", "0", "17", "-1", "1e3", "", "soon", "2026-11-28", 0, 1795870000000, -5]
+
+
+@pytest.mark.parametrize("start", START_SAMPLES, ids=repr)
+def test_a_start_admission_accepts_is_one_the_operator_accepts(start: Any) -> None:
+    """Admission may be stricter than the Python parser (it wants RFC 3339: 2026-11-28 alone is refused), never
+    looser: a start it lets through is never an InvalidSpec on the operator's side."""
+    from ignis.spec import start_ms
+
+    if admit(_subscription(start=start)) == []:
+        start_ms(start)  # raises for a start the operator would refuse
+
+
+def test_subscription_status_fields_are_in_the_schema() -> None:
+    """A subscription's status shows its topic, lag and the messages it lost to retention."""
+    from ignis_operator.reconcile import subscription_status
+
+    status_schema = schema()["properties"]["status"]
+    status = subscription_status("events", {"lag": 4, "expired": 1})
+    assert set(status) == {"topic", "lag", "expired"} <= set(status_schema["properties"])
+    Draft7Validator(status_schema).validate(status)
 
 
 def test_transition_rules_do_not_run_on_create() -> None:
