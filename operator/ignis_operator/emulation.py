@@ -10,15 +10,19 @@ from typing import Any
 import kopf
 
 from ignis_operator.handlers import GROUP, PLURAL, VERSION
+from ignis_operator.topics import TOPIC_PLURAL
 from ignis_operator.wiring import bounded_session, configure
 
 
 def declare_resources(emulator: Any) -> None:
-    """Make the emulator's discovery list IgnisQueue and the resources kopf waits for."""
+    """Make the emulator's discovery list IgnisQueue, IgnisTopic and the resources kopf waits for."""
     from kmock import ResourceInfo
 
     emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = ResourceInfo(
         kind="IgnisQueue", namespaced=True, singular="ignisqueue", shortnames={"iq"}, subresources={"status"},
+        verbs={"list", "watch", "get", "patch", "create", "delete"})
+    emulator.resources[f"{GROUP}/{VERSION}/{TOPIC_PLURAL}"] = ResourceInfo(
+        kind="IgnisTopic", namespaced=True, singular="ignistopic", shortnames={"it"}, subresources={"status"},
         verbs={"list", "watch", "get", "patch", "create", "delete"})
     # kopf's discovery waits for these two even with scanning disabled
     emulator.resources["v1/namespaces"] = ResourceInfo(kind="Namespace", namespaced=False, verbs={"list", "watch"})

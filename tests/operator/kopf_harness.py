@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 from ignis_operator.emulation import declare_resources, kube_configuration, start_operator
 from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext
+from ignis_operator.topics import TOPIC_PLURAL
 from ignis_operator.wiring import build_registry
 from kmock import KubernetesEmulator
 from support.kmock_naming import NamingEmulator
@@ -80,26 +81,44 @@ class Harness:
             assert resp.status < 300, await resp.text()
         return body
 
-    async def edit(self, name: str, namespace: str = "ns1", **spec: Any) -> None:
-        generation = int(self.obj(name, namespace)["metadata"].get("generation", 1)) + 1
+    async def create_topic(self, name: str, namespace: str = "ns1", *, created: str | None = None, **spec: Any
+                           ) -> dict[str, Any]:
+        """An IgnisTopic object (spec as given: the emulator runs no CRD defaulting)."""
+        uid = f"uid-{next(self._uids)}"
+        metadata = {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1", "generation": 1,
+                    "creationTimestamp": created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "IgnisTopic", "metadata": metadata, "spec": spec}
+        async with self.session.post(f"{BASE}/namespaces/{namespace}/{TOPIC_PLURAL}", json=body) as resp:
+            assert resp.status < 300, await resp.text()
+        return body
+
+    async def edit(self, name: str, namespace: str = "ns1", *, plural: str = PLURAL, **spec: Any) -> None:
+        generation = int(self.obj(name, namespace, plural=plural)["metadata"].get("generation", 1)) + 1
         patch = {"metadata": {"generation": generation}, "spec": spec}
-        async with self.session.patch(f"{BASE}/namespaces/{namespace}/{PLURAL}/{name}", json=patch,
+        async with self.session.patch(f"{BASE}/namespaces/{namespace}/{plural}/{name}", json=patch,
                                       headers={"Content-Type": "application/merge-patch+json"}) as resp:
             assert resp.status < 300, await resp.text()
 
-    async def delete(self, name: str, namespace: str = "ns1") -> None:
-        async with self.session.delete(f"{BASE}/namespaces/{namespace}/{PLURAL}/{name}") as resp:
+    async def delete(self, name: str, namespace: str = "ns1", *, plural: str = PLURAL) -> None:
+        async with self.session.delete(f"{BASE}/namespaces/{namespace}/{plural}/{name}") as resp:
             assert resp.status < 300, await resp.text()
 
-    def obj(self, name: str, namespace: str = "ns1") -> dict[str, Any] | None:
+    def obj(self, name: str, namespace: str = "ns1", *, plural: str = PLURAL) -> dict[str, Any] | None:
         for (resource, ns, nm), obj in self.emulator.objects.items():
-            if resource.plural == PLURAL and ns == namespace and nm == name and not obj.deleted:
+            if resource.plural == plural and ns == namespace and nm == name and not obj.deleted:
                 return _plain(obj.raw)
         return None
 
-    def condition(self, name: str, namespace: str = "ns1", type_: str = "Ready") -> dict[str, Any]:
-        obj = self.obj(name, namespace) or {}
+    def condition(self, name: str, namespace: str = "ns1", type_: str = "Ready", *, plural: str = PLURAL
+                  ) -> dict[str, Any]:
+        obj = self.obj(name, namespace, plural=plural) or {}
         return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+    def topic(self, name: str, namespace: str = "ns1") -> dict[str, Any] | None:
+        return self.obj(name, namespace, plural=TOPIC_PLURAL)
+
+    def topic_condition(self, name: str, namespace: str = "ns1", type_: str = "Ready") -> dict[str, Any]:
+        return self.condition(name, namespace, type_, plural=TOPIC_PLURAL)
 
     def events(self, reason: str | None = None) -> list[dict[str, Any]]:
         found = []

@@ -379,8 +379,8 @@ INVALID = [
 INVALID = [c for c in INVALID if c[0] != "batching empty"]
 
 
-# QueueSpec (pydantic, lax mode) coerces "8", "yes" and True (a start of 1 ms); the API server is strict. A missing spec is a
-# different message there. Every other create-time refusal is shared.
+# QueueSpec (pydantic, lax mode) coerces "8", "yes" and True (a start of 1 ms); the API server is strict. A missing
+# spec is a different message there. Every other create-time refusal is shared.
 LAX = {"no spec", "shards as a string", "shovel enabled as a string", "a start as a boolean"}
 
 
