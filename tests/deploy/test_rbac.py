@@ -22,6 +22,7 @@ import pytest_asyncio
 from chart_support import NAMESPACE, PROFILES, render
 from ignis_operator.emulation import declare_resources, kube_configuration
 from ignis_operator.handlers import GROUP, PLURAL, VERSION, OperatorConfig, OperatorContext
+from ignis_operator.topics import TOPIC_PLURAL
 from ignis_operator.wiring import build_registry, configure
 from ignis_workers.election import KubeLease, LeaderElector
 from kmock import KubernetesEmulator, ResourceInfo
@@ -137,7 +138,9 @@ async def emulator(kmock: KubernetesEmulator) -> KubernetesEmulator:
 
 
 async def run_operator(emulator: KubernetesEmulator, tmp_path: Path, namespaces: list[str], scanning: bool) -> None:
-    """A queue's life through the operator: create, update, Ready, delete (finalizer)."""
+    """A queue's life through the operator: create, update, Ready, delete (finalizer); and a topic's, with a
+    subscription: created before its topic (TopicNotFound, retried), Ready, the topic's deletion waiting for it
+    (InUse, written by a background pass), then both deleted."""
     store = open_store(f"lmdb://{tmp_path}/store?durability=fast")
     config = OperatorConfig(figures_interval_seconds=0.3, resync_interval_seconds=0.5, resync_jitter_seconds=0.1,
                             scanning=scanning)
@@ -190,6 +193,7 @@ async def run_operator(emulator: KubernetesEmulator, tmp_path: Path, namespaces:
             async with session.delete(f"{base}/orders") as resp:
                 assert resp.status < 300
             await until(lambda: not obj(), "deleted (finalizer released)")
+            await topic_life(session, emulator, until)
     finally:
         thread_stop.set()
         await asyncio.to_thread(thread.join, 30)
@@ -202,6 +206,8 @@ async def test_cluster_wide_operator_rbac_is_exactly_what_kopf_uses(emulator: Ku
     calls = recorded(emulator, OPERATOR_AGENTS)
     print("operator calls:", sorted(map(str, calls)))
     assert Call("watch", GROUP, PLURAL, None, None) in calls  # cluster-wide watch
+    assert Call("watch", GROUP, TOPIC_PLURAL, None, None) in calls
+    assert Call("patch", GROUP, f"{TOPIC_PLURAL}/status", "shop", "events") in calls
     assert Call("create", "", "events", "shop", None) in calls  # Normal and Warning Events
     assert not any(c.resource == "namespaces" for c in calls)  # cluster-wide kopf never lists namespaces
     check(render(chart), "ig-ignismq-operator", calls)
@@ -223,6 +229,44 @@ async def test_namespace_scoped_operator_makes_no_cluster_scoped_call(emulator: 
     granted = {(g, r, v) for _, rule in bound for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}
     assert granted == used  # billing saw no queue: the same rules, used in shop
+
+
+async def topic_life(session: aiohttp.ClientSession, emulator: KubernetesEmulator, until: Any) -> None:
+    """A subscription applied before its topic, the topic, the topic's deletion while the subscription reads it,
+    then the subscription's deletion and so the topic's."""
+    queues, topics = (f"/apis/{GROUP}/{VERSION}/namespaces/shop/{plural}" for plural in (PLURAL, TOPIC_PLURAL))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    def body(kind: str, name: str, uid: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "spec": spec,
+                "metadata": {"name": name, "namespace": "shop", "uid": uid, "resourceVersion": "1",
+                             "generation": 1, "creationTimestamp": stamp}}
+
+    def find(plural: str, name: str) -> dict[str, Any]:
+        for (resource, ns, nm), o in emulator.objects.items():
+            if resource.plural == plural and ns == "shop" and nm == name and not o.deleted:
+                return dict(o.raw)
+        return {}
+
+    def reason(plural: str, name: str) -> str | None:
+        conditions = (find(plural, name).get("status") or {}).get("conditions") or []
+        return next((c.get("reason") for c in conditions if c["type"] == "Ready"), None)
+
+    subscription = body("IgnisQueue", "alerts", "uid-2", {"handlerType": "alerts.v1", "shards": 2,
+                                                          "subscribe": {"topic": "events"}})
+    async with session.post(queues, json=subscription) as resp:
+        assert resp.status < 300
+    await until(lambda: reason(PLURAL, "alerts") == "TopicNotFound", "subscription waits for its topic")
+    async with session.post(topics, json=body("IgnisTopic", "events", "uid-3", {"shards": 2})) as resp:
+        assert resp.status < 300
+    await until(lambda: reason(PLURAL, "alerts") == "Synced" and reason(TOPIC_PLURAL, "events") == "Synced",
+                "topic and subscription Ready")
+    async with session.delete(f"{topics}/events") as resp:
+        assert resp.status < 300
+    await until(lambda: reason(TOPIC_PLURAL, "events") == "InUse", "the topic's deletion waits")
+    async with session.delete(f"{queues}/alerts") as resp:
+        assert resp.status < 300
+    await until(lambda: not find(TOPIC_PLURAL, "events") and not find(PLURAL, "alerts"), "both deleted")
 
 
 # ---- sweeper ----------------------------------------------------------------------------------------

@@ -84,7 +84,11 @@ def _walk_cel(node: dict[str, Any], value: Any, old: Any, path: str, errors: lis
         if transition and old is _MISSING:
             continue
         context = {"self": value, **({"oldSelf": old} if transition else {})}
-        if cel.evaluate(rule["rule"], context) is not True:
+        try:
+            passed = cel.evaluate(rule["rule"], context) is True
+        except RuntimeError:  # an evaluation error (timestamp('2026-02-30T00:00:00Z')) refuses the object, and the
+            passed = False  # API server names the rule's message: "<error> evaluating rule: <message>"
+        if not passed:
             errors.append((path, rule["message"]))
     if isinstance(value, dict):
         for name, prop in (node.get("properties") or {}).items():
