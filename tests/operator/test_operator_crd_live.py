@@ -9,61 +9,29 @@ run (`kubectl create/apply --dry-run=server`): nothing is stored but the old obj
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import shutil
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from admission import CRD_PATHS, ROOT
+from support.live_kube import LiveCluster, needs_cluster
 from test_operator_crd import INVALID as QUEUE_INVALID
 from test_operator_crd import START_SAMPLES
 from test_operator_crd import VALID as QUEUE_VALID
 from test_operator_topic_crd import INVALID as TOPIC_INVALID
 from test_operator_topic_crd import VALID as TOPIC_VALID
 
-KUBECONFIG = os.environ.get("IGNIS_TEST_KUBECONFIG")
-pytestmark = [pytest.mark.skipif(not KUBECONFIG, reason="set IGNIS_TEST_KUBECONFIG to run the CRD tables on a real "
-                                                         "API server"), pytest.mark.timeout(600)]
+pytestmark = [needs_cluster, pytest.mark.timeout(600)]
 PLURALS = {"IgnisQueue": "ignisqueues", "IgnisTopic": "ignistopics"}
 
 
-def kubectl_binary() -> str:
-    found = os.environ.get("IGNIS_TEST_KUBECTL") or shutil.which("kubectl") or "/opt/kube/bin/kubectl"
-    if not Path(found).exists():
-        pytest.skip("no kubectl (set IGNIS_TEST_KUBECTL)")
-    return found
-
-
-class Cluster:
+class Cluster(LiveCluster):
     def __init__(self) -> None:
-        self.kubectl = kubectl_binary()
-        suffix = secrets.token_hex(3)
-        self.group = f"t{suffix}.k8stopics.test"
-        self.namespace = f"k8s-topics-crd-{suffix}"
-
-    def run(self, *args: str, stdin: Any = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([self.kubectl, f"--kubeconfig={KUBECONFIG}", *args], capture_output=True, text=True,
-                              timeout=120, input=None if stdin is None else json.dumps(stdin))
-        if check:
-            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-        return done
-
-    def remove_namespace(self) -> None:
-        """Delete this run's namespace. A cluster without kube-controller-manager (a bare API server, as in CI)
-        has no namespace controller to finish the deletion: then its `kubernetes` finalizer is removed here, the
-        namespace holding nothing any more."""
-        self.run("delete", "namespace", self.namespace, "--wait=false", check=False)
-        done = self.run("get", "namespace", self.namespace, "-o", "json", check=False)
-        if done.returncode == 0:
-            ns = json.loads(done.stdout)
-            ns["spec"]["finalizers"] = []
-            self.run("replace", "--raw", f"/api/v1/namespaces/{self.namespace}/finalize", "-f", "-", stdin=ns,
-                     check=False)
+        super().__init__()
+        self.group = f"t{self.suffix}.k8stopics.test"
+        self.namespace = f"k8s-topics-crd-{self.suffix}"
 
     def crd(self, kind: str) -> dict[str, Any]:
         doc = yaml.safe_load(CRD_PATHS[kind].read_text(encoding="utf-8"))
@@ -93,7 +61,7 @@ def cluster() -> Iterator[Cluster]:
     finally:
         for plural in PLURALS.values():  # (with their objects: the API server's own CRD finalizer)
             c.run("delete", "crd", f"{plural}.{c.group}", "--timeout=60s", check=False)
-        c.remove_namespace()
+        c.remove_namespace(c.namespace)
 
 
 def admitted(cluster: Cluster, doc: dict[str, Any], old: dict[str, Any] | None, index: int
