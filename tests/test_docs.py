@@ -73,10 +73,13 @@ def test_the_crd_reference_is_generated_from_the_crd() -> None:
     spec.loader.exec_module(gen)
     assert gen.is_current(ROOT), "docs/kubernetes/crd-reference.md is out of date: run python docs/gen_crd_reference.py"
     page = (DOCS / "kubernetes" / "crd-reference.md").read_text()
-    crd = yaml.safe_load((ROOT / "crds" / "ignisqueues.ignismq.io.yaml").read_text())
-    spec_fields = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    for field in spec_fields:
-        assert f"`spec.{field}`" in page, field
+    for name in ("ignisqueues.ignismq.io.yaml", "ignistopics.ignismq.io.yaml"):
+        crd = yaml.safe_load((ROOT / "crds" / name).read_text())
+        section = page.split(f"## {crd['spec']['names']['kind']}\n", 1)[1].split("\n## ", 1)[0]
+        schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for part in ("spec", "status"):
+            for field in schema["properties"][part]["properties"]:
+                assert f"`{part}.{field}`" in section, (name, part, field)
 
 
 # --- the CLI page against the CLI itself
