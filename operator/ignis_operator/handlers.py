@@ -123,6 +123,7 @@ class OperatorContext:
     finalized: set[str] = field(default_factory=set)  # uids whose deletionPolicy is applied (finalizer going)
     released: set[str] = field(default_factory=set)  # uids whose finalizer a background pass removed (until gone)
     in_use: dict[str, InUse] = field(default_factory=dict)  # by uid: topics whose deletion waits for subscriptions
+    poke: Any = None  # set by the background passes: wakes their retry loop at once (thread-safe)
 
     def event(self, entry: Declared, type_: str, reason: str, message: str) -> None:
         if self.api is not None:
@@ -134,6 +135,7 @@ class OperatorContext:
     def wake(self, catalog: Catalog, client_id: str, names: set[str], reason: str, now: float) -> None:
         """Retry now the objects of `catalog` named `names` in `client_id` that wait with `reason` (a topic that
         became Ready wakes its TopicNotFound subscriptions; a finalized subscription, its InUse topic)."""
+        woken = False
         for uid, retry in list(self.retries.items()):
             entry = catalog.get(retry.key)
             if entry is None or entry.uid != uid or entry.name not in names or entry.client_id != client_id:
@@ -142,6 +144,9 @@ class OperatorContext:
             if waiting and retry.due > now:
                 self.retries[uid] = Retry(retry.key, retry.generation, retry.attempt, now, retry.kind, retry.since,
                                           retry.plural)
+                woken = True
+        if woken and self.poke is not None:
+            self.poke()  # not at the retry loop's next tick: a subscription follows its topic at once
 
 
 def is_topic(entry: Declared) -> bool:
@@ -313,6 +318,8 @@ def settle(ctx: OperatorContext, entry: Declared, outcome: Outcome, *, drift: bo
         attempt = retry.attempt + 1 if retry is not None and retry.generation == entry.generation else 0
         ctx.retries[entry.uid] = Retry(entry.key, entry.generation, attempt, now + ctx.config.backoff(attempt),
                                        plural=plural_of(entry))
+        if not previous and _topic_on_its_way(ctx, entry, result):
+            return {}  # its IgnisTopic is declared, not handled yet (`kubectl apply -f dir/`): no status, no Warning
         if (previous.get("reason"), previous.get("observedGeneration")) != (result.reason, entry.generation):
             logger.info("%s", result.message)
             ctx.event(entry, "Warning", result.reason, result.message)
@@ -323,6 +330,15 @@ def settle(ctx: OperatorContext, entry: Declared, outcome: Outcome, *, drift: bo
         ctx.event(entry, "Warning", result.reason, result.message)
     # CONFLICT: the resync re-checks, and the newer object wins once the older is gone.
     return status_changes(entry.status, desired)
+
+
+def _topic_on_its_way(ctx: OperatorContext, entry: Declared, result: SyncResult) -> bool:
+    """Whether the topic a subscription waits for is declared by an IgnisTopic of its namespace (and clientId) that
+    the operator has not handled yet: it is being created, and the subscription follows it when it is Ready."""
+    topic = (entry.spec.get("subscribe") or {}).get("topic")
+    declared = ctx.topics.get((entry.namespace, str(topic))) if topic else None
+    return declared is not None and not declared.deleting and not declared.ready and \
+        declared.client_id == (result.client_id or entry.client_id)
 
 
 async def finalize(ctx: OperatorContext, entry: Declared, *, now: float) -> bool:

@@ -26,6 +26,7 @@ passes back off (capped, jittered) until it answers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections import defaultdict
@@ -87,6 +88,9 @@ class Background:
         self.loop = asyncio.get_running_loop()
         self._next_write = 0.0
         self.passes = {"drift": 0, "figures": 0}  # completed passes
+        self._poked = asyncio.Event()
+        loop = self.loop
+        ctx.poke = lambda: loop.call_soon_threadsafe(self._poked.set)  # (the finalizers run in threads)
 
     async def run(self) -> None:
         await asyncio.gather(self._forever("retries", self._retry_loop),
@@ -111,7 +115,9 @@ class Background:
     async def _retry_loop(self) -> None:
         probe_due, probe_failures = 0.0, 0
         while True:
-            await asyncio.sleep(TICK_SECONDS)
+            with contextlib.suppress(TimeoutError):  # a tick, or at once when poked (ctx.wake)
+                await asyncio.wait_for(self._poked.wait(), TICK_SECONDS)
+            self._poked.clear()
             now = self.loop.time()
             if self.ctx.api_health.down and now >= probe_due:
                 if await self.ctx.api.ping():

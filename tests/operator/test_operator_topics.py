@@ -6,6 +6,7 @@ API write while idle."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -245,3 +246,37 @@ async def test_a_topic_may_not_take_a_queues_name(harness: Harness) -> None:
                                   and harness.topic_condition("orders"), what="InvalidSpec")
     assert "may not share one" in refused["message"]
     assert topic_record(harness, "orders") is None
+
+
+def test_a_subscription_whose_topic_is_declared_but_not_handled_yet_waits_quietly(tmp_path: Any) -> None:
+    """`kubectl apply -f dir/`: the subscription may be handled before the IgnisTopic next to it. Then no
+    TopicNotFound status or Warning for a moment's ordering: a retry, and it follows the topic. Without such an
+    IgnisTopic (or once the topic was handled and is not Ready), the condition says what is missing."""
+    from ignis_operator.catalog import Catalog
+    from ignis_operator.handlers import OperatorContext, Outcome, settle
+    from ignis_operator.reconcile import TOPIC_NOT_FOUND, SyncResult
+
+    from ignis.storage import open_store
+
+    store = open_store(f"lmdb://{tmp_path}/store?durability=fast")
+    ctx = OperatorContext(store, fast_config())
+    posted: list[str] = []
+    ctx.event = lambda entry, type_, reason, message: posted.append(reason)  # type: ignore[method-assign]
+    meta = {"namespace": "ns1", "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z"}
+    sub = Catalog().observe({"apiVersion": "ignismq.io/v1alpha1", "kind": "IgnisQueue",
+                             "metadata": {**meta, "name": "alerts", "uid": "u-sub"},
+                             "spec": {"handlerType": "h", "subscribe": {"topic": "events"}}})
+    waiting = Outcome(SyncResult("alerts", "ns1", False, TOPIC_NOT_FOUND, "topic 'events' does not exist"), None)
+    log = logging.getLogger("test")
+    assert settle(ctx, sub, waiting, drift=False, logger=log, now=0.0)["conditions"][0]["reason"] == TOPIC_NOT_FOUND
+    assert posted == [TOPIC_NOT_FOUND] and "u-sub" in ctx.retries
+    ctx.retries.clear()
+    posted.clear()
+    topic = ctx.topics.observe({"apiVersion": "ignismq.io/v1alpha1", "kind": "IgnisTopic",
+                                "metadata": {**meta, "name": "events", "uid": "u-topic"}, "spec": {}})
+    assert settle(ctx, sub, waiting, drift=False, logger=log, now=0.0) == {}  # its topic is on its way
+    assert posted == [] and "u-sub" in ctx.retries
+    topic.status = {"conditions": [{"type": "Ready", "status": "False", "reason": "InvalidSpec"}]}
+    assert settle(ctx, sub, waiting, drift=False, logger=log, now=0.0)["conditions"][0]["reason"] == TOPIC_NOT_FOUND
+    assert posted == [TOPIC_NOT_FOUND]
+    store.close()
