@@ -248,7 +248,7 @@ async def test_a_topic_may_not_take_a_queues_name(harness: Harness) -> None:
     assert topic_record(harness, "orders") is None
 
 
-def test_a_subscription_whose_topic_is_declared_but_not_handled_yet_waits_quietly(tmp_path: Any) -> None:
+async def test_a_subscription_whose_topic_is_declared_but_not_handled_yet_waits_quietly(tmp_path: Any) -> None:
     """`kubectl apply -f dir/`: the subscription may be handled before the IgnisTopic next to it. Then no
     TopicNotFound status or Warning for a moment's ordering: a retry, and it follows the topic. Without such an
     IgnisTopic (or once the topic was handled and is not Ready), the condition says what is missing."""
