@@ -26,7 +26,9 @@ on a temporary lmdb store (or --store URL), with the kubeconfig as its KUBECONFI
    the end of the apply to the last Ready (target <= 60 s at 10,000);
 4. memory: the operator's resident set size, sampled every second (peak; target <= 400 MiB at 10,000);
 5. idle: once the create burst is over (30 s without an operator write, at most --settle-seconds: the
-   operator posts the Created Events after the status writes, in the background), --idle-seconds with
+   operator posts the Created Events after the status writes, in the background; with --topics, quiet for
+   a whole figures pass: a topic's subscription count comes with the pass after its subscriptions),
+   --idle-seconds with
    nothing to do: the operator's CPU (target <= 5% of a core), API writes
    (target <= 10 a minute; counted from the API server's apiserver_request_total for ignisqueues and
    events, every write of the window is the operator's), changed objects seen on the watch, and log lines
@@ -652,7 +654,12 @@ async def bench_cluster(args: argparse.Namespace, workdir: Path) -> dict[str, An
                                "load": load_delta(load0, machine_load(), time.monotonic() - started)}
             result["memory"] = {"rss_mib_after_ready": round(operator.rss() / 2**20, 1)}
             # ---- idle
-            result["settle_seconds"] = round(await settle(cluster, args.settle_seconds), 1)
+            # With topics, a topic is often Ready before its subscriptions exist: its `subscriptions` figure is
+            # written by the next figures pass, which takes objects / 20 s (IGNIS_OPERATOR_FIGURES_QUEUES_PER_SECOND)
+            # plus its 30 s interval. Quiet must outlast a whole pass, or the idle window counts those first writes.
+            quiet = args.quiet_seconds or (n / 20 + 30 if topics else 30.0)
+            result["settle_seconds"] = round(await settle(cluster, args.settle_seconds, quiet), 1)
+            result["settle_quiet_seconds"] = quiet
             lines0, cpu0, writes0, modified0 = len(operator.lines()), operator.cpu(), await cluster.writes(), \
                 watch.modified
             load0, t0 = machine_load(), time.monotonic()
@@ -746,6 +753,9 @@ def main() -> int:
                         help="real server: after Ready, wait at most this long for 30 s without operator writes "
                         "(the create burst's Events) before the idle window")
     parser.add_argument("--idle-seconds", type=float, default=600.0, help="real server: the idle window")
+    parser.add_argument("--quiet-seconds", type=float, default=None,
+                        help="real server: seconds without an operator write that end the settle (default 30; with "
+                        "--topics, one figures pass: objects / 20 + 30)")
     parser.add_argument("--delete-timeout", type=float, default=300.0, help="real server: give up on deletion")
     parser.add_argument("--store", help="real server: the operator's store URL (default: a temporary lmdb)")
     parser.add_argument("--operator-log", help="real server: keep the operator's log in this file")
