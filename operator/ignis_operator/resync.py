@@ -344,11 +344,11 @@ class Background:
     async def _write(self, entry: Declared, changes: dict[str, Any], *, limited: bool = True) -> None:
         """Patch a status; `limited`: at most `status_writes_per_second` with the passes' other writes (a busy
         farm's figures never flood the API)."""
-        if limited:
-            gap = 1.0 / self.cfg.status_writes_per_second
+        if limited:  # the slot is taken before the wait, so writers waiting at once each get their own
             now = self.loop.time()
-            if self._next_write > now:
-                await asyncio.sleep(self._next_write - now)
-            self._next_write = max(now, self._next_write) + gap
+            slot = max(now, self._next_write)
+            self._next_write = slot + 1.0 / self.cfg.status_writes_per_second
+            if slot > now:
+                await asyncio.sleep(slot - now)
         if await self.ctx.api.patch_status(GROUP, VERSION, plural_of(entry), entry.namespace, entry.name, changes):
             self.ctx.catalog_of(entry).wrote(entry, changes)

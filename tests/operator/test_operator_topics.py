@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
 
 
 @pytest.fixture
-def operator_config() -> OperatorConfig:
-    return fast_config(finalizer_timeout_seconds=0.5)
+def operator_config(request: pytest.FixtureRequest) -> OperatorConfig:
+    return getattr(request, "param", None) or fast_config(finalizer_timeout_seconds=0.5)
 
 
 def topic_record(h: Harness, name: str, client_id: str = "ns1") -> dict[str, Any] | None:
@@ -289,3 +289,17 @@ async def test_a_subscription_whose_topic_is_declared_but_not_handled_yet_waits_
     assert settle(ctx, sub, waiting, drift=False, logger=log, now=0.0)["conditions"][0]["reason"] == TOPIC_NOT_FOUND
     assert posted == [TOPIC_NOT_FOUND]
     store.close()
+
+
+@pytest.mark.parametrize("operator_config", [fast_config(status_writes_per_second=0.05)], indirect=True)
+async def test_waiting_subscriptions_become_ready_beside_a_slow_figures_write_budget(harness: Harness) -> None:
+    """The background passes write figures at most `status_writes_per_second` (here one write per 20 s): the writes
+    that make waiting subscriptions Ready are not figures and do not queue behind that budget (five of them would
+    need 100 s, four times the wait below)."""
+    names = [f"sub-{n}" for n in range(5)]
+    for name in names:
+        await subscribe(harness, name, "events")
+    await harness.until(lambda: all(harness.condition(n).get("reason") == "TopicNotFound" for n in names),
+                        what="all waiting")
+    await harness.create_topic("events", shards=2)
+    await harness.until(lambda: all(ready(harness, n) for n in names), what="all Ready", timeout=25)
