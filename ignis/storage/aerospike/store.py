@@ -291,18 +291,7 @@ class AerospikeStore:
         return self._pointers.pointers(magazine, shards)
 
     def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
-        if not any(names.cursor_topic(m) is not None for m, _ in magazines):
-            return self._pointers.watch_pointers(magazines)
-        plain = [(m, n) for m, n in magazines if names.cursor_topic(m) is None]
-        read = iter(self._pointers.watch_pointers(plain) if plain else [])
-        out = []
-        for magazine, shards in magazines:
-            if names.cursor_topic(magazine) is None:
-                out.append(next(read))
-                continue
-            pointers = self._cursor_pointers(magazine, shards)
-            out.append(([s for s, p in pointers.items() if p.load > p.fire], sum(p.load for p in pointers.values())))
-        return out
+        return self._pointers.watch_pointers(magazines)
 
     def _cursor_pointers(self, cursor: str, shards: int) -> dict[int, ShardPointers]:
         """A subscription's cursor: the topic's load pointers, the cursor's position (fire) and hole counters."""
