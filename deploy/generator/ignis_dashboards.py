@@ -350,7 +350,8 @@ def topics() -> dict[str, Any]:
             "sum by (queue) (increase(ignis_subscription_expired_total[1h]))") + ") or vector(0)", w=4,
              thresholds=[(None, "green"), (1, "red")],
              description="Messages that left their topic before a subscription took them (counted by the "
-                         "subscriptions' consumers)."),
+                         "subscriptions' consumers; increase() misses a consumer's first count, which "
+                         "IgnisSubscriptionMessagesExpired does not)."),
         stat(lay, "Leader", f"sum(ignis_sweeper_leader{{{NS}}})", thresholds=[(None, "red"), (1, "green")], w=4,
              description="Sweeper processes leading (must be 1): only the leader reports topics."),
     ]
