@@ -56,6 +56,12 @@ TOPIC_RETAINED_BYTES = Gauge("ignis_topic_retained_bytes", "Bytes of payload, id
 TOPIC_SUBSCRIPTIONS = Gauge("ignis_topic_subscriptions", "Queues that subscribe to the topic", ["topic"])
 TOPIC_OLDEST_AGE = Gauge("ignis_topic_oldest_age_seconds", "Age of the oldest message the topic holds; NaN when it "
                          "holds none", ["topic"])
-TOPIC_GAUGES = (TOPIC_PUBLISHED_MESSAGES, TOPIC_RETAINED, TOPIC_RETAINED_BYTES, TOPIC_SUBSCRIPTIONS, TOPIC_OLDEST_AGE)
+# Which queues are subscriptions, and of which topic: an info gauge (always 1) that panels and alerts join on
+# `queue` to pick the subscriptions among the queue gauges and name their topic (the "info metric" pattern:
+# https://prometheus.io/docs/concepts/metric_types/ and OpenMetrics' info type).
+SUBSCRIPTION_INFO = Gauge("ignis_subscription_info", "1 for every queue that subscribes to a topic, labelled with the "
+                          "topic", ["queue", "topic"])
+TOPIC_GAUGES = (TOPIC_PUBLISHED_MESSAGES, TOPIC_RETAINED, TOPIC_RETAINED_BYTES, TOPIC_SUBSCRIPTIONS, TOPIC_OLDEST_AGE,
+                SUBSCRIPTION_INFO)
 TOPIC_TRIMMED = Counter("ignis_topic_trimmed", "Oldest messages dropped from a topic to keep it within its "
                         "retentionBytes", ["topic"])
