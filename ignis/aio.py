@@ -29,10 +29,11 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from ignis import tracing
+from ignis.browse import BrowsedMessage
 from ignis.client import Ignis
 from ignis.queue import EXCEPTION, REJECTED, TIMEOUT, Message, Queue, QueueStats
 from ignis.spec import QueueSpec
-from ignis.storage.base import MessageRef
+from ignis.storage.base import MessageRef, SlotRef
 from ignis.topics import Topic, TopicSpec, TopicStats
 
 log = logging.getLogger(__name__)
@@ -372,6 +373,16 @@ class AsyncQueue:
     async def stats(self) -> QueueStats:
         q = await self.sync()
         return await self._owner.run(q.stats)
+
+    async def browse(self, limit: int = 10, shard: int | None = None) -> list[BrowsedMessage]:
+        """Queue.browse: the next messages waiting, without claiming them."""
+        q = await self.sync()
+        return await self._owner.run(lambda: q.browse(limit, shard))
+
+    async def read(self, ref: SlotRef | MessageRef | str) -> BrowsedMessage:
+        """Queue.read: one message by its reference, without claiming it."""
+        q = await self.sync()
+        return await self._owner.run(lambda: q.read(ref))
 
     def iterator(self, prefetch: int = 10, wait: float = 1.0) -> AsyncQueueIterator:
         """An async iterator of messages, `prefetch` claimed at a time; use it as `async with ... as it`."""

@@ -38,6 +38,14 @@ class TopicNotFound(IgnisError, LookupError):
         super().__init__(f"topic {name!r} not found (clientId {client_id!r}); apply its manifest first")
 
 
+class MessageNotFound(IgnisError, LookupError):
+    """No message at a reference (Queue.read): never written, acked, expired, or out of the queue's shards."""
+
+    def __init__(self, ref: str, why: str | None = None) -> None:
+        self.ref = ref
+        super().__init__(f"message {ref!r} not found" + (f" ({why})" if why else ""))
+
+
 class QueueInactive(IgnisError):
     def __init__(self, name: str) -> None:
         self.name = name

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from ignis import browse as browsing
 from ignis import names, tracing
+from ignis.browse import BrowsedMessage
 from ignis.delay import wake_mover
 from ignis.envelope import (
     CODEC_UNREADABLE,
@@ -109,6 +111,11 @@ class Message:
     @property
     def key(self) -> str | None:
         return self.envelope.key
+
+    @property
+    def subject(self) -> str | None:
+        """The subject it was published with to a topic (a subscription's message; None for a queue's own)."""
+        return self.envelope.subject
 
     @property
     def attempts(self) -> int:
@@ -442,6 +449,17 @@ class Queue(QueuePublishing, SubscriptionSide):
         return Transfer(counts["sideline"], counts["dead"], len(messages) - len(moved))
 
     # ---- inspection --------------------------------------------------------------------------------
+    def read(self, ref: SlotRef | MessageRef | str) -> BrowsedMessage:
+        """One message of this queue by its reference (`Message.ref`, what publish returns, or their text), read
+        without claiming it, with its state (waiting, in flight, sidelined, dead). Raises MessageNotFound when
+        there is none there (never written, acked, expired), InvalidInputError for a reference of another queue."""
+        return browsing.read(self, ref)
+
+    def browse(self, limit: int = 10, shard: int | None = None) -> list[BrowsedMessage]:
+        """The next messages waiting in main (one shard's, with `shard`), oldest publish first, at most `limit`
+        (1 to 1,000), without claiming them: a consumer still gets each one exactly as before (ignis.browse)."""
+        return browsing.browse(self, limit, shard)
+
     def stats(self, in_flight: bool = False) -> QueueStats:
         """Pointer figures (one batch read per magazine) and the oldest waiting message's age (a batch
         read of each non-empty shard's head, ignis.waiting); `in_flight=True` also counts delivered,

@@ -272,7 +272,8 @@ def test_bad_usage_and_input_exit_2_with_one_line(ignis: Run, queue: str, args: 
 
 def test_help_documents_exit_codes(ignis: Run) -> None:
     text = " ".join(ok(ignis("--help")).out.split())
-    assert "Exit codes" in text and "3 queue not found" in text and "4 store error" in text
+    assert "Exit codes" in text and "4 store error" in text
+    assert "3 not found (queue, deactivated queue, topic, message)" in text
 
 
 # ---- delete --------------------------------------------------------------------------------------------
