@@ -42,6 +42,7 @@ from ignis.errors import (
     InvalidSpecError,
     MessageNotFound,
     PayloadTooLarge,
+    QueueFull,
     QueueInactive,
     QueueNotFound,
     StoreError,
@@ -61,10 +62,12 @@ EXIT_ERROR = 1  # anything else (declined confirmation, demo timed out, unexpect
 EXIT_USAGE = 2  # bad input: usage, invalid manifest, payload too large, malformed data
 EXIT_NOT_FOUND = 3  # unknown or deactivated queue, unknown topic, no message at a reference
 EXIT_STORE = 4  # store unreachable, full, or failing
+EXIT_QUEUE_FULL = 5  # a bounded queue refused a publish (maxLength / maxBytes, overflow rejectPublish)
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success · 1 other error · 2 bad input (usage, invalid manifest, malformed data, "
-    "payload too large) · 3 not found (queue, deactivated queue, topic, message) · 4 store error (unreachable, full). "
+    "payload too large) · 3 not found (queue, deactivated queue, topic, message) · 4 store error (unreachable, full) · "
+    "5 queue full (a bounded queue refused a publish: maxLength/maxBytes with overflow rejectPublish). "
     "Every error is one line on stderr; set IGNIS_DEBUG=1 to get a traceback for unexpected ones."
 )
 
@@ -86,6 +89,8 @@ def exit_code_for(exc: BaseException) -> int:
         return exc.code
     if isinstance(exc, StoreError):
         return EXIT_STORE
+    if isinstance(exc, QueueFull):
+        return EXIT_QUEUE_FULL
     if isinstance(exc, QueueNotFound | QueueInactive | TopicNotFound | MessageNotFound):
         return EXIT_NOT_FOUND
     if isinstance(exc, InvalidSpecError | InvalidInputError | PayloadTooLarge | UsageError):

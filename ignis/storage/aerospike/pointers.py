@@ -13,6 +13,7 @@ from aerospike import exception as ex
 from aerospike_helpers.operations import operations as ops
 
 from ignis import names
+from ignis.bounds import LOAD_BYTES
 from ignis.outage import store_failed
 from ignis.storage.aerospike.allocation import Allocation
 from ignis.storage.aerospike.context import BATCH_CHUNK, NOT_FOUND, AerospikeContext
@@ -54,6 +55,15 @@ class Pointers:
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "pointers", self._ctx.meta_set) from None
         return out
+
+    def loaded_bytes(self, magazine: str, shards: int) -> list[int]:
+        if shards <= 0:
+            return []
+        try:
+            found = self._reads.batch_get("pointers", [self._ctx.meta_key(magazine, shard) for shard in range(shards)])
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "pointers", self._ctx.meta_set) from None
+        return [int((bins or {}).get(LOAD_BYTES, 0) or 0) for bins in found]
 
     def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
         # One batch for every magazine watched, only the two pointer bins. A subscription's cursor (names.cursor_of)

@@ -14,6 +14,7 @@ from urllib.parse import unquote
 from aerospike import exception as ex
 
 from ignis import names
+from ignis.bounds import ShardLimit
 from ignis.envelope import Envelope, NewMessages
 from ignis.errors import InvalidInputError
 from ignis.storage.aerospike.allocation import Allocation
@@ -212,6 +213,17 @@ class AerospikeStore:
     def load_reserved(self, ref: SlotRef, payload: bytes, msg_id: str, loaded_at: int, ttl_seconds: int
                       ) -> bool:
         return self._allocation.load_reserved(ref, payload, msg_id, loaded_at, ttl_seconds)
+
+    def load_bounded(self, magazine: str, shard: int, envelopes: Sequence[Envelope], ttl_seconds: int,
+                     limit: ShardLimit) -> list[SlotRef | None]:
+        return self._allocation.load_bounded(magazine, shard, envelopes, ttl_seconds, limit)
+
+    def reserve_bounded(self, magazine: str, shard: int, count: int, limit: ShardLimit, size: int
+                        ) -> tuple[int, int]:
+        return self._allocation.reserve_bounded(magazine, shard, count, limit, size)
+
+    def loaded_bytes(self, magazine: str, shards: int) -> list[int]:
+        return self._pointers.loaded_bytes(magazine, shards)
 
     def load_reserved_envelope(self, ref: SlotRef, envelope: Envelope, ttl_seconds: int) -> bool:
         return self._allocation.load_reserved_envelope(ref, envelope, ttl_seconds)

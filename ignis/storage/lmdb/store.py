@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ignis import names
+from ignis.bounds import ShardLimit
 from ignis.envelope import Envelope, NewMessages
 from ignis.errors import InvalidInputError
 from ignis.storage.base import (
@@ -194,6 +195,17 @@ class LmdbStore:
 
     def reserve(self, magazine: str, shard: int, count: int) -> int:
         return self._allocation.reserve(magazine, shard, count)
+
+    def load_bounded(self, magazine: str, shard: int, envelopes: Sequence[Envelope], ttl_seconds: int,
+                     limit: ShardLimit) -> list[SlotRef | None]:
+        return self._allocation.load_bounded(magazine, shard, envelopes, ttl_seconds, limit)
+
+    def reserve_bounded(self, magazine: str, shard: int, count: int, limit: ShardLimit, size: int
+                        ) -> tuple[int, int]:
+        return self._allocation.reserve(magazine, shard, count), 0  # (raises: lmdb reserves nothing)
+
+    def loaded_bytes(self, magazine: str, shards: int) -> list[int]:
+        return self._allocation.loaded_bytes(magazine, shards)
 
     def load_reserved(self, ref: SlotRef, payload: bytes, msg_id: str, loaded_at: int, ttl_seconds: int
                       ) -> bool:
