@@ -11,7 +11,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,7 +19,7 @@ from typing import Any
 
 from ignis import browse as browsing
 from ignis import names, tracing
-from ignis.bounds import OVERFLOW, shard_limits
+from ignis.bounds import OVERFLOW, estimated_bytes, shard_limits
 from ignis.browse import BrowsedMessage
 from ignis.delay import wake_mover
 from ignis.envelope import (
@@ -49,7 +49,7 @@ from ignis.metrics import (
 )
 from ignis.publishing import QueuePublishing
 from ignis.spec import Overflow, QueueSpec
-from ignis.storage.base import Claimed, MessageRef, SlotRef, Storage  # (MessageRef: re-exported)
+from ignis.storage.base import Claimed, MessageRef, ShardPointers, SlotRef, Storage  # (MessageRef: re-exported)
 from ignis.topics.subscribed import SubscriptionSide
 from ignis.waiting import age_seconds, oldest_waiting_since
 
@@ -522,7 +522,20 @@ class Queue(QueuePublishing, SubscriptionSide):
             in_flight=self.main.in_flight(self._sweep_pointers()) if in_flight else None,
             delayed=self.store.delay_states([self.name])[0].count,
             oldest_age_seconds=age_seconds(oldest, now_ms()),
+            full_percent=self._full_percent(pointers) if self.spec.bounded else None,
         )
+
+    def _full_percent(self, pointers: Mapping[int, ShardPointers]) -> int:
+        """How full a bounded queue is, in percent of its bound: the fuller of its unclaimed slots over maxLength
+        and its estimated waiting bytes over maxBytes (ignis.bounds; one more store call for the bytes)."""
+        spec, ratios = self.spec, [0.0]
+        if spec.max_length:
+            ratios.append(sum(p.unclaimed for p in pointers.values()) / spec.max_length)
+        if spec.max_bytes:
+            loaded = self.store.loaded_bytes(self.name, spec.shards)
+            ratios.append(sum(estimated_bytes(p.load, p.fire, loaded[shard]) for shard, p in pointers.items()
+                              if shard < len(loaded)) / spec.max_bytes)
+        return round(max(ratios) * 100)
 
     def in_flight_summary(self) -> tuple[int, int | None]:
         """Delivered, unsettled messages of the main magazine and the oldest one's fire time (epoch ms,

@@ -186,6 +186,29 @@ ALERTS: list[Alert] = [
               'ignis_acked_total{namespace="shop",queue="orders"}': "0+5x60"}, "40m"),
     ),
     Alert(
+        "IgnisQueueNearlyFull",
+        "max by (queue) (ignis_queue_full_ratio) > 0.9",
+        "5m", "warning",
+        "Bounded queue {{ $labels.queue }} is over 90% full",
+        "{{ $labels.queue }} holds over 90% of its maxLength / maxBytes: at 100% a publish is refused "
+        "(overflow rejectPublish: QueueFull) or drops the oldest waiting messages to the dead letters (dropHead). "
+        "Consumers are not keeping up, or the bound is too small.",
+        Case({'ignis_queue_full_ratio{namespace="ignis",queue="orders"}': "0.5+0.01x60"}, "60m", [{"queue": "orders"}]),
+        Case({'ignis_queue_full_ratio{namespace="ignis",queue="orders"}': "0.5x60",
+              'ignis_queue_full_ratio{namespace="ignis",queue="events"}': " ".join(["NaN"] * 61)}, "60m"),
+    ),
+    Alert(
+        "IgnisPublishesRejected",
+        "sum by (queue) (rate(ignis_publish_rejected_total[5m])) > 0",
+        "5m", "warning",
+        "Bounded queue {{ $labels.queue }} refuses publishes",
+        "{{ $labels.queue }} is full (maxLength / maxBytes, overflow rejectPublish) and has refused publishes "
+        "for 5 minutes: their publishers got QueueFull and nothing of those messages was stored.",
+        Case({'ignis_publish_rejected_total{namespace="shop",queue="orders"}': "0+3x30"}, "20m",
+             [{"queue": "orders"}]),
+        Case({'ignis_publish_rejected_total{namespace="shop",queue="orders"}': "7x30"}, "20m"),
+    ),
+    Alert(
         "IgnisInFlightOlderThanSweepDuration",
         "max by (queue) (ignis_queue_oldest_in_flight_seconds) > on (queue) (max by (queue) "
         "(ignis_queue_sweep_duration_seconds) + 2 * scalar(max(ignis_sweep_interval_seconds)))",

@@ -246,6 +246,13 @@ def overview() -> dict[str, Any]:
                         "message) or else its publish: what IgnisQueueOldestMessageTooOld compares with the "
                         "chart's monitoring.prometheusRule.thresholds.queueOldestMessageAgeSeconds. A gap: nothing "
                         "waits."),
+        timeseries(lay, "Bounded queue: fill and refusals", [
+            (f"max(ignis_queue_full_ratio{{{NS}, {one}}})", "full (ratio of the bound)"),
+            (f"sum(rate(ignis_publish_rejected_total{{{one}}}{rates}))", "refused/s"),
+            (f"sum(rate(ignis_overflow_dropped_total{{{one}}}{rates}))", "dropped (overflow)/s")], w=8,
+            description="A bounded queue (maxLength / maxBytes): how full it is (1 = full: a publish is refused with "
+                        "QueueFull, or with dropHead the oldest waiting messages go to the dead letters), and the "
+                        "publishes refused and messages dropped per second. Empty for an unbounded queue."),
         timeseries(lay, "Delayed messages", [
             (f"sum(ignis_queue_delayed{{{NS}, {one}}})", "delayed (not due yet)"),
             (f"sum(ignis_queue_depth{{{NS}, {one}}})", "depth (due)")], w=8,

@@ -14,13 +14,21 @@ import cel
 import pytest
 import yaml
 from admission import ROOT, admit, apply_defaults, cel_errors, crd, rules, schema
-from ignis_operator.reconcile import AGE_FIGURE, FIGURES, SYNCED, SyncResult, figures_status, status_for
+from ignis_operator.reconcile import (
+    AGE_FIGURE,
+    FIGURES,
+    FULL_FIGURE,
+    SYNCED,
+    SyncResult,
+    figures_status,
+    status_for,
+)
 from jsonschema import Draft7Validator
 from pydantic import BaseModel
 from pydantic.alias_generators import to_camel
 
 from ignis.errors import InvalidSpecError
-from ignis.spec import BatchingSpec, DeletionPolicy, QueueSpec
+from ignis.spec import BatchingSpec, QueueSpec
 
 EXAMPLES = sorted((ROOT / "examples" / "queues").glob("*.yaml"))
 
@@ -82,10 +90,10 @@ def test_every_status_field_the_operator_writes_is_in_the_schema() -> None:
     status_schema = schema()["properties"]["status"]
     result = SyncResult("orders", "shop", True, SYNCED, "queue record created", created=True)
     status = {**status_for(result, None, 3),
-              **figures_status({**dict.fromkeys(FIGURES, 7), AGE_FIGURE: 42})}
+              **figures_status({**dict.fromkeys(FIGURES, 7), AGE_FIGURE: 42, FULL_FIGURE: 93})}
     assert set(status) <= set(status_schema["properties"]), set(status) - set(status_schema["properties"])
     Draft7Validator(status_schema).validate(status)
-    for key in (*FIGURES, AGE_FIGURE):
+    for key in (*FIGURES, AGE_FIGURE, FULL_FIGURE):
         assert status_schema["properties"][key]["type"] == "integer", key
 
 

@@ -43,10 +43,13 @@ QUEUE_OLDEST_AGE = Gauge("ignis_queue_oldest_age_seconds", "Age of the oldest un
                          "none waits", ["queue"])
 QUEUE_SWEEP_DURATION = Gauge("ignis_queue_sweep_duration_seconds", "The queue's sweepDuration: a claim unsettled "
                              "this long is re-homed by the sweeper", ["queue"])
+QUEUE_FULL = Gauge("ignis_queue_full_ratio", "How full a bounded queue (maxLength / maxBytes) is, as a ratio of its "
+                   "bound (the fuller of the two; 1 = a publish is refused or drops the oldest); NaN when unbounded",
+                   ["queue"])
 SWEEPER_INFO = Info("ignis_sweeper", "This sweeper process: version, lease backend, candidate identity")
 # Set by the leader each pass; cleared when it stops leading, so only the leader reports them.
 QUEUE_GAUGES = (QUEUE_DEPTH, QUEUE_IN_FLIGHT, QUEUE_SIDELINED, QUEUE_DEAD, QUEUE_OLDEST_IN_FLIGHT, QUEUE_SWEEP_DURATION,
-                QUEUE_DELAYED, QUEUE_OLDEST_AGE)
+                QUEUE_DELAYED, QUEUE_OLDEST_AGE, QUEUE_FULL)
 # A topic's figures (ignis_workers.topics), set by the leader each pass like the queues' and cleared with them.
 TOPIC_PUBLISHED_MESSAGES = Gauge("ignis_topic_published_messages", "Messages ever published to the topic (its "
                                  "shards' load pointers, as the store counts them)", ["topic"])
