@@ -426,7 +426,13 @@ def _publish_lines(q: Queue | TopicTarget, payloads: list[tuple[int, Any]], sour
         task = progress.add_task(f"publishing to {q.name}", total=len(values))
         for start in range(0, len(values), PUBLISH_CHUNK):
             chunk = values[start:start + PUBLISH_CHUNK]
-            refs.extend(q.publish_many(chunk, key=key, headers=headers, delay=delay))
+            try:
+                refs.extend(q.publish_many(chunk, key=key, headers=headers, delay=delay))
+            except QueueFull as exc:  # a bounded queue: say which lines went in, and stop there
+                first = payloads[start + exc.refused[0]][0]
+                raise QueueFull(q.name, f"{exc.why}; {len(refs) + len(exc.published)} of {len(values)} lines of "
+                                f"{source} were published, line {first} was the first refused",
+                                exc.refused, exc.results) from None
             progress.advance(task, len(chunk))
     return refs
 

@@ -25,6 +25,7 @@ from ignis.metrics import PUBLISH_REJECTED
 from ignis.storage.base import Claimed, ClaimInDoubt, ClaimInterrupted, MessageRef, SlotRef, Storage
 
 _new_tuple = tuple.__new__
+_random = random.random
 DROP_ROUNDS = 8  # dropHead: times a publish makes room in one shard and tries again (bytes may need several)
 
 # dropHead: (shard, how many) -> slots of main the queue freed (claimed out of the shard, messages moved to the dead
@@ -49,6 +50,13 @@ class BoundedMagazine(Magazine):
             ref = self._publish_reserved(payload, msg_id, loaded_at)
             if ref is not None:
                 return ref
+        else:  # one write transaction, with the room checked in it: as lean as an unbounded publish
+            shard = int(_random() * self.shards)
+            slot = self._store.load_one_bounded(self.name, shard, payload, msg_id, loaded_at, self.ttl_seconds,
+                                                self.limits[shard])
+            if slot:
+                self._active_shards.mark_one(shard)
+                return _new_tuple(MessageRef, (msg_id, self.name, shard, slot))
         return self._publish([Envelope(payload, msg_id, loaded_at)], None)[0]
 
     def publish_envelope(self, envelope: Envelope) -> MessageRef:

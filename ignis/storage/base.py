@@ -421,6 +421,12 @@ class Storage(Protocol):
         refused (nothing of it written)."""
         ...
 
+    def load_one_bounded(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                         ttl_seconds: int, limit: ShardLimit) -> int:
+        """`load_one` into a shard of a bounded queue, within its share (as `load_bounded`): its slot, or 0 when the
+        shard is full (nothing written). The lean path of a plain bounded publish."""
+        ...
+
     def reserve_bounded(self, magazine: str, shard: int, count: int, limit: ShardLimit, size: int
                         ) -> tuple[int, int]:
         """`reserve` on a bounded shard: up to `count` slots within the room `limit` leaves (each counted as `size`

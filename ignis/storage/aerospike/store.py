@@ -218,6 +218,12 @@ class AerospikeStore:
                      limit: ShardLimit) -> list[SlotRef | None]:
         return self._allocation.load_bounded(magazine, shard, envelopes, ttl_seconds, limit)
 
+    def load_one_bounded(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                         ttl_seconds: int, limit: ShardLimit) -> int:
+        ref = self._allocation.load_bounded(magazine, shard, [Envelope(payload, msg_id, loaded_at)], ttl_seconds,
+                                            limit)[0]
+        return 0 if ref is None else ref.slot
+
     def reserve_bounded(self, magazine: str, shard: int, count: int, limit: ShardLimit, size: int
                         ) -> tuple[int, int]:
         return self._allocation.reserve_bounded(magazine, shard, count, limit, size)

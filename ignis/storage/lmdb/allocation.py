@@ -38,6 +38,19 @@ def _load_into(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_
     return load
 
 
+def _load_within(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_db: Any, length: int, txn: Any
+                 ) -> int:
+    """_load_into on a bounded shard (ignis.bounds): 0, writing nothing, when `length` messages wait already."""
+    raw = txn.get(meta_key, None, meta_db)
+    _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+    if load - fire >= length:
+        return 0
+    load += 1
+    txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
+    txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
+    return load
+
+
 class Allocation:
     """Loads into a shard's next slots (`Storage.load*`); no reservations."""
 
@@ -144,6 +157,45 @@ class Allocation:
             return taken
         except lmdb.Error as exc:
             raise self._ctx.map_error(exc) from None
+
+    def load_one_bounded(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                         ttl_seconds: int, limit: ShardLimit) -> int:
+        """`load_one` into a shard of a bounded queue whose share has room (the check and the allocation one write
+        transaction, as load_bounded's); its slot, or 0 when the shard is full (nothing written). A bound of bytes
+        takes `load_bounded` (this is the lean path of a publish bounded by maxLength)."""
+        if limit.bytes is not None:
+            ref = self.load_bounded(magazine, shard, [Envelope(payload, msg_id, loaded_at)], ttl_seconds, limit)[0]
+            return 0 if ref is None else ref.slot
+        raw_id = msg_id.encode()
+        value = _plain_head(len(raw_id)).pack(loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0, 0, 0,
+                                              _FORMAT, loaded_at, 0, 0, len(raw_id), raw_id, len(payload)) + payload
+        ctx = self._ctx
+        meta_key, prefix = ctx.keys(magazine, shard)
+        length = limit.length
+        if ctx.sync:
+            return ctx.grouped("load", functools.partial(_load_within, meta_key, prefix, value, ctx.meta, ctx.data,
+                                                         length),
+                               durable=True,
+                               before=lambda slot: slot and ctx.ring_committing(magazine, (shard,), grouped=True),
+                               after=lambda slot: slot and ctx.ring(magazine, (shard,), after_committing=True))
+        meta_db, data_db = ctx.meta, ctx.data
+        try:
+            with ctx.begin("load", True) as txn:  # (_load_within, inlined: load_one's lean path, with the check)
+                raw = txn.get(meta_key, None, meta_db)
+                _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+                if load - fire >= length:  # type: ignore[operator]
+                    return 0
+                load += 1
+                txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
+                txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
+        except lmdb.Error as exc:
+            raise ctx.map_error(exc) from None
+        bell = ctx.bells.get(magazine, False)
+        if bell is False:
+            bell = ctx.bell_of(magazine)
+        if bell is not None and time.monotonic() >= bell.quiet_until:
+            bell.ring(ctx.client_id, magazine, (shard,))
+        return load
 
     def bytes_key(self, magazine: str, shard: int) -> bytes:
         """The record of a bounded shard's LOAD_BYTES (ignis.bounds), beside its meta and holes records (purged with

@@ -87,6 +87,7 @@ class LmdbStore:
         # The hot paths skip this facade's delegating frame (one Python call per publish, claim or ack): the
         # methods below stay for the interface's sake and are shadowed here by the concern's own.
         self.load_one = self._allocation.load_one  # type: ignore[method-assign]
+        self.load_one_bounded = self._allocation.load_one_bounded  # type: ignore[method-assign]
         self.claim = self._claims.claim  # type: ignore[method-assign]
         self.delete = self._reads.delete  # type: ignore[method-assign]
         env.start_purger(purge_interval)
@@ -199,6 +200,10 @@ class LmdbStore:
     def load_bounded(self, magazine: str, shard: int, envelopes: Sequence[Envelope], ttl_seconds: int,
                      limit: ShardLimit) -> list[SlotRef | None]:
         return self._allocation.load_bounded(magazine, shard, envelopes, ttl_seconds, limit)
+
+    def load_one_bounded(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                         ttl_seconds: int, limit: ShardLimit) -> int:
+        return self._allocation.load_one_bounded(magazine, shard, payload, msg_id, loaded_at, ttl_seconds, limit)
 
     def reserve_bounded(self, magazine: str, shard: int, count: int, limit: ShardLimit, size: int
                         ) -> tuple[int, int]:
