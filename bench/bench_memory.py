@@ -22,8 +22,11 @@ Aerospike: a farm and client of their own, whose sets are truncated afterwards):
      idles `--seconds` more;
    * `sweeper`: `ignis sweeper` (the leader: store lease, sweep every second, clock 600 s ahead so the
      abandoned claims are overdue) until it has swept every abandoned claim and made `--passes` more passes.
-Prints one table per store (peak RSS per role per size, the ratio, the target) and `--json FILE` writes every
-figure. `--check` exits 1 when a ratio misses the target or a role did not do its work.
+Prints one table per store (peak RSS and private peak per role per size, the ratios, the target) and `--json
+FILE` writes every figure. `--check` exits 1 when a ratio misses the target or a role did not do its work. The
+target is on both figures on Aerospike, and on the private peak on lmdb: lmdb reads through a shared map of the
+store's file, and every page a process touches counts in its RSS (shared page cache the kernel drops under
+pressure; on a recent kernel a touched page can map a whole large folio of it: up to 2 MiB).
 """
 
 from __future__ import annotations
@@ -87,9 +90,9 @@ class Measured:
 
     def __init__(self, target: str, args: list[str], env: dict[str, str], stdout: Any = subprocess.PIPE,
                  stderr: Any = subprocess.PIPE) -> None:
-        self._status = tempfile.NamedTemporaryFile(prefix="ignis-membench-", suffix=".status", delete=False)
-        self._status.close()
-        env = {**env, "IGNIS_MEMBENCH_STATUS": self._status.name}
+        fd, self._status = tempfile.mkstemp(prefix="ignis-membench-", suffix=".status")
+        os.close(fd)
+        env = {**env, "IGNIS_MEMBENCH_STATUS": self._status}
         self.proc = subprocess.Popen([sys.executable, "-c", REPORT_AT_EXIT, target, *args], env=env, stdout=stdout,
                                      stderr=stderr, text=True, cwd=ROOT)
         self.peak_anon_kib = 0
@@ -136,9 +139,9 @@ class Measured:
         self._done.set()
         self._sampler.join()
         try:
-            fields = _status_fields(Path(self._status.name).read_text())
+            fields = _status_fields(Path(self._status).read_text())
         finally:
-            os.unlink(self._status.name)
+            os.unlink(self._status)
         return code, fields.get("VmHWM", 0)
 
 
@@ -256,8 +259,9 @@ def queue_manifest(spec: QueueSpec, namespace: str) -> dict[str, Any]:
 def run_operator(url: str, spec: QueueSpec, expected_depth: int, seconds: float, timeout: float) -> dict[str, Any]:
     """`ignis operator` (kopf, cluster mode) against kmock's emulator served from a thread of this process; the
     IgnisQueue's namespace is the queue's clientId, so the operator adopts the queue the bench filled."""
-    from kmock import KubernetesEmulator, Server
+    import aiohttp
     from ignis_operator.emulation import declare_resources
+    from kmock import KubernetesEmulator, Server
 
     namespace = client_of(url)
     state: dict[str, Any] = {}
@@ -267,12 +271,10 @@ def run_operator(url: str, spec: QueueSpec, expected_depth: int, seconds: float,
         async with KubernetesEmulator() as emulator, Server(emulator):
             declare_resources(emulator)
             state["emulator"], state["url"] = emulator, str(emulator.url).rstrip("/")
-            import aiohttp
-
-            async with aiohttp.ClientSession(base_url=state["url"]) as session:
-                async with session.post(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}",
-                                        json=queue_manifest(spec, namespace)) as resp:
-                    resp.raise_for_status()
+            path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
+            async with (aiohttp.ClientSession(base_url=state["url"]) as session,
+                        session.post(path, json=queue_manifest(spec, namespace)) as resp):
+                resp.raise_for_status()
             started.set()
             while not stop.is_set():
                 await asyncio.sleep(0.1)
@@ -295,7 +297,8 @@ def run_operator(url: str, spec: QueueSpec, expected_depth: int, seconds: float,
         env.update({"KUBECONFIG": str(kubeconfig), "IGNIS_OPERATOR_SCANNING": "false",
                     "IGNIS_OPERATOR_FIGURES_INTERVAL_SECONDS": "1", "IGNIS_OPERATOR_FIGURES_CHANGE_PERCENT": "0",
                     "IGNIS_OPERATOR_RESYNC_INTERVAL_SECONDS": "2", "IGNIS_OPERATOR_RESYNC_JITTER_SECONDS": "0"})
-        child = Measured("ignis.cli.app", ["operator", "-n", namespace, "--port", "0", "--log-level", "WARNING"], env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        child = Measured("ignis.cli.app", ["operator", "-n", namespace, "--port", "0", "--log-level", "WARNING"],
+                         env, stdout=subprocess.DEVNULL)
         errors: list[str] = []
         assert child.proc.stderr is not None
         threading.Thread(target=lambda: errors.extend(line.strip() for line in child.proc.stderr  # type: ignore
@@ -398,15 +401,19 @@ def one_store(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     for n in args.sizes:
         if kind == "lmdb":
             with tempfile.TemporaryDirectory(prefix="ignis-membench-") as tmp:
-                sizes.append(one_size(f"lmdb://{tmp}/store?durability=fast", n, args, None))
+                sizes.append(one_size(f"lmdb://{tmp}/store", n, args, None))  # the default durability
         else:
             run = f"mem{uuid.uuid4().hex[:6]}"
             sizes.append(one_size(f"aerospike://{args.server}?farm={run}&client={run}", n, args, run))
-    ratios = {}
+    ratios, private = {}, {}
     for role in args.roles:
-        small, large = sizes[0]["roles"][role]["peak_kib"], sizes[-1]["roles"][role]["peak_kib"]
-        ratios[role] = round(large / small, 3) if small else None
-    return {"store": kind, "sizes": sizes, "ratios": ratios}
+        for out, key in ((ratios, "peak_kib"), (private, "peak_anon_kib")):
+            small, large = sizes[0]["roles"][role][key], sizes[-1]["roles"][role][key]
+            out[role] = round(large / small, 3) if small else None
+    # lmdb reads through a shared map of the store's file: the pages a process touched count in its RSS (shared,
+    # clean or written back, dropped by the kernel under pressure), so there the target is on private memory.
+    checked = private if kind == "lmdb" else {r: max(ratios[r] or 0, private[r] or 0) or None for r in ratios}
+    return {"store": kind, "sizes": sizes, "ratios": ratios, "private_ratios": private, "checked_ratios": checked}
 
 
 def table(result: dict[str, Any]) -> Table:
@@ -415,14 +422,17 @@ def table(result: dict[str, Any]) -> Table:
     t.add_column("role")
     for s in sizes:
         t.add_column(f"{s['size']:,} messages", justify="right")
-    t.add_column(f"{sizes[-1]['size']:,} / {sizes[0]['size']:,}", justify="right")
+    t.add_column(f"{sizes[-1]['size']:,} / {sizes[0]['size']:,}: RSS (private)", justify="right")
     t.add_column("target", justify="right")
     t.add_column("did (largest)")
+    what = "private" if result["store"] == "lmdb" else "both"
     for role, ratio in result["ratios"].items():
         cells = [f"{s['roles'][role]['peak_kib'] / 1024:.1f} ({s['roles'][role]['peak_anon_kib'] / 1024:.1f})"
                  for s in sizes]
-        colour = "green" if ratio is not None and ratio <= TARGET else "red"
-        t.add_row(role, *cells, f"[{colour}]{ratio:.2f}x[/]" if ratio else "-", f"≤ {TARGET}x",
+        checked = result["checked_ratios"][role]
+        colour = "green" if checked is not None and checked <= TARGET else "red"
+        private = result["private_ratios"][role]
+        t.add_row(role, *cells, f"[{colour}]{ratio or 0:.2f}x ({private or 0:.2f}x)[/]", f"{what} ≤ {TARGET}x",
                   sizes[-1]["roles"][role]["did"])
     return t
 
@@ -462,7 +472,7 @@ def main() -> None:
         Console().print(table(result))
     if args.json:
         args.json.write_text(json.dumps({"at": time.time(), "target": TARGET, "results": results}, indent=2))
-    missed = [f"{r['store']} {role} {ratio}x" for r in results for role, ratio in r["ratios"].items()
+    missed = [f"{r['store']} {role} {ratio}x" for r in results for role, ratio in r["checked_ratios"].items()
               if ratio is None or ratio > TARGET]
     failed = [f"{r['store']} {role} at {s['size']:,}" for r in results for s in r["sizes"]
               for role, got in s["roles"].items() if not got["ok"]]
