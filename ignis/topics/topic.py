@@ -9,11 +9,20 @@ publish; with `retentionBytes`, the sweeper's leader also drops the oldest ones 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ignis.envelope import Envelope, NewMessages, encode_payload, new_message_id, new_message_ids, now_ms
+from ignis.envelope import (
+    CODEC_BYTES,
+    CODECS,
+    Envelope,
+    NewMessages,
+    encode_payload,
+    new_message_id,
+    new_message_ids,
+    now_ms,
+)
 from ignis.errors import InvalidInputError, PayloadTooLarge
 from ignis.magazine import RESERVE_MAX, Magazine
 from ignis.metrics import TOPIC_PUBLISHED
@@ -109,6 +118,49 @@ class Topic:
         refs = self.log.load_new(batch)
         self._published.inc(len(refs))
         return refs
+
+    def publish_each(self, payloads: Sequence[bytes], *, subjects: Sequence[str],
+                     ids: Sequence[str | None] | None = None, codecs: Sequence[str] | None = None,
+                     keys: Sequence[str | None] | None = None,
+                     headers: Sequence[Mapping[str, str] | None] | None = None) -> list[MessageRef]:
+        """Publish already-encoded messages, each with its own subject, id, codec, key and headers (a Spark write, a
+        replay), in one group commit. Columns are parallel to `payloads`; a None column or entry means "none" (a
+        None id: a new one). Every message is checked before anything is written, so a bad one leaves the topic
+        unchanged; an error names the message's index."""
+        count = len(payloads)
+        for name, column in (("subjects", subjects), ("ids", ids), ("codecs", codecs), ("keys", keys),
+                             ("headers", headers)):
+            if column is not None and len(column) != count:
+                raise InvalidInputError(f"publish_each: {name} has {len(column)} entries for {count} payloads")
+        at = now_ms()
+        missing = count if ids is None else sum(msg_id is None for msg_id in ids)
+        generated = iter(new_message_ids(missing) if missing > 1 else [new_message_id(at)] * missing)
+        envelopes = []
+        for i, data in enumerate(payloads):
+            try:
+                if type(data) is not bytes:
+                    raise InvalidInputError(f"payload must be bytes, not {type(data).__name__}")
+                if len(data) > self.max_payload_bytes:
+                    raise PayloadTooLarge(len(data), self.max_payload_bytes, self.name)
+                check_subject(subjects[i])
+                codec = codecs[i] if codecs is not None and codecs[i] is not None else CODEC_BYTES
+                if codec not in CODECS:
+                    raise InvalidInputError(f"codec {codec!r}: must be one of {', '.join(CODECS)}")
+                msg_id = ids[i] if ids is not None else None
+                shared = self._check(msg_id, keys[i] if keys is not None else None,
+                                     headers[i] if headers is not None else None)
+            except PayloadTooLarge:
+                raise
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"message {i}: {exc}") from None
+            envelopes.append(Envelope(data, next(generated) if msg_id is None else msg_id, at, codec, shared,
+                                      keys[i] if keys is not None else None, subject=subjects[i]))
+        if not envelopes:
+            return []
+        slots = self.log.load(envelopes)  # (placed by key, as a keyed publish: per-key order within a shard)
+        self._published.inc(len(slots))
+        return [MessageRef(env.msg_id, ref.magazine, ref.shard, ref.slot)
+                for env, ref in zip(envelopes, slots, strict=True)]
 
     # ---- figures ---------------------------------------------------------------------------------------
     def survey(self) -> list[ShardSurvey]:

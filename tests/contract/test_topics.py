@@ -391,3 +391,28 @@ def test_a_message_claimed_again_after_a_seek_back_is_held_live_for_the_sweeper(
     assert held is not None and held.payload == b"a" and held.attempts >= 1
     m.ack()
     assert q.store.read([m.ref])[0] is None
+
+
+def test_publish_each_publishes_rows_with_their_own_subjects_and_checks_every_row_first(ignis: Ignis) -> None:
+    t = topic(ignis)
+    everything = subscribe(ignis, "everything", start="earliest")
+    temps = subscribe(ignis, "temps", filter="sensors/+/temp", start="earliest")
+    refs = t.publish_each([b"21", b"40", b'"warn"'], subjects=["sensors/hall/temp", "sensors/hall/hum", "alerts"],
+                          ids=["t-1", None, "a-1"], codecs=["bytes", None, "json"], keys=["hall", "hall", None],
+                          headers=[{"src": "x"}, None, None])
+    assert [r.id for r in refs][0::2] == ["t-1", "a-1"] and refs[1].id
+    assert refs[0].shard == refs[1].shard  # one key, one shard
+    got = {m.id: m for m in drain(everything)}
+    assert {i: (m.envelope.subject, m.data, m.key, m.headers or None) for i, m in got.items()} == {
+        "t-1": ("sensors/hall/temp", b"21", "hall", {"src": "x"}),
+        refs[1].id: ("sensors/hall/hum", b"40", "hall", None), "a-1": ("alerts", b'"warn"', None, None)}
+    assert got["a-1"].payload == "warn"  # its codec kept
+    assert [m.id for m in drain(temps)] == ["t-1"]
+    # A bad row anywhere in the call: refused naming it, nothing of the call written.
+    for subjects, words in ((["ok", "a/+"], "message 1: subject='a/\\+'"), (["ok", ""], "message 1: subject of 0"),
+                            (["ok"], "subjects has 1 entries for 2 payloads")):
+        with pytest.raises(InvalidInputError, match=words):
+            t.publish_each([b"x", b"y"], subjects=subjects)
+    with pytest.raises(InvalidInputError, match="message 0: codec 'yaml'"):
+        t.publish_each([b"x"], subjects=["s"], codecs=["yaml"])
+    assert t.stats().published == 3
