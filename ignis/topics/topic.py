@@ -265,16 +265,24 @@ def last_written(store: Storage, topic: str, shard: int, first: int, load: int) 
 
 
 def first_published_at(store: Storage, topic: str, shard: int, low: int, high: int, at_ms: int) -> int:
-    """The first slot in low..high holding a message published at or after `at_ms` (high + 1 when none): publish
-    times grow with the slot within a shard, and the slots before the first retained one are gone."""
+    """The first slot in low..high holding a message published at or after `at_ms` (high + 1 when none), or an empty
+    slot before it: publish times grow with the slot within a shard, and the slots before the first retained one are
+    gone. An empty slot among the retained ones (a publisher's sealed reservation) says nothing of the time: the
+    search reads on to the next message (up to RESERVE_MAX + 1 slots) and keeps the slots when it finds none, so a
+    hole never makes it pass over a message it should keep."""
     low = first_retained(store, topic, shard, low, high)
     while low <= high:
         mid = (low + high) // 2
         envelope = store.read([SlotRef(topic, shard, mid)])[0]
-        if envelope is None or envelope.loaded_at < at_ms:
-            low = mid + 1
+        at = mid
+        if envelope is None:
+            refs = [SlotRef(topic, shard, slot) for slot in range(mid + 1, min(mid + RESERVE_MAX + 1, high) + 1)]
+            envelope, at = next(((e, ref.slot) for ref, e in zip(refs, store.read(refs) if refs else [], strict=True)
+                                 if e is not None), (None, mid))
+        if envelope is not None and envelope.loaded_at < at_ms:
+            low = at + 1  # every message up to `at` is older (and mid..at-1 are empty)
         else:
-            high = mid - 1
+            high = mid - 1  # mid.. may hold one to keep (or a newer one is there): keep them
     return low
 
 

@@ -416,3 +416,24 @@ def test_publish_each_publishes_rows_with_their_own_subjects_and_checks_every_ro
     with pytest.raises(InvalidInputError, match="message 0: codec 'yaml'"):
         t.publish_each([b"x"], subjects=["s"], codecs=["yaml"])
     assert t.stats().published == 3
+
+
+def test_first_published_at_passes_over_no_message_for_a_hole_in_the_log(ignis: Ignis) -> None:
+    from ignis.storage.base import SlotRef
+    from ignis.topics.topic import first_published_at
+
+    t = topic(ignis, "log", shards=1)
+    old = t.publish_many([b"o%d" % i for i in range(10)], subject="s")
+    time.sleep(0.01)
+    at = now_ms()
+    time.sleep(0.01)
+    new = t.publish_many([b"n%d" % i for i in range(10)], subject="s")
+    load = new[-1].slot
+    assert first_published_at(ignis.store, "log", 0, 1, load, at) == new[0].slot
+    # A hole where the search first looks among the new ones (a sealed reservation, say): it reads on to the next
+    # message instead of taking the hole for an old one and passing over the new ones before it.
+    assert (old[0].slot + load) // 2 == old[-1].slot  # the first look: an old one
+    ignis.store.delete([SlotRef("log", 0, (new[0].slot + load) // 2)])  # the second
+    assert first_published_at(ignis.store, "log", 0, 1, load, at) == new[0].slot
+    assert first_published_at(ignis.store, "log", 0, 1, load, now_ms() + 1000) == load + 1
+    assert first_published_at(ignis.store, "log", 0, 1, load, 0) == old[0].slot
