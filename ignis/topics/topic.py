@@ -234,14 +234,18 @@ def first_retained(store: Storage, topic: str, shard: int, low: int, high: int) 
     of the span in batch reads). On a two-step store each probe reads a window of slots: the newest may be reserved
     and not written yet (publishers reserve up to RESERVE_MAX ahead), which is no gap of old ones. (When a shard's
     newest slots are all empty, the window cannot tell a reserved tail from gone messages, and takes them as the
-    tail; last_written leaves them out of the figures.)"""
+    tail; last_written leaves them out of the figures.) An empty slot with messages held within a window on both
+    sides of it is a hole among the retained ones (a publisher's stale reservation, sealed), not the gone head."""
     window = RESERVE_MAX + 1 if store.write_grace_ms else 1
+    first = low
     while low <= high:
         mid = (low + high) // 2
         refs = [SlotRef(topic, shard, slot) for slot in range(mid, min(mid + window, high + 1))]
         held = next((ref.slot for ref, there in zip(refs, store.held(refs), strict=True) if there), None)
         if held == mid:
             high = mid - 1
+        elif held is not None and window > 1 and _held_before(store, topic, shard, max(first, mid - window), mid):
+            high = mid - 1  # a hole among retained messages (a sealed reservation), not the gone head: go left
         elif held is not None:  # gone at mid, held a little later: the edge is in between
             low, high = mid + 1, held - 1
             if low > high:
@@ -251,6 +255,12 @@ def first_retained(store: Storage, topic: str, shard: int, low: int, high: int) 
         else:  # a run of gone slots longer than any reservation: old ones
             low = refs[-1].slot + 1
     return low
+
+
+def _held_before(store: Storage, topic: str, shard: int, start: int, stop: int) -> bool:
+    """Whether a slot in start..stop-1 holds a message (one batch read)."""
+    refs = [SlotRef(topic, shard, slot) for slot in range(start, stop)]
+    return bool(refs) and any(store.held(refs))
 
 
 def last_written(store: Storage, topic: str, shard: int, first: int, load: int) -> int:
