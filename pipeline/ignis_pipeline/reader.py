@@ -3,6 +3,11 @@
 Spark calls `partitions` once, in a Python process on the driver side, then `read(partition)` once per
 partition in the executors' Python workers. Each task opens its own store connection from the options.
 
+A topic read (option `topic`) plans per topic shard from its oldest retained message, or from where a search
+over publish times finds `startingTimestamp` (slots.plan_topics), and its tasks leave out, as they read, the
+records outside the publish-time window and those the `subjectFilter` does not select: only selected rows
+reach Spark.
+
 What is read is decided by the options alone (`queue`, `magazine`, `since`); every filter of a query is
 evaluated by Spark on the rows. The source accepts no pushed filters, because pyspark 4.2.0 to 4.3.0 (every
 version this project allows) keep one read plan per DataFrame and hand it to later queries on it: the

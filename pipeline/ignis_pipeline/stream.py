@@ -23,6 +23,12 @@ during the run are left for later, and once every shard's fire pointer has reach
 that another consumer claimed first is that consumer's; a write still in flight in a claimed slot is
 awaited up to the producer's write deadline, as the library's fire does.)
 
+A subscription (a queue with `subscribe`) streams the same way: its fire takes from its own main, then through
+its cursor from the topic (its filter applied by the claim); the offset keeps the cursor's claims apart
+(`topicClaims`, and `topicFire` per topic shard), the executors read them through the cursor (the topic's
+records), and the ack settles the claim records. Under Trigger.AvailableNow the topic's load pointers are the
+cursor's target (`Storage.claim_cursor(..., up_to=...)`). A `topic` option is refused: stream a subscription.
+
 If the query dies before its batch is acked, the claimed messages are neither acked nor lost: a
 restarted query re-runs the logged batch from its checkpoint and reads the same claimed slots again; and
 whatever no query reads again (a batch that never reached the offset log, a query never restarted) the

@@ -7,6 +7,10 @@ Columns: `payload` (binary or string; required), optional `id`, `key`, `headers`
 The other columns of the read schema (queue, magazine, shard, slot, loaded_at, ...) are ignored, so an
 export can be written back as it is; any other column is an error.
 
+With option `topic` (TopicWriter) each row is published to the topic, its subject from a required `subject`
+column (a null or bad one fails the task naming its partition and row, nothing of its chunk written); `due_at`
+and `delay` are refused (a topic's messages are not delayed), and a topic read's own columns are ignored.
+
 Spark creates the writer on the driver side (`DataSource.writer`), pickles it to every task, and calls
 `write(iterator)` once per partition with Arrow record batches (pyspark.sql.datasource.DataSourceArrowWriter);
 the returned WriterCommitMessage objects reach `commit` on the driver side when every task succeeded, or
