@@ -329,6 +329,7 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for slot in range(first, last + 1)]
         if topic_claims:  # a subscription's claims of topic slots: an ack settles its claim records
             cursor = self._cursor_name()
+            assert cursor is not None, "topic claims in the offset of a queue that is no subscription"
             refs += [SlotRef(cursor, shard, slot) for shard, first, last in decode_claims(topic_claims)
                      for slot in range(first, last + 1)]
         for at in range(0, len(refs), ACK_CHUNK):
