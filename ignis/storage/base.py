@@ -679,8 +679,10 @@ class Storage(Protocol):
         and landed (a Claimed with `awaiting` None: it landed but the filter passes it over)."""
         ...
 
-    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
-        """`seal` for awaited cursor slots: seals the topic's slots (every subscription then passes them)."""
+    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool | None]:
+        """`seal` for awaited cursor slots: seals the topic's slots (every subscription then passes them). Per slot:
+        True, sealed, its message gone (lost to the topic's retention); None, sealed, never written (a publisher that
+        stopped after reserving the slot: a hole, nothing lost); False, its record landed after all."""
         ...
 
     @property

@@ -359,7 +359,7 @@ class AerospikeStore:
                        count_attempt: bool = True) -> list[Claimed]:
         return self._topics.restamp_cursor(refs, now_ms_, only, count_attempt)
 
-    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool | None]:
         return self._topics.seal_cursor(refs, ttl_seconds)
 
     def doorbell(self) -> None:

@@ -175,10 +175,10 @@ class Topics:
                 out.append(Claimed(ref, envelope, False))
         return out
 
-    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool | None]:
         """Awaited topic slots given up: here a topic record is never in flight, so a missing one is gone for good
         (sealed, True) and a present one landed (False)."""
-        def look(txn: Any) -> list[bool]:
+        def look(txn: Any) -> list[bool | None]:
             now = now_ms()
             return [_gone(txn.get(self._topic_key(ref), db=self._ctx.data), now) for ref in refs]
 
