@@ -3,6 +3,7 @@
     from ignis import Ignis, QueueSpec, Consumer
 """
 
+from ignis.browse import BrowsedMessage
 from ignis.client import Ignis
 from ignis.consumer import Consumer, Handler
 from ignis.errors import (
@@ -11,6 +12,7 @@ from ignis.errors import (
     IgnisError,
     InvalidInputError,
     InvalidSpecError,
+    MessageNotFound,
     PayloadTooLarge,
     QueueInactive,
     QueueNotFound,
@@ -29,6 +31,7 @@ from ignis.topics import Topic, TopicSpec, TopicStats
 __all__ = [
     "AlreadySettled",
     "BatchingSpec",
+    "BrowsedMessage",
     "Consumer",
     "DeletionPolicy",
     "Handler",
@@ -39,6 +42,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidSpecError",
     "Message",
+    "MessageNotFound",
     "MessageRef",
     "PayloadTooLarge",
     "Queue",

@@ -29,10 +29,12 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from ignis import tracing
+from ignis.browse import BrowsedMessage
 from ignis.client import Ignis
+from ignis.errors import QueueFull
 from ignis.queue import EXCEPTION, REJECTED, TIMEOUT, Message, Queue, QueueStats
 from ignis.spec import QueueSpec
-from ignis.storage.base import MessageRef
+from ignis.storage.base import MessageRef, SlotRef
 from ignis.topics import Topic, TopicSpec, TopicStats
 
 log = logging.getLogger(__name__)
@@ -267,13 +269,17 @@ def _write(batch: list[_Publish]) -> None:
     for queue, items in by_queue.items():
         error: BaseException | None = None
         refs: list[Any] = [None] * len(items)
+        errors: list[BaseException | None] | None = None
         try:
             refs = queue.publish_plain([payload for _, payload, _, _ in items])
+        except QueueFull as exc:  # a bounded queue refused some: those raise it, each on its own; the others are stored
+            refs = exc.results
+            errors = [None if ref is not None else QueueFull(queue.name, exc.why) for ref in refs]
         except BaseException as exc:  # each of them raises it (like any publish that raised, it may be stored)
             error = exc
         by_mailbox: dict[_Mailbox, list[_Result]] = {}
-        for (_, _, future, mailbox), ref in zip(items, refs, strict=True):
-            by_mailbox.setdefault(mailbox, []).append((future, ref, error))
+        for i, ((_, _, future, mailbox), ref) in enumerate(zip(items, refs, strict=True)):
+            by_mailbox.setdefault(mailbox, []).append((future, ref, error if errors is None else errors[i]))
         for mailbox, results in by_mailbox.items():
             mailbox.post(results)
 
@@ -372,6 +378,16 @@ class AsyncQueue:
     async def stats(self) -> QueueStats:
         q = await self.sync()
         return await self._owner.run(q.stats)
+
+    async def browse(self, limit: int = 10, shard: int | None = None) -> list[BrowsedMessage]:
+        """Queue.browse: the next messages waiting, without claiming them."""
+        q = await self.sync()
+        return await self._owner.run(lambda: q.browse(limit, shard))
+
+    async def read(self, ref: SlotRef | MessageRef | str) -> BrowsedMessage:
+        """Queue.read: one message by its reference, without claiming it."""
+        q = await self.sync()
+        return await self._owner.run(lambda: q.read(ref))
 
     def iterator(self, prefetch: int = 10, wait: float = 1.0) -> AsyncQueueIterator:
         """An async iterator of messages, `prefetch` claimed at a time; use it as `async with ... as it`."""

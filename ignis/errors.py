@@ -38,6 +38,14 @@ class TopicNotFound(IgnisError, LookupError):
         super().__init__(f"topic {name!r} not found (clientId {client_id!r}); apply its manifest first")
 
 
+class MessageNotFound(IgnisError, LookupError):
+    """No message at a reference (Queue.read): never written, acked, expired, or out of the queue's shards."""
+
+    def __init__(self, ref: str, why: str | None = None) -> None:
+        self.ref = ref
+        super().__init__(f"message {ref!r} not found" + (f" ({why})" if why else ""))
+
+
 class QueueInactive(IgnisError):
     def __init__(self, name: str) -> None:
         self.name = name
@@ -97,3 +105,26 @@ class LoadInterrupted(StoreUnavailable):
         self.refs = list(refs)
         self.landed = list(landed)
         super().__init__(message)
+
+
+class QueueFull(IgnisError):
+    """A publish to a bounded queue (QueueSpec.maxLength / maxBytes, overflow rejectPublish) found no room: nothing
+    of the refused messages was written. For a batch (`publish_many`, `publish_each`), `refused` lists the indices
+    of the messages refused and `results` has, per message in order, its MessageRef (stored) or None (refused); a
+    single `publish` refuses its one message (refused == [0])."""
+
+    def __init__(self, queue: str, why: str, refused: Sequence[int] = (0,),
+                 results: Sequence[Any] | None = None) -> None:
+        self.queue = queue
+        self.why = why
+        self.refused = list(refused)
+        self.results = list(results) if results is not None else [None] * (max(self.refused, default=-1) + 1)
+        total = len(self.results)
+        what = "the message was refused, not written" if total <= 1 else \
+            f"{len(self.refused)} of {total} messages were refused, not written (the others are stored)"
+        super().__init__(f"queue {queue!r} is full ({why}): {what}; consume, or raise the queue's bound")
+
+    @property
+    def published(self) -> list[Any]:
+        """The MessageRefs of the messages that were stored, in order."""
+        return [r for r in self.results if r is not None]

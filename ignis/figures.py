@@ -26,10 +26,15 @@ class QueueStats:
     # consumed are positions in the topic (as Kafka offsets): published = consumed + depth + expired.
     topic: str | None = None
     expired: int = 0
+    # A bounded queue's (ignis.bounds): how full it is, in percent of its bound (the fuller of maxLength, counted in
+    # unclaimed slots, and maxBytes, estimated); None when unbounded.
+    full_percent: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The figures by name (a plain queue's without the subscription's: its output stays as it was)."""
         out = {f: getattr(self, f) for f in self.__dataclass_fields__}
         if self.topic is None:
             del out["topic"], out["expired"]
+        if self.full_percent is None:
+            del out["full_percent"]
         return out

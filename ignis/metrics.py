@@ -145,6 +145,10 @@ RETRIED = FastCounter("ignis_retried", "Failed messages set to be delivered agai
 SIDELINED = FastCounter("ignis_sidelined", "Messages moved to the sideline, by reason", ["queue", "reason"])
 DEAD_LETTERED = FastCounter("ignis_dead_lettered", "Messages moved to the dead-letter magazine",
                             ["queue", "reason"])
+PUBLISH_REJECTED = FastCounter("ignis_publish_rejected", "Publishes a bounded queue refused (maxLength/maxBytes, "
+                               "overflow rejectPublish: QueueFull), one per message", ["queue"])
+OVERFLOW_DROPPED = FastCounter("ignis_overflow_dropped", "Oldest waiting messages a bounded queue (overflow dropHead) "
+                               "moved to the dead letters to make room for publishes", ["queue"])
 IGNORED = FastCounter("ignis_ignored", "Messages deleted because the handler raised an ignorable exception",
                       ["queue"])
 SIDELINE_REFUSED = FastCounter("ignis_sideline_refused",

@@ -22,7 +22,7 @@ from ignis.envelope import (
     new_message_ids,
     now_ms,
 )
-from ignis.errors import InvalidInputError, PayloadTooLarge
+from ignis.errors import InvalidInputError, PayloadTooLarge, QueueFull
 from ignis.metrics import DELAYED_PUBLISHED
 from ignis.spec import QueueSpec
 from ignis.storage.base import MessageRef, Storage
@@ -170,8 +170,12 @@ class QueuePublishing:
             codecs = [c for _, c in encoded]
         if not data:
             return []
-        refs = self.main.load_new(_new_tuple(NewMessages, (data, new_message_ids(len(data)), codecs, now_ms(),
-                                                           shared_headers, key, None)))
+        try:
+            refs = self.main.load_new(_new_tuple(NewMessages, (data, new_message_ids(len(data)), codecs, now_ms(),
+                                                               shared_headers, key, None)))
+        except QueueFull as exc:  # a bounded queue stored some of them (exc.results says which)
+            self._published.inc(len(exc.published))
+            raise
         self._published.inc(len(refs))
         return refs
 
@@ -215,8 +219,12 @@ class QueuePublishing:
         at = now_ms()
         if not any(keys or ()) and not any(headers or ()):
             # Nothing per message but id and codec: the columnar publish path (as publish_many).
-            refs = self.main.load_new(_new_tuple(NewMessages, (payloads, ids or new_message_ids(count), codecs, at,
-                                                               None, None, None)))
+            try:
+                refs = self.main.load_new(_new_tuple(NewMessages, (payloads, ids or new_message_ids(count), codecs,
+                                                                   at, None, None, None)))
+            except QueueFull as exc:  # a bounded queue stored some of them (exc.results says which)
+                self._published.inc(len(exc.published))
+                raise
         else:  # per-message keys or headers: one envelope each, placed by key, one group commit
             all_ids = ids or new_message_ids(count)
             envelopes = [Envelope(data, all_ids[i], at, codec=codecs[i] if codecs else CODEC_BYTES,
@@ -224,7 +232,13 @@ class QueuePublishing:
                                                               headers[i] if headers else None),
                                   key=keys[i] if keys else None)
                          for i, data in enumerate(payloads)]
-            slots = self.main.load(envelopes)
+            try:
+                slots = self.main.load_published(envelopes)
+            except QueueFull as exc:  # a bounded queue stored some of them: their refs, as below
+                exc.results = [None if ref is None else MessageRef(env.msg_id, ref.magazine, ref.shard, ref.slot)
+                               for env, ref in zip(envelopes, exc.results, strict=True)]
+                self._published.inc(len(exc.published))
+                raise
             refs = [MessageRef(env.msg_id, ref.magazine, ref.shard, ref.slot)
                     for env, ref in zip(envelopes, slots, strict=True)]
         self._published.inc(len(refs))

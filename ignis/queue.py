@@ -11,13 +11,16 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from ignis import browse as browsing
 from ignis import names, tracing
+from ignis.bounds import OVERFLOW, estimated_bytes, shard_limits
+from ignis.browse import BrowsedMessage
 from ignis.delay import wake_mover
 from ignis.envelope import (
     CODEC_UNREADABLE,
@@ -29,6 +32,7 @@ from ignis.errors import AlreadySettled, IgnisError
 from ignis.figures import QueueStats
 from ignis.logs import one_line
 from ignis.magazine import Magazine
+from ignis.magazine.bounded import BoundedMagazine
 from ignis.metrics import (
     ACKED,
     DEAD_LETTERED,
@@ -36,6 +40,7 @@ from ignis.metrics import (
     DELIVERY_LATENCY,
     FOLD_AT,
     IGNORED,
+    OVERFLOW_DROPPED,
     PUBLISHED,
     REDELIVERED,
     RETRIED,
@@ -43,8 +48,8 @@ from ignis.metrics import (
     SIDELINED,
 )
 from ignis.publishing import QueuePublishing
-from ignis.spec import QueueSpec
-from ignis.storage.base import Claimed, MessageRef, SlotRef, Storage  # (MessageRef: re-exported)
+from ignis.spec import Overflow, QueueSpec
+from ignis.storage.base import Claimed, MessageRef, ShardPointers, SlotRef, Storage  # (MessageRef: re-exported)
 from ignis.topics.subscribed import SubscriptionSide
 from ignis.waiting import age_seconds, oldest_waiting_since
 
@@ -109,6 +114,11 @@ class Message:
     @property
     def key(self) -> str | None:
         return self.envelope.key
+
+    @property
+    def subject(self) -> str | None:
+        """The subject it was published with to a topic (a subscription's message; None for a queue's own)."""
+        return self.envelope.subject
 
     @property
     def attempts(self) -> int:
@@ -184,7 +194,17 @@ class Queue(QueuePublishing, SubscriptionSide):
             return Magazine(store, name, queue=spec.name, kind=kind, shards=spec.shards, ttl_seconds=ttl,
                             hole_budget=hole_budget, refresh_seconds=refresh_seconds)
 
-        self.main = magazine(spec.name, "main", spec.message_expiry_seconds)
+        limits = shard_limits(spec)
+        if limits is None:
+            self.main = magazine(spec.name, "main", spec.message_expiry_seconds)
+        else:  # a bounded queue (ignis.bounds): its publishes allocate within each shard's share of the bound
+            bound = ", ".join(f"{what} {value}" for what, value in (("maxLength", spec.max_length),
+                                                                     ("maxBytes", spec.max_bytes)) if value)
+            self.main = BoundedMagazine(
+                store, spec.name, limits=limits, spec_text=bound,
+                drop_head=self._drop_head if spec.overflow is Overflow.DROP_HEAD else None, queue=spec.name,
+                kind="main", shards=spec.shards, ttl_seconds=spec.message_expiry_seconds, hole_budget=hole_budget,
+                refresh_seconds=refresh_seconds)
         self.sideline = magazine(names.sideline_of(spec.name), "sideline", spec.message_expiry_seconds)
         # Dead letters are kept for the queue's lifetime so people have time to look at them.
         self.dead = magazine(names.dead_of(spec.name), "dead", spec.queue_expiry_seconds)
@@ -441,7 +461,44 @@ class Queue(QueuePublishing, SubscriptionSide):
                 m._settled = True
         return Transfer(counts["sideline"], counts["dead"], len(messages) - len(moved))
 
+    def _drop_head(self, shard: int, count: int) -> int:
+        """dropHead (ignis.bounds): make room in a full shard of main by moving its `count` oldest waiting messages
+        to the dead letters, reason `overflow`: claimed (so no consumer gets them meanwhile), copied, then deleted,
+        counted (ignis_overflow_dropped_total, and ignis_dead_lettered_total{reason="overflow"}). A failed copy
+        leaves them claimed in main, where the sweeper re-homes them: never deleted silently. Returns the slots of
+        main freed (messages and holes claimed)."""
+        at = now_ms()
+        present, freed = self.main.claim_head(shard, count, at)  # type: ignore[attr-defined]
+        if not present:
+            return freed
+        messages = [Message(self, c.ref, c.envelope) for c in present]  # type: ignore[arg-type]
+        try:
+            self.dead.load([m.envelope.for_transfer(OVERFLOW, at) for m in messages])
+        except Exception as exc:
+            log.error("overflow: copy of %d message(s) of %s to its dead letters failed; they stay claimed in main "
+                      "for the sweeper: %s: %s", len(messages), self.name, type(exc).__name__, one_line(exc),
+                      exc_info=not isinstance(exc, IgnisError))
+            SIDELINE_REFUSED.labels(self.name).inc(len(messages))
+            return freed
+        self.store.delete([m.ref for m in messages], ids=_ids(messages, self.store))  # after the copy landed
+        for m in messages:
+            m._settled = True
+        DEAD_LETTERED.labels(self.name, OVERFLOW).inc(len(messages))
+        OVERFLOW_DROPPED.labels(self.name).inc(len(messages))
+        return freed
+
     # ---- inspection --------------------------------------------------------------------------------
+    def read(self, ref: SlotRef | MessageRef | str) -> BrowsedMessage:
+        """One message of this queue by its reference (`Message.ref`, what publish returns, or their text), read
+        without claiming it, with its state (waiting, in flight, sidelined, dead). Raises MessageNotFound when
+        there is none there (never written, acked, expired), InvalidInputError for a reference of another queue."""
+        return browsing.read(self, ref)
+
+    def browse(self, limit: int = 10, shard: int | None = None) -> list[BrowsedMessage]:
+        """The next messages waiting in main (one shard's, with `shard`), oldest publish first, at most `limit`
+        (1 to 1,000), without claiming them: a consumer still gets each one exactly as before (ignis.browse)."""
+        return browsing.browse(self, limit, shard)
+
     def stats(self, in_flight: bool = False) -> QueueStats:
         """Pointer figures (one batch read per magazine) and the oldest waiting message's age (a batch
         read of each non-empty shard's head, ignis.waiting); `in_flight=True` also counts delivered,
@@ -465,7 +522,20 @@ class Queue(QueuePublishing, SubscriptionSide):
             in_flight=self.main.in_flight(self._sweep_pointers()) if in_flight else None,
             delayed=self.store.delay_states([self.name])[0].count,
             oldest_age_seconds=age_seconds(oldest, now_ms()),
+            full_percent=self._full_percent(pointers) if self.spec.bounded else None,
         )
+
+    def _full_percent(self, pointers: Mapping[int, ShardPointers]) -> int:
+        """How full a bounded queue is, in percent of its bound: the fuller of its unclaimed slots over maxLength
+        and its estimated waiting bytes over maxBytes (ignis.bounds; one more store call for the bytes)."""
+        spec, ratios = self.spec, [0.0]
+        if spec.max_length:
+            ratios.append(sum(p.unclaimed for p in pointers.values()) / spec.max_length)
+        if spec.max_bytes:
+            loaded = self.store.loaded_bytes(self.name, spec.shards)
+            ratios.append(sum(estimated_bytes(p.load, p.fire, loaded[shard]) for shard, p in pointers.items()
+                              if shard < len(loaded)) / spec.max_bytes)
+        return round(max(ratios) * 100)
 
     def in_flight_summary(self) -> tuple[int, int | None]:
         """Delivered, unsettled messages of the main magazine and the oldest one's fire time (epoch ms,

@@ -79,6 +79,15 @@ class RetrySpec(_Model):
         return min(self.max_backoff_seconds, wait)
 
 
+class Overflow(StrEnum):
+    """What a bounded queue (maxLength / maxBytes) does with a publish that finds it full (RabbitMQ's
+    `x-overflow`): refuse it (QueueFull), or make room by moving the oldest unclaimed messages to the dead letters
+    (reason `overflow`; never deleted silently)."""
+
+    REJECT_PUBLISH = "rejectPublish"
+    DROP_HEAD = "dropHead"
+
+
 class StartPosition(StrEnum):
     EARLIEST = "earliest"  # everything the topic retains
     LATEST = "latest"  # only what is published after the subscription exists
@@ -150,9 +159,22 @@ class QueueSpec(_Model):
     deletion_policy: DeletionPolicy = DeletionPolicy.RETAIN
     retry: RetrySpec | None = None
     subscribe: SubscribeSpec | None = None
+    # Bounded queue (ignis.bounds): at most maxLength messages / maxBytes payload bytes waiting in main, each split
+    # evenly across the shards; `overflow` says what a publish that finds no room does.
+    max_length: int | None = Field(None, ge=1, le=10**12)
+    max_bytes: int | None = Field(None, ge=1, le=10**15)
+    overflow: Overflow = Overflow.REJECT_PUBLISH
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> QueueSpec:
+        for field, bound in (("maxLength", self.max_length), ("maxBytes", self.max_bytes)):
+            if bound is not None and bound < self.shards:
+                raise ValueError(
+                    f"{field} ({bound}) must be >= shards ({self.shards}): the bound is split evenly across the "
+                    "shards, and each shard must hold at least one message")
+        if self.subscribe is not None and self.bounded:
+            raise ValueError("maxLength/maxBytes are for a queue publishers write: a subscription's messages come "
+                             "from its topic (bound the topic with retentionBytes)")
         if self.queue_expiry_seconds < self.message_expiry_seconds:
             raise ValueError(
                 f"queueExpirySeconds ({self.queue_expiry_seconds}) must be >= messageExpirySeconds "
@@ -166,6 +188,11 @@ class QueueSpec(_Model):
         return self
 
     # ---- derived values -------------------------------------------------------------------
+    @property
+    def bounded(self) -> bool:
+        """Whether the queue has a bound (maxLength or maxBytes)."""
+        return self.max_length is not None or self.max_bytes is not None
+
     @property
     def effective_handler_timeout_seconds(self) -> float:
         """A handler must finish before the sweeper may re-home its message: cap at sweepDuration / 2."""
@@ -243,6 +270,9 @@ class QueueSpec(_Model):
                if self.retry is not None else {}),
             # only for a subscription: a queue fed by a topic (ignis.topics)
             **(self.subscribe.bins() if self.subscribe is not None else {}),
+            # only for a bounded queue (ignis.bounds); 0 = no bound of that kind
+            **({"maxLength": self.max_length or 0, "maxBytes": self.max_bytes or 0, "overflow": self.overflow.value}
+               if self.bounded else {}),
         }
 
     @classmethod
@@ -282,6 +312,9 @@ class QueueSpec(_Model):
                  "start": bins.get("subStart") or StartPosition.LATEST.value}
                 if bins.get("subTopic") else None
             ),
+            "maxLength": int(bins.get("maxLength") or 0) or None,
+            "maxBytes": int(bins.get("maxBytes") or 0) or None,
+            "overflow": bins.get("overflow") or None,
         }
         return cls.build(f"stored record {name!r}", **{k: v for k, v in fields.items() if v is not None})
 

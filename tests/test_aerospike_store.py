@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -552,3 +553,39 @@ def test_a_topic_slot_never_written_after_a_live_one_is_a_hole_not_a_loss_to_ret
         assert stats.expired == 1 and stats.depth == 0
         assert [r.getMessage().split(" lost ")[1][:12] for r in caplog.records if " lost " in r.getMessage()] == \
             ["1 message(s)"]
+
+
+def test_an_awaited_topic_slot_given_up_after_a_live_one_is_a_hole_not_a_loss_to_retention(
+        server: EmulatedServer, make, caplog: pytest.LogCaptureFixture) -> None:
+    """A publisher SIGKILLed after reserving its slots leaves them never written. A subscription that claimed one
+    awaits it, then seals it past the write deadline: with a live record before it, far from its own expiry, the
+    seal says never written (a hole, nothing lost: no expired count, no lost-to-retention warning; the kill test on a
+    real server raised both). Without one, nothing tells it apart from a message gone: counted lost, as before."""
+    store = make(URL + "&retries=0&total_timeout_ms=200")  # (a short write deadline: the test waits it out)
+    with Ignis(store) as ignis:
+        for topic in ("feed", "bare"):
+            ignis.apply(TopicSpec.build(name=topic, shards=1, retentionSeconds=3600))
+            ignis.apply(QueueSpec.build(name=f"{topic}-all", handlerType="all", shards=1,
+                                        subscribe={"topic": topic, "start": "earliest"}))
+        first = store.reserve("feed", 0, 3)  # `first` and `first + 2` written now, `first + 1` never
+        for slot in (first, first + 2):
+            assert store.load_reserved_envelope(SlotRef("feed", 0, slot), Envelope(b"m", f"id{slot}", now_ms(),
+                                                                                   subject="s"), 3600)
+        bare = store.reserve("bare", 0, 1)  # never written, and nothing before it
+        with caplog.at_level(logging.WARNING):
+            for name, want in (("feed-all", 2), ("bare-all", 0)):
+                q, got = ignis.queue(name), 0
+                deadline = time.monotonic() + 3 * store.write_grace_ms / 1000 + 2
+                while True:  # (at least one claim: the cursor takes the missing slot, then awaits it)
+                    for m in q.fire_many(10, timeout=0.2):
+                        got += 1
+                        m.ack()
+                    waiting = q.main.awaiting() + (q.cursor.awaiting() if q.cursor else 0)
+                    if time.monotonic() > deadline or (not waiting and got >= want):
+                        break
+                assert got == want and q.cursor is not None and q.cursor.awaiting() == 0, (name, got)
+        assert ignis.queue("feed-all").stats().expired == 0
+        assert ignis.queue("bare-all").stats().expired == 1
+        lost = [r.getMessage() for r in caplog.records if " lost " in r.getMessage()]
+        assert len(lost) == 1 and "bare-all" in lost[0], lost
+        assert bare >= 1

@@ -270,9 +270,26 @@ def test_bad_usage_and_input_exit_2_with_one_line(ignis: Run, queue: str, args: 
     assert needle in result.error_line()
 
 
+def test_a_full_bounded_queue_exits_5_with_one_line_and_writes_nothing(ignis: Run, tmp_path: Path) -> None:
+    path = tmp_path / "small.yaml"
+    path.write_text(manifest("small", maxLength=3), encoding="utf-8")
+    ok(ignis("queue", "apply", "-f", str(path)))
+    for payload in ("a", "b", "c"):
+        ok(ignis("publish", "small", payload))
+    full = ignis("publish", "small", "d")
+    assert full.code == 5
+    assert "queue 'small' is full (maxLength 3" in full.error_line()
+    lines = ignis("publish", "small", "-", "--lines", stdin="e\nf\n")
+    assert lines.code == 5 and "0 of 2 lines of stdin were published, line 1 was the first refused" in \
+        lines.error_line()
+    stats = ignis("stats", "small", "-o", "json").json()
+    assert stats["published"] == 3 and stats["depth"] == 3 and stats["full_percent"] == 100
+
+
 def test_help_documents_exit_codes(ignis: Run) -> None:
     text = " ".join(ok(ignis("--help")).out.split())
-    assert "Exit codes" in text and "3 queue not found" in text and "4 store error" in text
+    assert "Exit codes" in text and "4 store error" in text and "5 queue full" in text
+    assert "3 not found (queue, deactivated queue, topic, message)" in text
 
 
 # ---- delete --------------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ class FakeStore:
         return {shard: self.with_work.get(shard, ShardPointers()) for shard in range(shards)}
 
 
-def ignore(holes: list[SlotRef]) -> None:
+def ignore(holes: list[SlotRef], unwritten: list[SlotRef]) -> None:
     """A `passed` callback for tests that count no holes."""
 
 
@@ -133,10 +133,10 @@ def test_an_awaited_slot_past_the_write_grace_is_sealed_and_passed_as_a_hole(clo
     awaited.add(slot(1))
     passed: list[SlotRef] = []
     clock.now += 0.009
-    awaited.recheck(passed.extend)
+    awaited.recheck(lambda holes, _unwritten: passed.extend(holes))
     assert store.sealed == [] and passed == []  # within the grace: re-read later
     clock.now += 0.002
-    awaited.recheck(passed.extend)
+    awaited.recheck(lambda holes, _unwritten: passed.extend(holes))
     assert store.sealed == [[slot(1)]] and passed == [slot(1)] and awaited.slots == []
     assert awaited.next_check_in() is None
 
@@ -148,7 +148,7 @@ def test_a_seal_that_loses_to_the_record_re_reads_it_at_once(clock: Clock) -> No
     awaited.add(slot(1))
     clock.now += 0.002
     passed: list[SlotRef] = []
-    awaited.recheck(passed.extend)
+    awaited.recheck(lambda holes, _unwritten: passed.extend(holes))
     assert passed == [] and [a.ref for a in awaited.slots] == [slot(1)] and awaited.next_check_in() == 0.0
 
 

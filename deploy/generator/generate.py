@@ -81,6 +81,7 @@ def outputs() -> dict[Path, str]:
         files[CHART / "dashboards" / f"{uid}.json"] = text
         files[ROOT / "deploy" / "grafana" / f"{uid}.json"] = text
     rules = GENERATED.format(source="deploy/generator/ignis_alerts.py") + dump_yaml(ignis_alerts.rule_groups())
+    ignis_alerts.check_thresholds(rules)
     files[CHART / "files" / "prometheus-rules.yaml"] = rules
     files[ROOT / "deploy" / "prometheus" / "ignismq-rules.yaml"] = rules
     files[ROOT / "deploy" / "prometheus" / "ignismq-rules.test.yaml"] = (

@@ -63,10 +63,40 @@ NS = 'namespace="ignis"'
 # default in a text that helm/ignismq/templates/prometheusrule.yaml replaces with the value (tests/deploy
 # render a changed value). The plain rules file in deploy/prometheus/ keeps the defaults.
 OLDEST_AGE_DEFAULT_SECONDS = 900
+SUBSCRIPTION_OLDEST_AGE_DEFAULT_SECONDS = 900
 
 
 def oldest_age_expr(threshold_seconds: int = OLDEST_AGE_DEFAULT_SECONDS) -> str:
-    return f"max by (queue) (ignis_queue_oldest_age_seconds) > {threshold_seconds}"
+    # Subscriptions (queues named by ignis_subscription_info) have their own rule and threshold. Without that
+    # series (no sweeper leader reporting topics) `unless` removes nothing: every queue is judged here.
+    return (f"(max by (queue) (ignis_queue_oldest_age_seconds) unless on (queue) ignis_subscription_info) > "
+            f"{threshold_seconds}")
+
+
+def subscription_oldest_age_expr(threshold_seconds: int = SUBSCRIPTION_OLDEST_AGE_DEFAULT_SECONDS) -> str:
+    # The info series is the "many" side (group_left), so the result keeps its labels, queue and topic, and a
+    # queue name reported under two topics (two farms) cannot make the match fail; the value is the age (1 * age).
+    # https://prometheus.io/docs/prometheus/latest/querying/operators/#many-to-one-and-one-to-many-vector-matches
+    return ("max by (queue, topic) (ignis_subscription_info) * on (queue) group_left () "
+            f"max by (queue) (ignis_queue_oldest_age_seconds) > {threshold_seconds}")
+
+
+# values key -> (the expression for a threshold, its default). The chart's template replaces the text of each
+# default expression, ending its line, with the one for the value: check_thresholds says it is there once.
+THRESHOLDS = {
+    "queueOldestMessageAgeSeconds": (oldest_age_expr, OLDEST_AGE_DEFAULT_SECONDS),
+    "subscriptionOldestMessageAgeSeconds": (subscription_oldest_age_expr, SUBSCRIPTION_OLDEST_AGE_DEFAULT_SECONDS),
+}
+
+
+def check_thresholds(rules_text: str) -> None:
+    """Each threshold's default expression ends exactly one line of the rules text (else the template's replace
+    would change nothing, or another rule too)."""
+    for key, (expr, default) in THRESHOLDS.items():
+        found = rules_text.count(f"{expr(default)}\n")
+        if found != 1:
+            raise ValueError(f"the rules text holds the default expression of {key} {found} times, not once: "
+                             "helm/ignismq/templates/prometheusrule.yaml could not set it")
 
 SWEEPER_A = f'{NS},instance="sweeper-a:9090"'
 SWEEPER_B = f'{NS},instance="sweeper-b:9090"'
@@ -74,6 +104,8 @@ OPERATOR = f'{NS},instance="operator:9090"'
 INFO_A = f'ignis_sweeper_info{{{SWEEPER_A},identity="sweeper-a-1-abcdef",lease="kubernetes",version="0.1.0"}}'
 INFO_B = f'ignis_sweeper_info{{{SWEEPER_B},identity="sweeper-b-1-fedcba",lease="kubernetes",version="0.1.0"}}'
 INFO_OPERATOR = f"ignis_sweeper_info{{{OPERATOR}}}"  # every ignis process exports the metric, unset
+SUB_INFO_BILLING = f'ignis_subscription_info{{{SWEEPER_A},queue="billing",topic="payments"}}'
+SUB_INFO_AUDIT = f'ignis_subscription_info{{{SWEEPER_A},queue="audit",topic="payments"}}'
 
 ALERTS: list[Alert] = [
     Alert(
@@ -154,6 +186,29 @@ ALERTS: list[Alert] = [
               'ignis_acked_total{namespace="shop",queue="orders"}': "0+5x60"}, "40m"),
     ),
     Alert(
+        "IgnisQueueNearlyFull",
+        "max by (queue) (ignis_queue_full_ratio) > 0.9",
+        "5m", "warning",
+        "Bounded queue {{ $labels.queue }} is over 90% full",
+        "{{ $labels.queue }} holds over 90% of its maxLength / maxBytes: at 100% a publish is refused "
+        "(overflow rejectPublish: QueueFull) or drops the oldest waiting messages to the dead letters (dropHead). "
+        "Consumers are not keeping up, or the bound is too small.",
+        Case({'ignis_queue_full_ratio{namespace="ignis",queue="orders"}': "0.5+0.01x60"}, "60m", [{"queue": "orders"}]),
+        Case({'ignis_queue_full_ratio{namespace="ignis",queue="orders"}': "0.5x60",
+              'ignis_queue_full_ratio{namespace="ignis",queue="events"}': " ".join(["NaN"] * 61)}, "60m"),
+    ),
+    Alert(
+        "IgnisPublishesRejected",
+        "sum by (queue) (rate(ignis_publish_rejected_total[5m])) > 0",
+        "5m", "warning",
+        "Bounded queue {{ $labels.queue }} refuses publishes",
+        "{{ $labels.queue }} is full (maxLength / maxBytes, overflow rejectPublish) and has refused publishes "
+        "for 5 minutes: their publishers got QueueFull and nothing of those messages was stored.",
+        Case({'ignis_publish_rejected_total{namespace="shop",queue="orders"}': "0+3x30"}, "20m",
+             [{"queue": "orders"}]),
+        Case({'ignis_publish_rejected_total{namespace="shop",queue="orders"}': "7x30"}, "20m"),
+    ),
+    Alert(
         "IgnisInFlightOlderThanSweepDuration",
         "max by (queue) (ignis_queue_oldest_in_flight_seconds) > on (queue) (max by (queue) "
         "(ignis_queue_sweep_duration_seconds) + 2 * scalar(max(ignis_sweep_interval_seconds)))",
@@ -177,11 +232,56 @@ ALERTS: list[Alert] = [
         f"monitoring.prometheusRule.thresholds.queueOldestMessageAgeSeconds, {OLDEST_AGE_DEFAULT_SECONDS} s unless "
         "set) to be delivered: consumers are down, too few or too slow for the publish rate, or failing every "
         "message they get.",
-        Case({'ignis_queue_oldest_age_seconds{namespace="ignis",queue="orders"}': "600+60x30"}, "20m",
+        # A subscription as far behind is left to IgnisSubscriptionOldestMessageTooOld.
+        Case({'ignis_queue_oldest_age_seconds{namespace="ignis",queue="orders"}': "600+60x30",
+              'ignis_queue_oldest_age_seconds{namespace="ignis",queue="billing"}': "600+60x30",
+              SUB_INFO_BILLING: "1x30"}, "20m",
              [{"queue": "orders"}]),
         # A queue keeping up, and an empty one: NaN (nothing waits) never alerts.
         Case({'ignis_queue_oldest_age_seconds{namespace="ignis",queue="orders"}': "5x30",
               'ignis_queue_oldest_age_seconds{namespace="ignis",queue="audit"}': " ".join(["NaN"] * 31)}, "20m"),
+    ),
+    Alert(
+        "IgnisSubscriptionOldestMessageTooOld",
+        subscription_oldest_age_expr(),
+        "5m", "warning",
+        "Subscription {{ $labels.queue }} of topic {{ $labels.topic }} falls behind",
+        "The oldest message of topic {{ $labels.topic }} that subscription {{ $labels.queue }} has not taken yet "
+        "is older than the threshold (the chart's monitoring.prometheusRule.thresholds."
+        f"subscriptionOldestMessageAgeSeconds, {SUBSCRIPTION_OLDEST_AGE_DEFAULT_SECONDS} s unless set): its "
+        "consumers are down, too few or too slow for the topic's publish rate. Once its lag reaches the topic's "
+        "retentionSeconds it loses messages (IgnisSubscriptionMessagesExpired).",
+        # A plain queue as far behind is IgnisQueueOldestMessageTooOld's.
+        Case({'ignis_queue_oldest_age_seconds{namespace="ignis",queue="billing"}': "600+60x30",
+              'ignis_queue_oldest_age_seconds{namespace="ignis",queue="orders"}': "600+60x30",
+              SUB_INFO_BILLING: "1x30"}, "20m",
+             [{"queue": "billing", "topic": "payments"}]),
+        # A subscription keeping up, and one with nothing waiting (NaN).
+        Case({'ignis_queue_oldest_age_seconds{namespace="ignis",queue="billing"}': "5x30",
+              'ignis_queue_oldest_age_seconds{namespace="ignis",queue="audit"}': " ".join(["NaN"] * 31),
+              SUB_INFO_BILLING: "1x30", SUB_INFO_AUDIT: "1x30"}, "20m"),
+    ),
+    Alert(
+        "IgnisSubscriptionMessagesExpired",
+        # A counter series is exported from its first increment on (FastCounter leaves out zeros), and increase()
+        # cannot count a series' first sample: a consumer that loses messages on its first claims (it was down
+        # past the retention) shows a new series already above 0. The `unless ... offset` term catches those:
+        # series present now and absent 10 minutes ago.
+        # https://prometheus.io/docs/practices/instrumentation/#avoid-missing-metrics
+        "sum by (queue) (increase(ignis_subscription_expired_total[10m])) > 0 or sum by (queue) "
+        "(ignis_subscription_expired_total unless ignis_subscription_expired_total offset 10m) > 0",
+        "0m", "critical",
+        "Subscription {{ $labels.queue }} lost messages to its topic's retention",
+        "Messages of its topic left it (retentionSeconds after their publish, or trimmed to retentionBytes) "
+        "before subscription {{ $labels.queue }} took them: they are gone for it, never delivered. Its "
+        "consumers are behind by more than the topic keeps.",
+        # Counted again and again; and a consumer that started, claimed and found 40 messages gone at once.
+        Case({'ignis_subscription_expired_total{namespace="shop",pod="billing-0",queue="billing"}': "0+3x20",
+              'ignis_subscription_expired_total{namespace="shop",pod="audit-1",queue="audit"}': "_x10 40x10"},
+             "15m", [{"queue": "billing"}, {"queue": "audit"}]),
+        # Messages lost long ago: the count stays where it was.
+        Case({'ignis_subscription_expired_total{namespace="shop",pod="billing-0",queue="billing"}': "40x30"},
+             "20m"),
     ),
     Alert(
         "IgnisSidelineGrowing",

@@ -1,11 +1,12 @@
-"""The Grafana dashboards "IgnisMQ overview" and "IgnisMQ operator" (classic JSON model), built here and
-written by generate.py into the chart (and deploy/grafana/); tests compare the committed files with
-this output, check every metric name against the code's registries and evaluate every query on a real
-Prometheus.
+"""The Grafana dashboards "IgnisMQ overview", "IgnisMQ topics" and "IgnisMQ operator" (classic JSON model),
+built here and written by generate.py into the chart (and deploy/grafana/); tests compare the committed
+files with this output, check every metric name against the code's registries and evaluate every query on
+a real Prometheus.
 
 Variables: `datasource` (every panel's datasource), `namespace` (where the IgnisMQ components run:
-sweeper and operator series), `queue`. Application series (publish, deliver, ack, handler: scraped
-from the applications' pods) are selected by queue only: they live in the applications' namespaces.
+sweeper and operator series), `queue` (overview), `topic` (topics). Application series (publish, deliver,
+ack, handler: scraped from the applications' pods) are selected by queue or topic only: they live in the
+applications' namespaces.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ SCHEMA_VERSION = 41  # Grafana 12's classic dashboard model; older Grafanas migr
 DS = {"type": "prometheus", "uid": "${datasource}"}
 NS = 'namespace=~"$namespace"'
 Q = 'queue=~"$queue"'
+T = 'topic=~"$topic"'
 RATE = "$__rate_interval"
 
 
@@ -108,7 +110,15 @@ def row(layout: Layout, title: str, repeat: str | None = None) -> dict[str, Any]
     return panel
 
 
-def variables(with_queue: bool = True) -> list[dict[str, Any]]:
+def query_variable(name: str, label: str, selector: str) -> dict[str, Any]:
+    query = f"label_values({selector}, {name})"
+    return {"name": name, "label": label, "type": "query", "datasource": DS,
+            "query": {"query": query, "refId": name}, "definition": query, "refresh": 2, "sort": 1,
+            "multi": True, "includeAll": True, "allValue": ".*", "current": {"text": "All", "value": "$__all"},
+            "hide": 0, "options": [], "regex": ""}
+
+
+def variables(with_queue: bool = True, with_topic: bool = False) -> list[dict[str, Any]]:
     found = [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
          "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []},
@@ -119,17 +129,14 @@ def variables(with_queue: bool = True) -> list[dict[str, Any]]:
          "hide": 0, "options": [], "regex": ""},
     ]
     if with_queue:
-        found.append(
-            {"name": "queue", "label": "Queue", "type": "query", "datasource": DS,
-             "query": {"query": f"label_values(ignis_queue_depth{{{NS}}}, queue)", "refId": "queue"},
-             "definition": f"label_values(ignis_queue_depth{{{NS}}}, queue)", "refresh": 2, "sort": 1,
-             "multi": True, "includeAll": True, "allValue": ".*", "current": {"text": "All", "value": "$__all"},
-             "hide": 0, "options": [], "regex": ""})
+        found.append(query_variable("queue", "Queue", f"ignis_queue_depth{{{NS}}}"))
+    if with_topic:
+        found.append(query_variable("topic", "Topic", f"ignis_topic_retained_messages{{{NS}}}"))
     return found
 
 
-def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any]], *, with_queue: bool = True
-              ) -> dict[str, Any]:
+def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any]], *, with_queue: bool = True,
+              with_topic: bool = False) -> dict[str, Any]:
     return {
         "uid": uid, "title": title, "description": description, "tags": ["ignismq"], "editable": True,
         "graphTooltip": 1, "schemaVersion": SCHEMA_VERSION, "version": 1, "refresh": "30s", "timezone": "browser",
@@ -139,7 +146,7 @@ def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any
                                   "name": "Annotations & Alerts", "type": "dashboard"}]},
         "links": [{"title": "IgnisMQ dashboards", "type": "dashboards", "tags": ["ignismq"], "asDropdown": True,
                    "includeVars": True, "keepTime": True}],
-        "templating": {"list": variables(with_queue)},
+        "templating": {"list": variables(with_queue, with_topic)},
         "panels": panels,
     }
 
@@ -239,6 +246,13 @@ def overview() -> dict[str, Any]:
                         "message) or else its publish: what IgnisQueueOldestMessageTooOld compares with the "
                         "chart's monitoring.prometheusRule.thresholds.queueOldestMessageAgeSeconds. A gap: nothing "
                         "waits."),
+        timeseries(lay, "Bounded queue: fill and refusals", [
+            (f"max(ignis_queue_full_ratio{{{NS}, {one}}})", "full (ratio of the bound)"),
+            (f"sum(rate(ignis_publish_rejected_total{{{one}}}{rates}))", "refused/s"),
+            (f"sum(rate(ignis_overflow_dropped_total{{{one}}}{rates}))", "dropped (overflow)/s")], w=8,
+            description="A bounded queue (maxLength / maxBytes): how full it is (1 = full: a publish is refused with "
+                        "QueueFull, or with dropHead the oldest waiting messages go to the dead letters), and the "
+                        "publishes refused and messages dropped per second. Empty for an unbounded queue."),
         timeseries(lay, "Delayed messages", [
             (f"sum(ignis_queue_delayed{{{NS}, {one}}})", "delayed (not due yet)"),
             (f"sum(ignis_queue_depth{{{NS}, {one}}})", "depth (due)")], w=8,
@@ -300,6 +314,113 @@ def overview() -> dict[str, Any]:
                      "Queues, message rates, the sweeper and the store (IgnisMQ for Python).", panels)
 
 
+# ---- IgnisMQ topics -------------------------------------------------------------------------------
+# The subscriptions of the selected topics: the sweeper leader's info series (1 each), labelled queue and topic.
+SUBSCRIPTIONS = f"max by (queue, topic) (ignis_subscription_info{{{NS}, {T}}})"
+
+
+def per_subscription(by_queue: str) -> str:
+    """A per-queue expression (one series per queue) kept for the selected topics' subscriptions, labelled with
+    their topic. The info series is the "many" side of the match (group_left), so the result has its labels and
+    the value of `by_queue` (1 * x); a queue that is not a subscription has no info series and drops out.
+    https://prometheus.io/docs/prometheus/latest/querying/operators/#many-to-one-and-one-to-many-vector-matches"""
+    return f"{SUBSCRIPTIONS} * on (queue) group_left () {by_queue}"
+
+
+def topics() -> dict[str, Any]:
+    lay = Layout()
+    rates = f"[{RATE}]"
+    panels: list[dict[str, Any]] = [row(lay, "Topics")]
+    panels += [
+        stat(lay, "Topics", f"count(max by (topic) (ignis_topic_retained_messages{{{NS}, {T}}}))", w=4,
+             description="Topics the sweeper leader reports."),
+        stat(lay, "Publish/s", f"sum(rate(ignis_topic_published_total{{{T}}}{rates}))", unit="reqps", w=4,
+             description="Publishes to the topics, counted by the publishing processes (scraped by the PodMonitor)."),
+        stat(lay, "Retained messages", f"sum(ignis_topic_retained_messages{{{NS}, {T}}})", w=4),
+        stat(lay, "Retained bytes", f"sum(ignis_topic_retained_bytes{{{NS}, {T}}})", unit="bytes", w=4,
+             description="Payload, id and subject bytes the topics hold (estimated from a sample of each shard)."),
+        stat(lay, "Oldest retained", f"max(ignis_topic_oldest_age_seconds{{{NS}, {T}}})", unit="s", w=4,
+             description="Age of the oldest message a topic holds: at most its retentionSeconds."),
+        stat(lay, "Subscriptions", f"sum(ignis_topic_subscriptions{{{NS}, {T}}})", w=4),
+        stat(lay, "Published (store count)", f"sum(ignis_topic_published_messages{{{NS}, {T}}})", w=4,
+             description="Messages ever published to the topics, as the store counts them (every publisher, "
+                         "scraped or not)."),
+        stat(lay, "Trimmed (24h)", f"sum(increase(ignis_topic_trimmed_total{{{NS}, {T}}}[24h])) or vector(0)", w=4,
+             description="Oldest messages the sweeper leader dropped to keep topics within their retentionBytes."),
+        stat(lay, "Subscription lag", "sum(" + per_subscription(f"max by (queue) (ignis_queue_depth{{{NS}}})") + ")",
+             w=4, description="Messages the subscriptions have not taken yet (their depth; for a filtered "
+                              "subscription an upper bound: it counts what its filter will pass over)."),
+        stat(lay, "Most behind", "max(" + per_subscription(
+            f"max by (queue) (ignis_queue_oldest_age_seconds{{{NS}}})") + ")", unit="s", w=4,
+             description="Age of the oldest message a subscription has not taken yet, the worst one."),
+        stat(lay, "Lost to retention (1h)", "sum(" + per_subscription(
+            "sum by (queue) (increase(ignis_subscription_expired_total[1h]))") + ") or vector(0)", w=4,
+             thresholds=[(None, "green"), (1, "red")],
+             description="Messages that left their topic before a subscription took them (counted by the "
+                         "subscriptions' consumers; increase() misses a consumer's first count, which "
+                         "IgnisSubscriptionMessagesExpired does not)."),
+        stat(lay, "Leader", f"sum(ignis_sweeper_leader{{{NS}}})", thresholds=[(None, "red"), (1, "green")], w=4,
+             description="Sweeper processes leading (must be 1): only the leader reports topics."),
+    ]
+    lay.newline()
+    panels += [
+        timeseries(lay, "Publish rate by topic", [
+            (f"sum by (topic) (rate(ignis_topic_published_total{{{T}}}{rates}))", "{{topic}}")], unit="reqps",
+            description="Publishes per second, counted by the publishing processes."),
+        timeseries(lay, "Retained messages by topic", [
+            (f"sum by (topic) (ignis_topic_retained_messages{{{NS}, {T}}})", "{{topic}}")]),
+        timeseries(lay, "Retained bytes by topic", [
+            (f"sum by (topic) (ignis_topic_retained_bytes{{{NS}, {T}}})", "{{topic}}")], unit="bytes", w=8,
+            description="Estimated from a sample of each shard; a topic with retentionBytes is trimmed to it once a "
+                        "sweep pass."),
+        timeseries(lay, "Oldest retained message by topic", [
+            (f"max by (topic) (ignis_topic_oldest_age_seconds{{{NS}, {T}}})", "{{topic}}")], unit="s", w=8,
+            description="Messages leave a topic retentionSeconds after their publish: a subscription whose oldest "
+                        "waiting message comes near this loses messages. A gap: the topic holds nothing."),
+        timeseries(lay, "Subscriptions and trims", [
+            (f"sum by (topic) (ignis_topic_subscriptions{{{NS}, {T}}})", "subscriptions {{topic}}"),
+            (f"sum by (topic) (increase(ignis_topic_trimmed_total{{{NS}, {T}}}[{RATE}]))", "trimmed {{topic}}")],
+            w=8, description="Queues that subscribe to each topic, and the oldest messages dropped to keep it within "
+                             "its retentionBytes."),
+    ]
+
+    panels.append(row(lay, "Subscriptions"))
+    legend = "{{queue}} ({{topic}})"
+    panels += [
+        timeseries(lay, "Lag (depth) by subscription", [
+            (per_subscription(f"max by (queue) (ignis_queue_depth{{{NS}}})"), legend)],
+            description="Messages of its topic past a subscription's position, plus those waiting in its own main "
+                        "(redeliveries): an upper bound for a filtered subscription, which will pass over some."),
+        timeseries(lay, "Oldest waiting message by subscription", [
+            (per_subscription(f"max by (queue) (ignis_queue_oldest_age_seconds{{{NS}}})"), legend)], unit="s",
+            description="Age of the oldest message a subscription has not taken yet: what "
+                        "IgnisSubscriptionOldestMessageTooOld compares with the chart's monitoring.prometheusRule."
+                        "thresholds.subscriptionOldestMessageAgeSeconds. Past its topic's retentionSeconds "
+                        "messages are lost. A gap: nothing waits."),
+        timeseries(lay, "Lost to retention by subscription", [
+            (per_subscription(f"sum by (queue) (rate(ignis_subscription_expired_total{rates}))"), legend)],
+            unit="reqps", w=8,
+            description="Messages per second that left their topic before the subscription took them (counted by "
+                        "its consumers when they claim past them): IgnisSubscriptionMessagesExpired."),
+        timeseries(lay, "Acked by subscription vs published", [
+            (per_subscription(f"sum by (queue) (rate(ignis_acked_total{rates}))"), "acked " + legend),
+            (f"sum by (topic) (rate(ignis_topic_published_total{{{T}}}{rates}))", "published {{topic}}")],
+            unit="reqps", w=8,
+            description="A subscription keeps up while its acks match what its filter selects of its topic's "
+                        "publishes."),
+        timeseries(lay, "In flight, sidelined and dead by subscription", [
+            (per_subscription(f"max by (queue) (ignis_queue_in_flight{{{NS}}})"), "in flight " + legend),
+            (per_subscription(f"max by (queue) (ignis_queue_sidelined{{{NS}}})"), "sidelined " + legend),
+            (per_subscription(f"max by (queue) (ignis_queue_dead{{{NS}}})"), "dead " + legend)], w=8,
+            description="A subscription is a queue: its deliveries, failures and dead letters are a queue's (the "
+                        "overview dashboard's queue rows show it too, by its name)."),
+    ]
+    return dashboard("ignismq-topics", "IgnisMQ topics",
+                     "Topics (publish rate, retained messages and bytes, oldest age, subscriptions, trims) and their "
+                     "subscriptions (lag, oldest waiting message, messages lost to retention).", panels,
+                     with_queue=False, with_topic=True)
+
+
 # ---- IgnisMQ operator -----------------------------------------------------------------------------
 def operator() -> dict[str, Any]:
     lay = Layout()
@@ -340,7 +461,7 @@ def operator() -> dict[str, Any]:
                      panels, with_queue=False)
 
 
-DASHBOARDS = {"ignismq-overview": overview, "ignismq-operator": operator}
+DASHBOARDS = {"ignismq-overview": overview, "ignismq-topics": topics, "ignismq-operator": operator}
 
 
 def all_panels(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:

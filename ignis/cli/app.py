@@ -28,6 +28,7 @@ except ImportError:  # older typer runs on the click package
     from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[no-redef]
 
 from ignis.cli import render
+from ignis.cli.browse import register as register_browse_commands
 from ignis.cli.plugins import load_plugins
 from ignis.cli.render import OutputFormat, emit_json, emit_line
 from ignis.cli.topics import register as register_topic_commands
@@ -39,7 +40,9 @@ from ignis.errors import (
     IgnisError,
     InvalidInputError,
     InvalidSpecError,
+    MessageNotFound,
     PayloadTooLarge,
+    QueueFull,
     QueueInactive,
     QueueNotFound,
     StoreError,
@@ -57,12 +60,14 @@ from ignis.version import package_version
 EXIT_OK = 0
 EXIT_ERROR = 1  # anything else (declined confirmation, demo timed out, unexpected failure)
 EXIT_USAGE = 2  # bad input: usage, invalid manifest, payload too large, malformed data
-EXIT_NOT_FOUND = 3  # unknown or deactivated queue, unknown topic
+EXIT_NOT_FOUND = 3  # unknown or deactivated queue, unknown topic, no message at a reference
 EXIT_STORE = 4  # store unreachable, full, or failing
+EXIT_QUEUE_FULL = 5  # a bounded queue refused a publish (maxLength / maxBytes, overflow rejectPublish)
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success · 1 other error · 2 bad input (usage, invalid manifest, malformed data, "
-    "payload too large) · 3 queue not found or deactivated · 4 store error (unreachable, full). "
+    "payload too large) · 3 not found (queue, deactivated queue, topic, message) · 4 store error (unreachable, full) · "
+    "5 queue full (a bounded queue refused a publish: maxLength/maxBytes with overflow rejectPublish). "
     "Every error is one line on stderr; set IGNIS_DEBUG=1 to get a traceback for unexpected ones."
 )
 
@@ -84,7 +89,9 @@ def exit_code_for(exc: BaseException) -> int:
         return exc.code
     if isinstance(exc, StoreError):
         return EXIT_STORE
-    if isinstance(exc, QueueNotFound | QueueInactive | TopicNotFound):
+    if isinstance(exc, QueueFull):
+        return EXIT_QUEUE_FULL
+    if isinstance(exc, QueueNotFound | QueueInactive | TopicNotFound | MessageNotFound):
         return EXIT_NOT_FOUND
     if isinstance(exc, InvalidSpecError | InvalidInputError | PayloadTooLarge | UsageError):
         return EXIT_USAGE
@@ -419,7 +426,13 @@ def _publish_lines(q: Queue | TopicTarget, payloads: list[tuple[int, Any]], sour
         task = progress.add_task(f"publishing to {q.name}", total=len(values))
         for start in range(0, len(values), PUBLISH_CHUNK):
             chunk = values[start:start + PUBLISH_CHUNK]
-            refs.extend(q.publish_many(chunk, key=key, headers=headers, delay=delay))
+            try:
+                refs.extend(q.publish_many(chunk, key=key, headers=headers, delay=delay))
+            except QueueFull as exc:  # a bounded queue: say which lines went in, and stop there
+                first = payloads[start + exc.refused[0]][0]
+                raise QueueFull(q.name, f"{exc.why}; {len(refs) + len(exc.published)} of {len(values)} lines of "
+                                f"{source} were published, line {first} was the first refused",
+                                exc.refused, exc.results) from None
             progress.advance(task, len(chunk))
     return refs
 
@@ -679,6 +692,7 @@ def demo(
 # `ignis operator`, `ignis up|sweep|sweeper`, `ignis sideline shovel|redrive` and `ignis pipeline` come from
 # the operator/, workers/ and pipeline/ parts through entry points: the core imports none of them.
 register_topic_commands(app, queue_app, _state, CliError)
+register_browse_commands(app, queue_app, _state)
 load_plugins(app, {"queue": queue_app, "sideline": sideline_app, "topic": topic_app})
 
 

@@ -81,7 +81,7 @@ class AwaitedSlots:
             due = min((a.due for a in self.slots), default=None)
         return None if due is None else max(due - time.monotonic(), 0.0)
 
-    def take(self, n: int, passed: Callable[[list[SlotRef]], None]) -> list[Claimed]:
+    def take(self, n: int, passed: Callable[[list[SlotRef], list[SlotRef]], None]) -> list[Claimed]:
         """Up to n late writes that landed (the due slots re-read first; `passed` counts those that turned out
         holes for good: Magazine._passed)."""
         if self.slots:
@@ -114,9 +114,10 @@ class AwaitedSlots:
             return self.store.restamp_cursor(refs, now_ms(), self._only, count_attempt)
         return self.store.restamp(refs, now_ms(), count_attempt)
 
-    def recheck(self, passed: Callable[[list[SlotRef]], None]) -> None:
+    def recheck(self, passed: Callable[[list[SlotRef], list[SlotRef]], None]) -> None:
         """Re-read the awaited slots that are due, in one store call; seal those past their deadline. `passed`
-        counts the slots that turned out holes for good (given per call: the magazine handle is not kept here)."""
+        counts the slots that turned out holes for good, and which of them were never written (a cursor's seal
+        tells; given per call: the magazine handle is not kept here)."""
         now = time.monotonic()
         with self._lock:
             due = [a for a in self.slots if a.due <= now]
@@ -125,6 +126,7 @@ class AwaitedSlots:
             self.slots = [a for a in self.slots if a.due > now]
         keep: list[_Awaited] = due  # what goes back to the list if a store call fails
         holes: list[SlotRef] = []
+        unwritten: list[SlotRef] = []
         late = 0
         try:
             found = self._restamp([a.ref for a in due], self._count_attempt)
@@ -149,7 +151,10 @@ class AwaitedSlots:
                                                                                      self.ttl_seconds)
                 keep = keep[:-len(expired)]
                 for awaited, done in zip(expired, sealed, strict=True):
-                    if done:
+                    if done is None:  # sealed, never written (a cursor's seal says so): a hole, nothing lost
+                        holes.append(awaited.ref)
+                        unwritten.append(awaited.ref)
+                    elif done:
                         holes.append(awaited.ref)
                     else:  # the record landed at the last moment: re-read it at once
                         awaited.due = now
@@ -165,6 +170,6 @@ class AwaitedSlots:
             with self._lock:
                 self.slots.extend(keep)
             if holes:
-                passed(holes)
+                passed(holes, unwritten)
             if late:
                 LATE_WRITES.labels(self.queue, self.kind).inc(late)

@@ -14,7 +14,7 @@ import functools
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ignis import names
 from ignis.envelope import Envelope, now_ms
@@ -289,10 +289,10 @@ class Magazine(MagazineLoads):
         else:
             holes.append(item.ref)
 
-    def _passed(self, holes: list[SlotRef]) -> None:
+    def _passed(self, holes: list[SlotRef], unwritten: Sequence[SlotRef] = ()) -> None:
         """Count claimed slots that were holes for good: the metric, and the store's HOLES_CLAIMED (so the
         figures count messages). The store's count is not worth failing a fire for: a failure leaves the
-        figures a few messages off, said in the log."""
+        figures a few messages off, said in the log. (`unwritten`: those a cursor's seal found never written.)"""
         if not holes:
             return
         HOLES_SKIPPED.labels(self.queue, self.kind).inc(len(holes))

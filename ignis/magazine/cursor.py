@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 from ignis import names
 from ignis.activity import activity_for
 from ignis.envelope import now_ms
 from ignis.magazine.core import Magazine
-from ignis.metrics import SUBSCRIPTION_EXPIRED
+from ignis.metrics import HOLES_SKIPPED, SUBSCRIPTION_EXPIRED
 from ignis.storage.base import Claimed, ClaimInDoubt, ClaimInterrupted, SlotRef, Storage
 from ignis.subjects import SubjectFilter
 
@@ -82,13 +83,19 @@ class CursorMagazine(Magazine):
             active_shards.suppress(shard, loads_seen)
         return result.claimed
 
-    def _passed(self, holes: list[SlotRef]) -> None:
+    def _passed(self, holes: list[SlotRef], unwritten: Sequence[SlotRef] = ()) -> None:
         """Claimed topic slots that held nothing for good (awaited past the write deadline, then sealed): their
-        message left the topic before this subscription came to it, or was never written (a publisher that
-        stopped after reserving its slot). Counted as holes, and as expired: the subscription has them no more."""
-        super()._passed(holes)
-        for shard in {ref.shard for ref in holes}:
-            self._lost(shard, sum(1 for ref in holes if ref.shard == shard))
+        message left the topic before this subscription came to it (counted as holes claimed, which the figures
+        report as expired, and said once per gap), or, `unwritten`, it was never written (a publisher that stopped
+        after reserving its slot, as the seal found): passed over as a publisher's own sealed reservation is,
+        nothing lost."""
+        skip = set(unwritten)
+        lost = [ref for ref in holes if ref not in skip]
+        if skip:
+            HOLES_SKIPPED.labels(self.queue, self.kind).inc(len(holes) - len(lost))
+        super()._passed(lost)
+        for shard in {ref.shard for ref in lost}:
+            self._lost(shard, sum(1 for ref in lost if ref.shard == shard))
 
     def _lost(self, shard: int, count: int) -> None:
         """Messages that left the topic before this subscription claimed them: counted, and said once per gap."""

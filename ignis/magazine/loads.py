@@ -179,6 +179,11 @@ class MagazineLoads:
         items = list(zip(placement(envelopes, self.shards), envelopes, strict=True))
         return self._active_shards.loaded(lambda: self._store.load(self.name, items, self.ttl_seconds))
 
+    def load_published(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:
+        """Publish existing envelopes, each placed by its own key (publish_each's per-message path): `load`, bounded
+        on a bounded queue (ignis.magazine.bounded)."""
+        return self.load(envelopes)
+
     def load_due(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:
         """Move the queue's due delayed messages in (`placement`), in one transaction with their delete and
         uncount (`Storage.move_delayed`); those no longer delayed are left out."""

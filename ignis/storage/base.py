@@ -21,6 +21,7 @@ from ignis.envelope import Envelope, NewMessages
 from ignis.errors import InvalidInputError, StoreUnavailable
 
 if TYPE_CHECKING:
+    from ignis.bounds import ShardLimit
     from ignis.subjects import SubjectFilter
 
 MagazineKind = Literal["main", "sideline", "cursor"]  # (cursor: a subscription's claims of its topic's slots)
@@ -411,6 +412,32 @@ class Storage(Protocol):
         where a write came after its deadline and was published again into a later slot."""
         ...
 
+    def load_bounded(self, magazine: str, shard: int, envelopes: Sequence[Envelope], ttl_seconds: int,
+                     limit: ShardLimit) -> list[SlotRef | None]:
+        """A publish into one shard of a bounded queue (ignis.bounds): `load` of as many of `envelopes` as the
+        shard's share `limit` has room for, the room checked in the same atomic step as the allocation (lmdb: the
+        write transaction; Aerospike: a filter expression on the load pointer's increment), and LOAD_BYTES moved
+        with the load pointer where the limit has bytes. Per envelope, in order: its slot, or None when it was
+        refused (nothing of it written)."""
+        ...
+
+    def load_one_bounded(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                         ttl_seconds: int, limit: ShardLimit) -> int:
+        """`load_one` into a shard of a bounded queue, within its share (as `load_bounded`): its slot, or 0 when the
+        shard is full (nothing written). The lean path of a plain bounded publish."""
+        ...
+
+    def reserve_bounded(self, magazine: str, shard: int, count: int, limit: ShardLimit, size: int
+                        ) -> tuple[int, int]:
+        """`reserve` on a bounded shard: up to `count` slots within the room `limit` leaves (each counted as `size`
+        payload bytes in LOAD_BYTES); (first slot, how many were reserved), 0 when the shard is full. Only where a
+        publish is two steps."""
+        ...
+
+    def loaded_bytes(self, magazine: str, shards: int) -> list[int]:
+        """Each shard's LOAD_BYTES (payload bytes loaded by bounded publishes; 0 where none), one store call."""
+        ...
+
     def claim(self, magazine: str, shard: int, max_slots: int, now_ms: int, count_attempt: bool = True,
               up_to: int | None = None) -> list[Claimed]:
         """Guarded claim of up to `max_slots` slots (fire pointer advances only while below the load
@@ -652,8 +679,10 @@ class Storage(Protocol):
         and landed (a Claimed with `awaiting` None: it landed but the filter passes it over)."""
         ...
 
-    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
-        """`seal` for awaited cursor slots: seals the topic's slots (every subscription then passes them)."""
+    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool | None]:
+        """`seal` for awaited cursor slots: seals the topic's slots (every subscription then passes them). Per slot:
+        True, sealed, its message gone (lost to the topic's retention); None, sealed, never written (a publisher that
+        stopped after reserving the slot: a hole, nothing lost); False, its record landed after all."""
         ...
 
     @property

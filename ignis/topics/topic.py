@@ -9,11 +9,20 @@ publish; with `retentionBytes`, the sweeper's leader also drops the oldest ones 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ignis.envelope import Envelope, NewMessages, encode_payload, new_message_id, new_message_ids, now_ms
+from ignis.envelope import (
+    CODEC_BYTES,
+    CODECS,
+    Envelope,
+    NewMessages,
+    encode_payload,
+    new_message_id,
+    new_message_ids,
+    now_ms,
+)
 from ignis.errors import InvalidInputError, PayloadTooLarge
 from ignis.magazine import RESERVE_MAX, Magazine
 from ignis.metrics import TOPIC_PUBLISHED
@@ -110,6 +119,49 @@ class Topic:
         self._published.inc(len(refs))
         return refs
 
+    def publish_each(self, payloads: Sequence[bytes], *, subjects: Sequence[str],
+                     ids: Sequence[str | None] | None = None, codecs: Sequence[str] | None = None,
+                     keys: Sequence[str | None] | None = None,
+                     headers: Sequence[Mapping[str, str] | None] | None = None) -> list[MessageRef]:
+        """Publish already-encoded messages, each with its own subject, id, codec, key and headers (a Spark write, a
+        replay), in one group commit. Columns are parallel to `payloads`; a None column or entry means "none" (a
+        None id: a new one). Every message is checked before anything is written, so a bad one leaves the topic
+        unchanged; an error names the message's index."""
+        count = len(payloads)
+        for name, column in (("subjects", subjects), ("ids", ids), ("codecs", codecs), ("keys", keys),
+                             ("headers", headers)):
+            if column is not None and len(column) != count:
+                raise InvalidInputError(f"publish_each: {name} has {len(column)} entries for {count} payloads")
+        at = now_ms()
+        missing = count if ids is None else sum(msg_id is None for msg_id in ids)
+        generated = iter(new_message_ids(missing) if missing > 1 else [new_message_id(at)] * missing)
+        envelopes = []
+        for i, data in enumerate(payloads):
+            try:
+                if type(data) is not bytes:
+                    raise InvalidInputError(f"payload must be bytes, not {type(data).__name__}")
+                if len(data) > self.max_payload_bytes:
+                    raise PayloadTooLarge(len(data), self.max_payload_bytes, self.name)
+                check_subject(subjects[i])
+                codec = codecs[i] if codecs is not None and codecs[i] is not None else CODEC_BYTES
+                if codec not in CODECS:
+                    raise InvalidInputError(f"codec {codec!r}: must be one of {', '.join(CODECS)}")
+                msg_id = ids[i] if ids is not None else None
+                shared = self._check(msg_id, keys[i] if keys is not None else None,
+                                     headers[i] if headers is not None else None)
+            except PayloadTooLarge:
+                raise
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"message {i}: {exc}") from None
+            envelopes.append(Envelope(data, next(generated) if msg_id is None else msg_id, at, codec, shared,
+                                      keys[i] if keys is not None else None, subject=subjects[i]))
+        if not envelopes:
+            return []
+        slots = self.log.load(envelopes)  # (placed by key, as a keyed publish: per-key order within a shard)
+        self._published.inc(len(slots))
+        return [MessageRef(env.msg_id, ref.magazine, ref.shard, ref.slot)
+                for env, ref in zip(envelopes, slots, strict=True)]
+
     # ---- figures ---------------------------------------------------------------------------------------
     def survey(self) -> list[ShardSurvey]:
         """Each shard's retained span and a sample of its records' sizes (what stats() and the byte bound's trim,
@@ -182,14 +234,18 @@ def first_retained(store: Storage, topic: str, shard: int, low: int, high: int) 
     of the span in batch reads). On a two-step store each probe reads a window of slots: the newest may be reserved
     and not written yet (publishers reserve up to RESERVE_MAX ahead), which is no gap of old ones. (When a shard's
     newest slots are all empty, the window cannot tell a reserved tail from gone messages, and takes them as the
-    tail; last_written leaves them out of the figures.)"""
+    tail; last_written leaves them out of the figures.) An empty slot with messages held within a window on both
+    sides of it is a hole among the retained ones (a publisher's stale reservation, sealed), not the gone head."""
     window = RESERVE_MAX + 1 if store.write_grace_ms else 1
+    first = low
     while low <= high:
         mid = (low + high) // 2
         refs = [SlotRef(topic, shard, slot) for slot in range(mid, min(mid + window, high + 1))]
         held = next((ref.slot for ref, there in zip(refs, store.held(refs), strict=True) if there), None)
         if held == mid:
             high = mid - 1
+        elif held is not None and window > 1 and _held_before(store, topic, shard, max(first, mid - window), mid):
+            high = mid - 1  # a hole among retained messages (a sealed reservation), not the gone head: go left
         elif held is not None:  # gone at mid, held a little later: the edge is in between
             low, high = mid + 1, held - 1
             if low > high:
@@ -199,6 +255,12 @@ def first_retained(store: Storage, topic: str, shard: int, low: int, high: int) 
         else:  # a run of gone slots longer than any reservation: old ones
             low = refs[-1].slot + 1
     return low
+
+
+def _held_before(store: Storage, topic: str, shard: int, start: int, stop: int) -> bool:
+    """Whether a slot in start..stop-1 holds a message (one batch read)."""
+    refs = [SlotRef(topic, shard, slot) for slot in range(start, stop)]
+    return bool(refs) and any(store.held(refs))
 
 
 def last_written(store: Storage, topic: str, shard: int, first: int, load: int) -> int:
@@ -213,16 +275,24 @@ def last_written(store: Storage, topic: str, shard: int, first: int, load: int) 
 
 
 def first_published_at(store: Storage, topic: str, shard: int, low: int, high: int, at_ms: int) -> int:
-    """The first slot in low..high holding a message published at or after `at_ms` (high + 1 when none): publish
-    times grow with the slot within a shard, and the slots before the first retained one are gone."""
+    """The first slot in low..high holding a message published at or after `at_ms` (high + 1 when none), or an empty
+    slot before it: publish times grow with the slot within a shard, and the slots before the first retained one are
+    gone. An empty slot among the retained ones (a publisher's sealed reservation) says nothing of the time: the
+    search reads on to the next message (up to RESERVE_MAX + 1 slots) and keeps the slots when it finds none, so a
+    hole never makes it pass over a message it should keep."""
     low = first_retained(store, topic, shard, low, high)
     while low <= high:
         mid = (low + high) // 2
         envelope = store.read([SlotRef(topic, shard, mid)])[0]
-        if envelope is None or envelope.loaded_at < at_ms:
-            low = mid + 1
+        at = mid
+        if envelope is None:
+            refs = [SlotRef(topic, shard, slot) for slot in range(mid + 1, min(mid + RESERVE_MAX + 1, high) + 1)]
+            envelope, at = next(((e, ref.slot) for ref, e in zip(refs, store.read(refs) if refs else [], strict=True)
+                                 if e is not None), (None, mid))
+        if envelope is not None and envelope.loaded_at < at_ms:
+            low = at + 1  # every message up to `at` is older (and mid..at-1 are empty)
         else:
-            high = mid - 1
+            high = mid - 1  # mid.. may hold one to keep (or a newer one is there): keep them
     return low
 
 

@@ -188,9 +188,9 @@ def finalize_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_cli
 
 def queue_figures(store: Storage, spec: QueueSpec, *, default_client_id: str | None = None
                   ) -> dict[str, Any]:
-    """Live figures for the status: depth, inFlight, delayed, sidelined, dead, and oldestAgeSeconds (whole
-    seconds the oldest waiting message has waited; None when none waits); a subscription's also its topic, lag
-    and expired."""
+    """Live figures for the status: depth, inFlight, delayed, sidelined, dead, oldestAgeSeconds (whole
+    seconds the oldest waiting message has waited; None when none waits) and fullPercent (a bounded queue's fill in
+    percent of its bound; None when unbounded); a subscription's also its topic, lag and expired."""
     client_id = spec.client_id or default_client_id or store.client_id
     s = client_view(store, client_id)
     queue = Queue(s, spec)
@@ -198,7 +198,7 @@ def queue_figures(store: Storage, spec: QueueSpec, *, default_client_id: str | N
     age = stats.oldest_age_seconds
     figures: dict[str, Any] = {"depth": stats.depth, "inFlight": stats.in_flight or 0, "delayed": stats.delayed,
                                "sidelined": stats.sidelined, "dead": stats.dead,
-                               AGE_FIGURE: None if age is None else int(age)}
+                               AGE_FIGURE: None if age is None else int(age), FULL_FIGURE: stats.full_percent}
     if spec.subscribe is not None and queue.cursor is not None:
         # Kafka's consumer lag: the topic's messages past the subscription's position (depth adds what waits in its
         # own magazines: retries and the like). Its oldest age is already the older of the two.
@@ -271,6 +271,8 @@ FIGURES = ("depth", "inFlight", "delayed", "sidelined", "dead")
 SUBSCRIPTION_FIGURES = ("lag", "expired")  # a subscription's, beside FIGURES
 TOPIC_FIGURE = "topic"  # a subscription's topic (written with its figures)
 AGE_FIGURE = "oldestAgeSeconds"  # absent from the status while nothing waits (a merge patch of null removes it)
+FULL_FIGURE = "fullPercent"  # a bounded queue's fill in percent of its bound (ignis.bounds); absent when unbounded
+FULL_CHANGE_POINTS = 5  # rewritten when it moved by this many points (or crossed 100): the alert reads Prometheus
 FIGURES_CHANGE_PERCENT = 10.0
 # An age grows by itself between two passes: it is rewritten only when it also moved by this much, so a queue
 # that keeps up (ages of seconds, going up and down) is not rewritten every pass, nor a stuck one every 30 s.
@@ -291,6 +293,10 @@ def figures_changed(written: Mapping[str, Any] | None, measured: Mapping[str, An
         if old is None or new is None or (old == 0) != (new == 0) or \
                 abs(new - old) >= max(1.0, abs(old) * percent / 100):
             return True
+    old_full, full = written.get(FULL_FIGURE), measured.get(FULL_FIGURE)
+    if (old_full is None) != (full is None) or (old_full is not None and full is not None and (
+            abs(full - old_full) >= FULL_CHANGE_POINTS or (old_full >= 100) != (full >= 100))):
+        return True
     old_age, age = written.get(AGE_FIGURE), measured.get(AGE_FIGURE)
     if (old_age is None) != (age is None):
         return True
@@ -302,8 +308,8 @@ def figures_status(measured: Mapping[str, Any]) -> dict[str, Any]:
     """The status fields of measured figures, with the time they were measured (an oldest age of None
     removes the field: nothing waits)."""
     subscription = subscription_status(measured[TOPIC_FIGURE], measured) if measured.get(TOPIC_FIGURE) else {}
-    return {**{k: measured[k] for k in FIGURES}, AGE_FIGURE: measured.get(AGE_FIGURE), **subscription,
-            "figuresTime": now_rfc3339()}
+    return {**{k: measured[k] for k in FIGURES}, AGE_FIGURE: measured.get(AGE_FIGURE),
+            FULL_FIGURE: measured.get(FULL_FIGURE), **subscription, "figuresTime": now_rfc3339()}
 
 
 def invalid(name: str, exc: InvalidSpecError, client_id: str | None = None, source: str | None = None) -> SyncResult:

@@ -82,7 +82,7 @@ def pipeline(
         "--verbose", "-v", help="show Spark's own log lines (at least WARN) on stderr; IGNIS_SPARK_LOG_LEVEL sets "
                                 "the level [default: OFF: only the command's own output]")] = False,
 ) -> None:
-    """Bulk jobs over queue data on Spark: export, replay, redrive, stats."""
+    """Bulk jobs over queue data (and topics' retained logs) on Spark: export, replay, redrive, stats."""
     ctx.meta["ignis.spark"] = (master, conf or [], verbose)
 
 
@@ -123,8 +123,8 @@ def _store(ctx: typer.Context) -> dict[str, str]:
     return {"store": parsed.store, "farmId": parsed.farm_id, "clientId": parsed.client_id}
 
 
-_OUR_ERROR = re.compile(r"\b(InvalidInputError|QueueNotFound|QueueInactive|PayloadTooLarge|StoreUnavailable|"
-                        r"StoreFull|StoreError|StaleEpoch|CanaryFailed|InvalidSpecError): (.+)")
+_OUR_ERROR = re.compile(r"\b(InvalidInputError|QueueNotFound|TopicNotFound|QueueInactive|PayloadTooLarge|"
+                        r"StoreUnavailable|StoreFull|StoreError|StaleEpoch|CanaryFailed|InvalidSpecError): (.+)")
 
 
 def _load(job: str) -> Callable[..., dict[str, Any]]:
@@ -133,11 +133,12 @@ def _load(job: str) -> Callable[..., dict[str, Any]]:
     return fn
 
 
-def _job(ctx: typer.Context, name: str, *args: Any, queues: Sequence[str] = (), **kwargs: Any) -> dict[str, Any]:
+def _job(ctx: typer.Context, name: str, *args: Any, queues: Sequence[str] = (), topics: Sequence[str] = (),
+         **kwargs: Any) -> dict[str, Any]:
     """Run job `name`; a failure inside Spark comes back as one line naming the problem. Before anything of Spark
     is imported or started: the session's arguments, Spark and Java being there, where the store can be reached
     from (an lmdb store and a master on other hosts), that the master answers, and that the named `queues`
-    exist."""
+    exist (and the named `topics`)."""
     from ignis_pipeline.session import check_master, check_master_answers, check_runtime, effective_master
 
     store = _store(ctx)
@@ -147,6 +148,7 @@ def _job(ctx: typer.Context, name: str, *args: Any, queues: Sequence[str] = (), 
     check_master(chosen, store["store"])
     check_master_answers(chosen)
     usage.require_queues(store, queues)
+    usage.require_topics(store, topics)
     # Our own progress line replaces Spark's console bar. Failures come back as exceptions, turned into one
     # `error:` line by the core CLI, so Spark's own logs (its stack traces included) stay off unless asked for.
     settings = {"spark.ui.showConsoleProgress": "false", **_job_session_conf().get(name, {}), **given}
@@ -165,7 +167,7 @@ def _job(ctx: typer.Context, name: str, *args: Any, queues: Sequence[str] = (), 
                 raise InvalidInputError(f"Spark: {str(exc).splitlines()[0]}") from None
             raise
         message = found.group(2).strip()
-        if found.group(1) in ("QueueNotFound", "QueueInactive"):
+        if found.group(1) in ("QueueNotFound", "TopicNotFound", "QueueInactive"):
             raise _NotFound(message) from None
         raise InvalidInputError(message) from None
     finally:
@@ -183,21 +185,41 @@ def export(
     queues: Annotated[list[str] | None, typer.Argument(
         metavar="[QUEUE]...", show_default=False, help="queues to export [default: every queue of the client]")] = None,
     to: Annotated[str, typer.Option("--to", show_default=False, help="output directory (any Spark path)")] = "",
-    magazine: Annotated[Magazine, typer.Option("--magazine", case_sensitive=False)] = Magazine.MAIN,
+    topic: Annotated[str | None, typer.Option(
+        "--topic", show_default=False, help="export this topic's retained log instead of queues")] = None,
+    subject_filter: Annotated[str | None, typer.Option(
+        "--subject-filter", show_default=False,
+        help="with --topic: only the subjects this filter selects (MQTT wildcards: + one level, # the rest)")] = None,
+    magazine: Annotated[Magazine | None, typer.Option(
+        "--magazine", case_sensitive=False, show_default=False, help="[default: main]")] = None,
     fmt: Annotated[Format, typer.Option("--format", case_sensitive=False)] = Format.PARQUET,
-    since: Annotated[str | None, typer.Option(help="load time from (ISO-8601 or epoch ms)")] = None,
-    until: Annotated[str | None, typer.Option(help="load time up to (ISO-8601 or epoch ms)")] = None,
+    since: Annotated[str | None, typer.Option(
+        help="load time from (ISO-8601 or epoch ms); with --topic: publish time from")] = None,
+    until: Annotated[str | None, typer.Option(
+        help="load time up to (ISO-8601 or epoch ms); with --topic: publish time before (exclusive)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace PATH if it exists")] = False,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
-    """Snapshot queue messages to Parquet (or JSON), partitioned by queue and magazine. Nothing is consumed."""
-    names = usage.queue_list(queues)
+    """Snapshot queue messages to Parquet (or JSON), partitioned by queue and magazine; or, with --topic, a topic's
+    retained log, partitioned by topic. Nothing is consumed."""
     if not to:
         raise InvalidInputError("--to PATH is required: where to write the export")
+    if topic is not None:
+        topic = usage.topic_name(topic, queues, magazine, subject_filter)
+        usage.topic_times(since, until)
+        usage.new_output(to, overwrite)
+        doc = _job(ctx, "export", [], to, topics=[topic], fmt=fmt.value, since=since, until=until,
+                   overwrite=overwrite, topic=topic, subject_filter=subject_filter)
+        _emit(doc, output, f"exported {doc['exported']} message(s) of topic {topic} to {doc['path']} "
+                           f"({doc['format']})")
+        return
+    if subject_filter is not None:
+        raise InvalidInputError("--subject-filter selects a topic's messages: give --topic too")
+    names = usage.queue_list(queues)
     usage.load_times(since, until)
     usage.new_output(to, overwrite)
-    doc = _job(ctx, "export", names, to, queues=names, magazine=magazine.value, fmt=fmt.value, since=since,
-               until=until, overwrite=overwrite)
+    doc = _job(ctx, "export", names, to, queues=names, magazine=(magazine or Magazine.MAIN).value, fmt=fmt.value,
+               since=since, until=until, overwrite=overwrite)
     _emit(doc, output, f"exported {doc['exported']} message(s) to {doc['path']} ({doc['format']})")
 
 

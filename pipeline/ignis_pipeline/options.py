@@ -17,6 +17,7 @@ from typing import Any
 from ignis import names
 from ignis.errors import InvalidInputError
 from ignis.settings import load_settings
+from ignis.subjects import filter_problem
 
 MAGAZINE_KINDS = ("main", "sideline", "dead")
 DEFAULT_SLOTS_PER_PARTITION = 100_000
@@ -26,7 +27,16 @@ _CREDENTIALS = re.compile(r"://[^/@?]*@")
 KNOWN = frozenset({
     "store", "clientid", "farmid", "queue", "magazine", "since", "until", "slotsperpartition",
     "maxmessagespertrigger", "chunksize", "maxmessagespersecondpertask", "path", "delay",
+    "topic", "startingtimestamp", "endingtimestamp", "subjectfilter",
 })
+KNOWN_NAMES = ("store, clientId, farmId, queue, topic, magazine, since, until, startingTimestamp, endingTimestamp, "
+               "subjectFilter, slotsPerPartition, maxMessagesPerTrigger, chunkSize, maxMessagesPerSecondPerTask, "
+               "delay")
+# Options that only make sense for one of the two: a queue's magazines and load-time window, a write's delay; a
+# topic's publish-time window (named as Spark's Kafka source names its own) and subject filter.
+QUEUE_ONLY = {"magazine": "magazine", "since": "since", "until": "until", "delay": "delay"}
+TOPIC_ONLY = {"startingtimestamp": "startingTimestamp", "endingtimestamp": "endingTimestamp",
+              "subjectfilter": "subjectFilter"}
 
 
 def parse_time(name: str, value: Any) -> int:
@@ -78,7 +88,7 @@ class SourceOptions:
     store: str
     farm_id: str
     client_id: str
-    queues: tuple[str, ...] | None  # None = every queue of the client ("*")
+    queues: tuple[str, ...] | None  # None = every queue of the client ("*"); () for a topic read
     magazines: tuple[str, ...]
     since: int | None
     until: int | None
@@ -88,6 +98,10 @@ class SourceOptions:
     rate_per_task: float | None
     delay_seconds: float | None  # writes: every row published this long after its task writes it
     planner_host: str  # where the driver side runs: an lmdb store is only reachable on this host
+    topics: tuple[str, ...] = ()  # option topic: the topics whose retained logs are read (or written); () = queues
+    starting: int | None = None  # topics: publish time from (epoch ms, inclusive)
+    ending: int | None = None  # topics: publish time before (epoch ms, exclusive: Spark's Kafka endingTimestamp)
+    subject_filter: str | None = None  # topics: an MQTT-style filter of the subjects read (ignis.subjects)
 
     @property
     def is_lmdb(self) -> bool:
@@ -98,9 +112,18 @@ class SourceOptions:
         given = {str(k).lower(): v for k, v in options.items()}
         unknown = sorted(set(given) - KNOWN)
         if unknown:
-            raise InvalidInputError(f"unknown option(s) {', '.join(unknown)} for format 'ignis'; known: store, "
-                                    "clientId, farmId, queue, magazine, since, until, slotsPerPartition, "
-                                    "maxMessagesPerTrigger, chunkSize, maxMessagesPerSecondPerTask, delay")
+            raise InvalidInputError(f"unknown option(s) {', '.join(unknown)} for format 'ignis'; known: {KNOWN_NAMES}")
+        topic_given = given.get("topic") is not None and str(given["topic"]).strip() != ""
+        queue_given = any(given.get(k) is not None and str(given[k]).strip() != "" for k in ("queue", "path"))
+        if topic_given and queue_given:
+            raise InvalidInputError("options queue and topic are both given: a read or write names queues (option "
+                                    "queue) or topics (option topic), not both")
+        if not topic_given and not queue_given:
+            raise InvalidInputError("option queue (or topic) is missing: name one queue, a comma list, or * for every "
+                                    "queue; or option topic: a topic, or a comma list of topics")
+        for key, name in (QUEUE_ONLY if topic_given else TOPIC_ONLY).items():
+            if given.get(key) is not None:
+                raise InvalidInputError(_misplaced(name, topic_given))
         settings = load_settings()
         store = str(given.get("store") or settings.store)
         if _CREDENTIALS.search(store):
@@ -111,7 +134,8 @@ class SourceOptions:
             store = _absolute_lmdb(store)
         farm_id = names.check_id("farmId", str(given.get("farmid") or settings.farm_id))
         client_id = names.check_id("clientId", str(given.get("clientid") or settings.client_id))
-        queues = _queues(given.get("queue") or given.get("path"))
+        topics = topic_names(str(given["topic"]).split(","), "option topic") if topic_given else ()
+        queues = () if topic_given else _queues(given.get("queue") or given.get("path"))
         magazine = str(given.get("magazine") or "main").strip().lower()
         if magazine == "all":
             magazines = MAGAZINE_KINDS
@@ -123,8 +147,22 @@ class SourceOptions:
         until = parse_time("until", given["until"]) if given.get("until") is not None else None
         if since is not None and until is not None and until < since:
             raise InvalidInputError(f"option until ({until}) is before since ({since})")
+        starting = parse_time("startingTimestamp", given["startingtimestamp"]) \
+            if given.get("startingtimestamp") is not None else None
+        ending = parse_time("endingTimestamp", given["endingtimestamp"]) \
+            if given.get("endingtimestamp") is not None else None
+        if starting is not None and ending is not None and ending <= starting:
+            raise InvalidInputError(f"option endingTimestamp ({ending}) is not after startingTimestamp ({starting}): "
+                                    "the window [startingTimestamp, endingTimestamp) holds no publish time")
+        subject_filter = None
+        if given.get("subjectfilter") is not None:
+            problem = filter_problem(str(given["subjectfilter"]))
+            if problem is not None:
+                raise InvalidInputError(f"option subjectFilter: {problem}")
+            subject_filter = str(given["subjectfilter"])
         return cls(store=store, farm_id=farm_id, client_id=client_id, queues=queues, magazines=magazines,
-                   since=since, until=until,
+                   since=since, until=until, topics=topics, starting=starting, ending=ending,
+                   subject_filter=subject_filter,
                    slots_per_partition=_positive(given, "slotsperpartition", DEFAULT_SLOTS_PER_PARTITION),
                    max_messages_per_trigger=_positive(given, "maxmessagespertrigger",
                                                       DEFAULT_MAX_MESSAGES_PER_TRIGGER),
@@ -132,6 +170,17 @@ class SourceOptions:
                    rate_per_task=_float_or_none(given, "maxmessagespersecondpertask"),
                    delay_seconds=_float_or_none(given, "delay"),
                    planner_host=socket.gethostname())
+
+    @property
+    def is_topic(self) -> bool:
+        """A topic read or write (option topic), not a queue's."""
+        return bool(self.topics)
+
+    def single_topic(self, what: str) -> str:
+        if len(self.topics) != 1:
+            raise InvalidInputError(f"{what} needs option topic naming exactly one topic (got "
+                                    f"{','.join(self.topics) or 'none'})")
+        return self.topics[0]
 
     def single_queue(self, what: str) -> str:
         if self.queues is None or len(self.queues) != 1:
@@ -157,6 +206,29 @@ def queue_names(parts: Sequence[str], what: str) -> tuple[str, ...]:
         if "_" in name or not names.ID_PATTERN.match(name):
             raise InvalidInputError(f"{what}: {name!r} is not a queue name (lowercase letters, digits, '-')")
     return found
+
+
+def topic_names(parts: Sequence[str], what: str) -> tuple[str, ...]:
+    """Topic names, each checked (a topic is named as a queue is), in order, once each; blank parts skipped."""
+    found = tuple(dict.fromkeys(part.strip() for part in parts if part.strip()))
+    if not found:
+        raise InvalidInputError(f"{what}: names no topic")
+    for name in found:
+        if name == "*":
+            raise InvalidInputError(f"{what}: name the topics (one, or a comma list); * is for queues only")
+        if "_" in name or not names.ID_PATTERN.match(name):
+            raise InvalidInputError(f"{what}: {name!r} is not a topic name (lowercase letters, digits, '-')")
+    return found
+
+
+def _misplaced(option: str, topic: bool) -> str:
+    if topic:
+        hint = {"since": " (a topic read takes startingTimestamp)", "until": " (a topic read takes endingTimestamp)",
+                "magazine": " (a topic has one log)", "delay": " (a topic's messages are never delayed)"}[option]
+        return f"option {option} is for queues (option queue), not for option topic{hint}"
+    hint = {"startingTimestamp": " (a queue read takes since)", "endingTimestamp": " (a queue read takes until)",
+            "subjectFilter": ""}[option]
+    return f"option {option} is for topics (option topic), not for option queue{hint}"
 
 
 def _absolute_lmdb(url: str) -> str:

@@ -3,6 +3,11 @@
 Spark calls `partitions` once, in a Python process on the driver side, then `read(partition)` once per
 partition in the executors' Python workers. Each task opens its own store connection from the options.
 
+A topic read (option `topic`) plans per topic shard from its oldest retained message, or from where a search
+over publish times finds `startingTimestamp` (slots.plan_topics), and its tasks leave out, as they read, the
+records outside the publish-time window and those the `subjectFilter` does not select: only selected rows
+reach Spark.
+
 What is read is decided by the options alone (`queue`, `magazine`, `since`); every filter of a query is
 evaluated by Spark on the rows. The source accepts no pushed filters, because pyspark 4.2.0 to 4.3.0 (every
 version this project allows) keep one read plan per DataFrame and hand it to later queries on it: the
@@ -24,6 +29,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from ignis.subjects import subject_filter
 from ignis_pipeline import schema, slots
 from ignis_pipeline.options import SourceOptions
 from ignis_pipeline.stores import open_driver_store, task_store
@@ -85,6 +91,9 @@ class IgnisReader(DataSourceReader):
         opts = self.options
         store = open_driver_store(opts)
         try:
+            if opts.is_topic:
+                return slots.plan_topics(store, opts.topics, starting_ms=opts.starting, ending_ms=opts.ending,
+                                         slots_per_partition=opts.slots_per_partition)
             return slots.plan(store, opts.queues, opts.magazines, since_ms=opts.since,
                               slots_per_partition=opts.slots_per_partition)
         finally:
@@ -100,7 +109,9 @@ class IgnisReader(DataSourceReader):
         store = task_store(self.options)
         if isinstance(partition, TailPartition):
             for tail in partition.tails:
-                for r in slots.tail_ranges(store, tail):
+                ranges = slots.topic_tail_ranges(store, tail) if tail.kind == slots.TOPIC_KIND else \
+                    slots.tail_ranges(store, tail)
+                for r in ranges:
                     yield from self._read_range(store, r)
             return
         r: slots.SlotRange | None = getattr(partition, "range", None)
@@ -108,8 +119,22 @@ class IgnisReader(DataSourceReader):
             yield from self._read_range(store, r)
 
     def _read_range(self, store: Any, r: slots.SlotRange) -> Iterator[Any]:
+        if r.kind == slots.TOPIC_KIND:
+            yield from self._read_topic_range(store, r)
+            return
         since, until = self.options.since, self.options.until
         for start, end in windows(r.first, r.last):
             records = schema.in_window(store.peek(r.magazine, r.shard, start, end), since, until)
             if records:
                 yield schema.to_batch(r.queue, r.kind, r.shard, records)
+
+    def _read_topic_range(self, store: Any, r: slots.SlotRange) -> Iterator[Any]:
+        """A topic's slots: the rows of the publish-time window whose subject the filter selects, left out here,
+        in the task that reads them, so no other row reaches Spark."""
+        opts = self.options
+        only = None if opts.subject_filter is None else subject_filter(opts.subject_filter)
+        for start, end in windows(r.first, r.last):
+            records = schema.in_topic_window(store.peek(r.magazine, r.shard, start, end), opts.starting, opts.ending,
+                                             only)
+            if records:
+                yield schema.topic_batch(r.queue, r.shard, records)

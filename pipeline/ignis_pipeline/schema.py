@@ -17,6 +17,21 @@ records into Arrow record batches.
 | reason | string | why it left main (sideline and dead) |
 | history | array<struct<reason,at,attempt>> | failures so far, oldest first |
 | due_at | timestamp | when a delayed (or retried) message became due (null when it was not delayed) |
+
+A topic's retained log (option `topic`) has a table of its own, `TOPIC_DDL`, with Kafka's columns in IgnisMQ's
+words (Kafka's: topic, partition, offset, key, value, headers, timestamp):
+
+| column | type | meaning |
+|---|---|---|
+| topic | string | topic name |
+| shard, offset | int, bigint | where the message is stored: its shard and its slot (grows with publish time) |
+| subject | string | what the message is about (`sensors/kitchen/temp`) |
+| id | string | message id |
+| payload | binary | payload bytes exactly as published |
+| codec | string | bytes, str or json: how `payload` decodes |
+| key | string | partition key (null when none) |
+| headers | map<string,string> | headers (null when none) |
+| published_at | timestamp | publish time |
 """
 
 from __future__ import annotations
@@ -42,6 +57,16 @@ ARROW_SCHEMA = pa.schema([
     ("attempts", pa.int32()), ("reason", pa.string()), ("history", pa.list_(_HISTORY)), ("due_at", _TS),
 ])
 COLUMNS = tuple(ARROW_SCHEMA.names)
+
+
+TOPIC_DDL = ("topic string, shard int, offset bigint, subject string, id string, payload binary, codec string, "
+             "key string, headers map<string,string>, published_at timestamp")
+TOPIC_ARROW_SCHEMA = pa.schema([
+    ("topic", pa.string()), ("shard", pa.int32()), ("offset", pa.int64()), ("subject", pa.string()),
+    ("id", pa.string()), ("payload", pa.binary()), ("codec", pa.string()), ("key", pa.string()),
+    ("headers", pa.map_(pa.string(), pa.string())), ("published_at", _TS),
+])
+TOPIC_COLUMNS = tuple(TOPIC_ARROW_SCHEMA.names)
 
 
 def _history(entries: list[list[Any]] | None) -> list[dict[str, Any]] | None:
@@ -90,3 +115,36 @@ def in_window(records: list[tuple[Any, Envelope]], since: int | None, until: int
     low = since if since is not None else -(1 << 62)
     high = until if until is not None else 1 << 62
     return [r for r in records if low <= r[1].loaded_at <= high]
+
+
+def topic_batch(topic: str, shard: int, records: Sequence[tuple[Any, Envelope]]) -> pa.RecordBatch:
+    """One Arrow batch of (SlotRef, Envelope) pairs of one shard of a topic."""
+    envelopes = [env for _, env in records]
+    n = len(envelopes)
+    columns = [
+        pa.array([topic] * n, pa.string()),
+        pa.array([shard] * n, pa.int32()),
+        pa.array([ref[2] for ref, _ in records], pa.int64()),
+        pa.array([e.subject for e in envelopes], pa.string()),
+        pa.array([e.msg_id for e in envelopes], pa.string()),
+        pa.array([e.payload for e in envelopes], pa.binary()),
+        pa.array([e.codec for e in envelopes], pa.string()),
+        _optional([e.key for e in envelopes], pa.string()),
+        _optional([None if not e.headers else list(e.headers.items()) for e in envelopes],
+                  TOPIC_ARROW_SCHEMA.field("headers").type),
+        pa.array([e.loaded_at * 1000 for e in envelopes], _TS),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=TOPIC_ARROW_SCHEMA)
+
+
+def in_topic_window(records: list[tuple[Any, Envelope]], starting: int | None, ending: int | None,
+                    only: Any = None) -> list[tuple[Any, Envelope]]:
+    """The records published in [starting, ending) (ms, either bound optional; Spark's Kafka source's
+    startingTimestamp is inclusive, its endingTimestamp exclusive) whose subject `only` (a SubjectFilter, None:
+    every subject) selects."""
+    if starting is None and ending is None and only is None:
+        return records
+    low = starting if starting is not None else -(1 << 62)
+    high = ending if ending is not None else 1 << 62
+    matches = None if only is None or only.matches_all else only.matches
+    return [r for r in records if low <= r[1].loaded_at < high and (matches is None or matches(r[1].subject))]

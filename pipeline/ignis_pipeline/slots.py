@@ -23,8 +23,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ignis import names
-from ignis.errors import QueueNotFound
+from ignis.envelope import now_ms
+from ignis.errors import QueueNotFound, TopicNotFound
 from ignis.storage.base import Storage
+from ignis.topics.spec import TopicSpec
+from ignis.topics.topic import first_published_at, first_retained
 
 SINCE_SKEW_MS = 1_000  # producers' time stamps may trail their slot order by this much (plus write grace)
 PROBE_FIRST = 1  # slots a probe reads at first; it grows 4x while it finds nothing to judge by
@@ -157,3 +160,75 @@ def tail_ranges(store: Storage, tail: Tail) -> Iterator[SlotRange]:
         first = max(tail.planned.get(shard, 0) + 1, lowest_slot(sweep, shard))
         if first <= p.load:
             yield SlotRange(tail.queue, tail.kind, tail.magazine, shard, first, p.load)
+
+
+# ---- topics ------------------------------------------------------------------------------------------------
+# A topic's shard holds its retained messages from the first slot it still holds (its oldest leave first, by
+# age or by the byte bound: ignis.topics.retention) to the load pointer, in publish-time order up to the skew
+# between producers. So a read from `startingTimestamp` starts where first_published_at finds it (a binary
+# search over the slots, about log2(retained) reads per shard, never a scan from the head), less the skew
+# allowance, and one up to `endingTimestamp` stops where the search finds that time, plus the allowance; rows
+# outside the window are then left out by the read itself (schema.in_topic_window).
+TOPIC_KIND = "topic"
+
+
+def topic_shards(store: Storage, topics: Iterable[str]) -> list[tuple[str, int]]:
+    """(topic, shards) of the named topics; one that does not exist is an error (TopicNotFound)."""
+    out = []
+    for name in topics:
+        record = store.get_topic(name)
+        if record is None:
+            raise TopicNotFound(name, store.client_id)
+        out.append((name, TopicSpec.from_bins(name, record.bins, store.client_id).shards))
+    return out
+
+
+def topic_span(store: Storage, topic: str, shard: int, load: int, starting_ms: int | None,
+               ending_ms: int | None) -> tuple[int, int]:
+    """The slots first..last of one topic shard that may hold a message of the window (first > last: none)."""
+    allowance = SINCE_SKEW_MS + store.write_grace_ms
+    if starting_ms is None:
+        first = first_retained(store, topic, shard, 1, load)
+    else:
+        first = first_published_at(store, topic, shard, 1, load, starting_ms - allowance)
+    last = load
+    if ending_ms is not None and first <= load:
+        last = first_published_at(store, topic, shard, first, load, ending_ms + allowance) - 1
+    return first, last
+
+
+def plan_topics(store: Storage, topics: Iterable[str], *, starting_ms: int | None, ending_ms: int | None,
+                slots_per_partition: int) -> Plan:
+    """Exhaustive, disjoint slot ranges covering every retained message of the window, and a tail per topic for
+    what is published after (none when the window ended before planning: nothing published later is in it)."""
+    ranges: list[SlotRange] = []
+    tails: list[Tail] = []
+    closed = ending_ms is not None and ending_ms + SINCE_SKEW_MS + store.write_grace_ms < now_ms()
+    for topic, shards in topic_shards(store, topics):
+        pointers = store.pointers(topic, shards)
+        if not closed:
+            tails.append(Tail(topic, TOPIC_KIND, topic, {shard: p.load for shard, p in pointers.items() if p.load}))
+        for shard in range(shards):
+            load = pointers[shard].load
+            if not load:
+                continue
+            first, last = topic_span(store, topic, shard, load, starting_ms, ending_ms)
+            for start in range(first, last + 1, slots_per_partition):
+                end = min(last, start + slots_per_partition - 1)
+                ranges.append(SlotRange(topic, TOPIC_KIND, topic, shard, start, end))
+    return Plan(ranges, tails)
+
+
+def topic_tail_ranges(store: Storage, tail: Tail) -> Iterator[SlotRange]:
+    """The slot ranges of a topic's tail as the store holds them now: after the planned slots, up to the load
+    pointer (shards with nothing planned from their first retained slot). A topic deleted since has no tail."""
+    topic = tail.queue
+    record = store.get_topic(topic)
+    if record is None:
+        return
+    shards = TopicSpec.from_bins(topic, record.bins, store.client_id).shards
+    for shard, p in store.pointers(topic, shards).items():
+        planned = tail.planned.get(shard, 0)
+        first = planned + 1 if planned else first_retained(store, topic, shard, 1, p.load)
+        if first <= p.load:
+            yield SlotRange(topic, TOPIC_KIND, topic, shard, first, p.load)

@@ -3,11 +3,12 @@
     import ignis_pipeline
     ignis_pipeline.register(spark)                      # once per SparkSession
     df = spark.read.format("ignis").option("queue", "orders").load()
+    log = spark.read.format("ignis").option("topic", "events").load()   # a topic's retained log
 
 Spark instantiates `IgnisDataSource(options)` wherever it needs it (a Python process on the driver side
 for planning, Python workers for tasks). It asks for the schema when a DataFrame is made (`load()`, for a
 read and a stream), on the driver side: the options are parsed and the named queues looked up there, so
-a bad option or an unknown queue fails `load()` itself, before any query. (`DataSource.__init__` "should
+a bad option or an unknown queue (or topic) fails `load()` itself, before any query. (`DataSource.__init__` "should
 not be overridden", says pyspark.sql.datasource: hence the cached property.)
 Reading: reader.py; writing: writer.py; streaming: stream.py.
 """
@@ -37,15 +38,19 @@ class IgnisDataSource(DataSource):
 
     def schema(self) -> str:
         self.check()
-        return schema.DDL
+        return schema.TOPIC_DDL if self.parsed.is_topic else schema.DDL
 
     def check(self) -> None:
-        """The options, and that every named queue exists (QueueNotFound otherwise): at `load()`."""
+        """The options, and that every named queue or topic exists (QueueNotFound, TopicNotFound otherwise): at
+        `load()`."""
         options = self.parsed
-        if options.queues:
+        if options.queues or options.topics:
             store = open_driver_store(options)
             try:
-                slots.queue_shards(store, options.queues)
+                if options.topics:
+                    slots.topic_shards(store, options.topics)
+                else:
+                    slots.queue_shards(store, options.queues)
             finally:
                 store.close()
 
@@ -55,8 +60,10 @@ class IgnisDataSource(DataSource):
         return IgnisReader(self.parsed)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from ignis_pipeline.writer import IgnisWriter
+        from ignis_pipeline.writer import IgnisWriter, TopicWriter
 
+        if self.parsed.is_topic:
+            return TopicWriter(self.parsed, schema, overwrite)
         return IgnisWriter(self.parsed, schema, overwrite)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:

@@ -23,6 +23,12 @@ during the run are left for later, and once every shard's fire pointer has reach
 that another consumer claimed first is that consumer's; a write still in flight in a claimed slot is
 awaited up to the producer's write deadline, as the library's fire does.)
 
+A subscription (a queue with `subscribe`) streams the same way: its fire takes from its own main, then through
+its cursor from the topic (its filter applied by the claim); the offset keeps the cursor's claims apart
+(`topicClaims`, and `topicFire` per topic shard), the executors read them through the cursor (the topic's
+records), and the ack settles the claim records. Under Trigger.AvailableNow the topic's load pointers are the
+cursor's target (`Storage.claim_cursor(..., up_to=...)`). A `topic` option is refused: stream a subscription.
+
 If the query dies before its batch is acked, the claimed messages are neither acked nor lost: a
 restarted query re-runs the logged batch from its checkpoint and reads the same claimed slots again; and
 whatever no query reads again (a batch that never reached the offset log, a query never restarted) the
@@ -80,12 +86,20 @@ def decode_claims(text: str) -> list[tuple[int, int, int]]:
 
 
 class ClaimedSlots(InputPartition):
-    """The claimed slot runs of one shard for one micro-batch."""
+    """The claimed slot runs of one shard of one magazine for one micro-batch: the queue's main (magazine None),
+    or a subscription's cursor (its claims of the topic's slots)."""
 
-    def __init__(self, shard: int, runs: list[tuple[int, int]]) -> None:
-        super().__init__((shard, runs))
+    def __init__(self, shard: int, runs: list[tuple[int, int]], magazine: str | None = None) -> None:
+        super().__init__((shard, runs, magazine))
         self.shard = shard
         self.runs = runs
+        self.magazine = magazine
+
+
+# A subscription's offsets have two more keys, for its cursor (the slots it claims are the topic's; a plain
+# queue's offsets are as they always were): TOPIC_FIRE, per topic shard the highest slot this query claimed, and
+# TOPIC_CLAIMS, the topic slots claimed for the micro-batch.
+TOPIC_FIRE, TOPIC_CLAIMS = "topicFire", "topicClaims"
 
 
 class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -99,6 +113,7 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._queue: Queue | None = None
         self._acked: set[str] = set()  # claims of batches acked by this process (ack is idempotent anyway)
         self._target: dict[int, int] | None = None  # Trigger.AvailableNow: per shard, the last slot to claim
+        self._topic_target: dict[int, int] = {}  # ... and a subscription's, per topic shard
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader to the executors for `read`: the driver side's connection stays here.
@@ -107,6 +122,9 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ---- driver side -----------------------------------------------------------------------------
     def check(self) -> None:
         """One queue, its main magazine: what a streaming read consumes."""
+        if self.options.is_topic:
+            raise InvalidInputError("a streaming read consumes a queue (option queue): to stream a topic, stream a "
+                                    "subscription of it (a queue with subscribe: {topic: ...}), whose commits ack")
         self.options.single_queue("a streaming read")
         if self.options.magazines != ("main",):
             raise InvalidInputError("a streaming read consumes a queue's main magazine; read the sideline and "
@@ -122,7 +140,11 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         queue = self._open()
-        return {"fire": {str(s): p.fire for s, p in queue.main.pointers().items()}, "claims": ""}
+        offset: dict[str, Any] = {"fire": {str(s): p.fire for s, p in queue.main.pointers().items()}, "claims": ""}
+        if queue.cursor is not None:  # a subscription: its position in the topic too
+            offset[TOPIC_FIRE] = {str(s): p.fire for s, p in queue.cursor.pointers().items()}
+            offset[TOPIC_CLAIMS] = ""
+        return offset
 
     def getDefaultReadLimit(self) -> ReadLimit:
         self.check()
@@ -133,8 +155,12 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         queue = self._open()
         pointers = queue.main.pointers()
         self._target = {shard: p.load for shard, p in pointers.items()}
-        log.info("ignis stream: available now: %d unclaimed slot(s) of %s", sum(p.pending for p in pointers.values()),
-                 queue.name)
+        pending = sum(p.pending for p in pointers.values())
+        if queue.cursor is not None:  # a subscription: the topic's load pointers too
+            topic = queue.cursor.pointers()
+            self._topic_target = {shard: p.load for shard, p in topic.items()}
+            pending += sum(max(p.load - p.fire, 0) for p in topic.values())
+        log.info("ignis stream: available now: %d unclaimed slot(s) of %s", pending, queue.name)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         queue = self._open()
@@ -149,10 +175,18 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         claimed = self._fire(queue, want) if self._target is None else self._claim_up_to_target(queue, want)
         if not claimed:
             return start
+        main = [ref for ref in claimed if ref.magazine == queue.name]
         fire = dict(start.get("fire") or {})
-        for ref in claimed:
+        for ref in main:
             fire[str(ref.shard)] = max(int(fire.get(str(ref.shard), 0)), ref.slot)
-        return {"fire": fire, "claims": encode_claims(claimed)}
+        offset: dict[str, Any] = {"fire": fire, "claims": encode_claims(main)}
+        if queue.cursor is not None:  # a subscription: what it claimed of the topic, apart
+            topic = [ref for ref in claimed if ref.magazine != queue.name]
+            topic_fire = dict(start.get(TOPIC_FIRE) or {})
+            for ref in topic:
+                topic_fire[str(ref.shard)] = max(int(topic_fire.get(str(ref.shard), 0)), ref.slot)
+            offset[TOPIC_FIRE], offset[TOPIC_CLAIMS] = topic_fire, encode_claims(topic)
+        return offset
 
     @staticmethod
     def _fire(queue: Queue, want: int) -> list[SlotRef]:
@@ -194,16 +228,55 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         claimed.append(item.ref)
                     elif item.awaiting:
                         in_flight.append(item.ref)
-        return claimed + self._await(queue, in_flight)
+        claimed += self._await(queue, in_flight)
+        if queue.cursor is not None and len(claimed) < want:  # a subscription: the rest from its topic
+            claimed += self._claim_topic_up_to_target(queue, want - len(claimed))
+        return claimed
+
+    def _claim_topic_up_to_target(self, queue: Queue, want: int) -> list[SlotRef]:
+        """_claim_up_to_target through a subscription's cursor (its filter applied by the claim, in the store):
+        up to `want` messages of topic slots up to the topic's target."""
+        cursor = queue.cursor
+        assert cursor is not None
+        store, target = queue.store, self._topic_target
+        pointers = cursor.pointers()
+        shards = [s for s, last in sorted(target.items()) if pointers[s].fire < last]
+        claimed: list[SlotRef] = []
+        in_flight: list[SlotRef] = []
+        while shards and len(claimed) < want:
+            for shard in list(shards):
+                need = want - len(claimed)
+                if need <= 0:
+                    break
+                got = store.claim_cursor(cursor.name, shard, -(-need // len(shards)), now_ms(), cursor.only,
+                                         up_to=target[shard])
+                if got.drained:  # the target (or the load pointer) reached; an empty claim that is not drained
+                    shards.remove(shard)  # passed over what the filter refused: the shard goes on
+                for item in got.claimed:
+                    if item.envelope is not None:
+                        claimed.append(item.ref)
+                    elif item.awaiting:
+                        in_flight.append(item.ref)
+        return claimed + self._await(queue, in_flight, topic=True)
 
     @staticmethod
-    def _await(queue: Queue, refs: list[SlotRef]) -> list[SlotRef]:
+    def _await(queue: Queue, refs: list[SlotRef], topic: bool = False) -> list[SlotRef]:
         """Claimed slots whose record was still being written: re-read until it lands (stamped then, as a
         claim stamps), or until the producer's write deadline is over, when the slot is sealed (a hole that
         refuses the late write, so its producer publishes it again, into a later slot). Bounded: what is
         neither landed nor sealed by twice the deadline is left to the sweeper, which finds stranded writes."""
         store = queue.store
         landed: list[SlotRef] = []
+        cursor = queue.cursor if topic else None
+        if cursor is not None:  # a subscription's topic slots: through its cursor (a seal seals the topic's slot)
+            def restamp(refs: list[SlotRef], at: int, count: bool) -> list[Any]:
+                return store.restamp_cursor(refs, at, cursor.only, count)
+
+            def seal(refs: list[SlotRef], ttl: int) -> list[bool]:
+                return store.seal_cursor(refs, ttl)
+            ttl_seconds = cursor.ttl_seconds
+        else:
+            restamp, seal, ttl_seconds = store.restamp, store.seal, queue.main.ttl_seconds
         grace = store.write_grace_ms / 1000
         deadline = time.monotonic() + grace
         give_up = deadline + max(grace, 1.0)
@@ -212,14 +285,14 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             time.sleep(wait)
             wait = min(wait * 2, AWAIT_MAX_SECONDS)
             still = []
-            for item in store.restamp(refs, now_ms(), True):
+            for item in restamp(refs, now_ms(), True):
                 if item.envelope is not None:
                     landed.append(item.ref)
                 elif item.awaiting:
                     still.append(item.ref)
             refs = still
             if refs and time.monotonic() >= deadline:
-                sealed = store.seal(refs, queue.main.ttl_seconds)
+                sealed = seal(refs, ttl_seconds)
                 refs = [ref for ref, done in zip(refs, sealed, strict=True) if not done]  # landed: read again
                 wait = AWAIT_FIRST_SECONDS
         if refs:
@@ -228,26 +301,40 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return landed
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        if end.get("claims", "") == start.get("claims", "") and end.get("fire") == start.get("fire"):
+        if all(end.get(key, "") == start.get(key, "") for key in ("claims", "fire", TOPIC_CLAIMS, TOPIC_FIRE)):
             return []
-        by_shard: dict[int, list[tuple[int, int]]] = {}
-        for shard, first, last in decode_claims(end.get("claims", "")):
-            by_shard.setdefault(shard, []).append((first, last))
-        return [ClaimedSlots(shard, runs) for shard, runs in sorted(by_shard.items())]
+        out: list[InputPartition] = []
+        for key, magazine in (("claims", None), (TOPIC_CLAIMS, self._cursor_name())):
+            by_shard: dict[int, list[tuple[int, int]]] = {}
+            for shard, first, last in decode_claims(end.get(key, "")):
+                by_shard.setdefault(shard, []).append((first, last))
+            out += [ClaimedSlots(shard, runs, magazine) for shard, runs in sorted(by_shard.items())]
+        return out
+
+    def _cursor_name(self) -> str | None:
+        """The name of the subscription's cursor magazine (None for a plain queue)."""
+        cursor = self._open().cursor
+        return None if cursor is None else cursor.name
 
     def commit(self, end: dict) -> None:
         self._ack(end)
 
     def _ack(self, offset: dict) -> None:
-        claims = offset.get("claims", "")
-        if not claims or claims in self._acked:
+        claims, topic_claims = offset.get("claims", ""), offset.get(TOPIC_CLAIMS, "")
+        done = f"{claims}/{topic_claims}"
+        if not (claims or topic_claims) or done in self._acked:
             return
         queue = self._open()
         refs = [SlotRef(queue.name, shard, slot) for shard, first, last in decode_claims(claims)
                 for slot in range(first, last + 1)]
+        if topic_claims:  # a subscription's claims of topic slots: an ack settles its claim records
+            cursor = self._cursor_name()
+            assert cursor is not None, "topic claims in the offset of a queue that is no subscription"
+            refs += [SlotRef(cursor, shard, slot) for shard, first, last in decode_claims(topic_claims)
+                     for slot in range(first, last + 1)]
         for at in range(0, len(refs), ACK_CHUNK):
             queue.store.delete(refs[at:at + ACK_CHUNK])
-        self._acked.add(claims)
+        self._acked.add(done)
         if len(self._acked) > 16:
             self._acked.pop()
         log.info("ignis stream: acked %d claimed slot(s) of %s", len(refs), queue.name)
@@ -261,7 +348,8 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         part: ClaimedSlots = partition  # type: ignore[assignment]
         store = task_store(self.options)
+        magazine = getattr(part, "magazine", None) or self.queue_name
         for first, last in part.runs:
-            records = store.peek(self.queue_name, part.shard, first, last)
+            records = store.peek(magazine, part.shard, first, last)
             if records:
                 yield schema.to_batch(self.queue_name, "main", part.shard, records)

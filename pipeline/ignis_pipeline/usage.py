@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from ignis.client import Ignis
 from ignis.errors import InvalidInputError
-from ignis_pipeline.options import parse_time, queue_names
+from ignis_pipeline.options import parse_time, queue_names, topic_names
 
 
 def queue_list(values: Sequence[str] | None, what: str = "QUEUE") -> list[str]:
@@ -76,3 +76,40 @@ def require_queues(store: dict[str, str], queues: Sequence[str]) -> None:
     with Ignis(store["store"], farm_id=store["farmId"], client_id=store["clientId"], purge_interval=0) as ignis:
         for name in queues:
             ignis.record(name)
+
+
+def topic_name(value: str, queues: Sequence[str] | None, magazine: object, subject_filter: str | None) -> str:
+    """An export's --topic: one topic name, with no QUEUE arguments nor --magazine beside it (a topic has one log),
+    and its --subject-filter checked."""
+    if queues:
+        raise InvalidInputError(f"--topic {value} and QUEUE arguments ({', '.join(queues)}): export a topic or queues, "
+                                "not both")
+    if magazine is not None:
+        raise InvalidInputError("--magazine is for queues: a topic has one log (--topic exports it)")
+    found = topic_names(value.split(","), "--topic")
+    if len(found) != 1:
+        raise InvalidInputError(f"--topic {value!r}: name one topic")
+    if subject_filter is not None:
+        from ignis.subjects import filter_problem
+
+        problem = filter_problem(subject_filter)
+        if problem is not None:
+            raise InvalidInputError(f"--subject-filter: {problem}")
+    return found[0]
+
+
+def topic_times(since: str | None, until: str | None) -> None:
+    """A topic export's --since and --until: epoch ms or ISO-8601, until after since (it is exclusive)."""
+    first = parse_time("--since", since) if since is not None else None
+    last = parse_time("--until", until) if until is not None else None
+    if first is not None and last is not None and last <= first:
+        raise InvalidInputError(f"--until {until} is not after --since {since} (a topic's window ends before --until)")
+
+
+def require_topics(store: dict[str, str], topics: Sequence[str]) -> None:
+    """TopicNotFound (exit 3) for the first named topic that does not exist: asked of the store, before Spark."""
+    if not topics:
+        return
+    with Ignis(store["store"], farm_id=store["farmId"], client_id=store["clientId"], purge_interval=0) as ignis:
+        for name in topics:
+            ignis.topic_spec(name)

@@ -7,6 +7,10 @@ Columns: `payload` (binary or string; required), optional `id`, `key`, `headers`
 The other columns of the read schema (queue, magazine, shard, slot, loaded_at, ...) are ignored, so an
 export can be written back as it is; any other column is an error.
 
+With option `topic` (TopicWriter) each row is published to the topic, its subject from a required `subject`
+column (a null or bad one fails the task naming its partition and row, nothing of its chunk written); `due_at`
+and `delay` are refused (a topic's messages are not delayed), and a topic read's own columns are ignored.
+
 Spark creates the writer on the driver side (`DataSource.writer`), pickles it to every task, and calls
 `write(iterator)` once per partition with Arrow record batches (pyspark.sql.datasource.DataSourceArrowWriter);
 the returned WriterCommitMessage objects reach `commit` on the driver side when every task succeeded, or
@@ -35,6 +39,7 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructType, Times
 from ignis.client import Ignis
 from ignis.envelope import CODEC_BYTES, CODEC_STR, now_ms
 from ignis.errors import InvalidInputError
+from ignis.subjects import check_subject
 from ignis_pipeline import schema
 from ignis_pipeline.options import SourceOptions
 from ignis_pipeline.stores import open_driver_store, task_store
@@ -106,8 +111,7 @@ class IgnisWriter(DataSourceArrowWriter):
 
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
-        store = task_store(self.options)
-        queue = Ignis(store).queue(self.queue)
+        target = self._target(task_store(self.options))
         pacer = _Pacer(self.options.rate_per_task)
         size = self.options.chunk_size
         if pacer.rate is not None:  # small chunks under a rate cap: a steady flow, not bursts
@@ -118,10 +122,14 @@ class IgnisWriter(DataSourceArrowWriter):
                 chunk = batch.slice(start, size)
                 columns = self._columns(chunk, partition, row)
                 pacer.wait(chunk.num_rows)
-                published += len(queue.publish_each(**columns))
+                published += len(target.publish_each(**columns))
                 chunks += 1
                 row += chunk.num_rows
         return PublishedMessage(partition, published, chunks)
+
+    def _target(self, store: Any) -> Any:
+        """What a task publishes to (its publish_each): the queue."""
+        return Ignis(store).queue(self.queue)
 
     def _columns(self, chunk: pa.RecordBatch, partition: int, row: int) -> dict[str, Any]:
         """The chunk as publish_each's columns, with a clear error for the first bad row."""
@@ -173,16 +181,88 @@ class IgnisWriter(DataSourceArrowWriter):
         digits = struct.pack(f">{count}Q", *range(row, row + count)).hex()
         return [prefix + digits[at + 5:at + 16] for at in range(0, 16 * count, 16)]
 
+    @property
+    def what(self) -> str:
+        return f"queue {self.queue!r}"
+
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, PublishedMessage)]
-        log.warning("ignis write: published %d message(s) to queue %r in %d task(s), %d chunk(s)",
-                    sum(m.published for m in done), self.queue, len(done), sum(m.chunks for m in done))
+        log.warning("ignis write: published %d message(s) to %s in %d task(s), %d chunk(s)",
+                    sum(m.published for m in done), self.what, len(done), sum(m.chunks for m in done))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, PublishedMessage)]
-        log.error("ignis write to queue %r failed; %d task(s) had finished and published %d message(s), which "
-                  "stay published (a rerun publishes them again with the same ids)", self.queue, len(done),
+        log.error("ignis write to %s failed; %d task(s) had finished and published %d message(s), which "
+                  "stay published (a rerun publishes them again with the same ids)", self.what, len(done),
                   sum(m.published for m in done))
+
+
+TOPIC_WRITABLE = {"payload", "subject", "id", "key", "headers", "codec"}
+TOPIC_IGNORED = set(schema.TOPIC_COLUMNS) - TOPIC_WRITABLE
+
+
+def check_topic_schema(df_schema: StructType) -> tuple[bool, list[str]]:
+    """check_schema for a topic: `subject` (string) is required too, and nothing is delayed (no due_at)."""
+    fields = {f.name: f.dataType for f in df_schema.fields}
+    if "subject" not in fields:
+        raise InvalidInputError(f"writing to a topic needs a column 'subject' (string: what each message is about, "
+                                f"e.g. 'sensors/kitchen/temp'); the DataFrame has {', '.join(fields) or 'no columns'}")
+    if not isinstance(fields["subject"], StringType):
+        raise InvalidInputError(f"column subject is {fields['subject'].simpleString()}: it must be string")
+    if "due_at" in fields:
+        raise InvalidInputError("column due_at: a topic's messages are not delayed; drop the column (or write to a "
+                                "queue)")
+    unknown = sorted(set(fields) - TOPIC_WRITABLE - TOPIC_IGNORED)
+    if unknown:
+        raise InvalidInputError(f"unknown column(s) {', '.join(unknown)}: writing to a topic takes payload, subject, "
+                                "id, key, headers and codec (drop or rename the others)")
+    # The checks the two have in common, on the columns a queue would take.
+    queue_like = StructType([f for f in df_schema.fields if f.name in WRITABLE])
+    string_payload, columns = check_schema(queue_like)
+    return string_payload, columns
+
+
+class TopicWriter(IgnisWriter):
+    """`df.write.format("ignis").option("topic", "events")`: each row published to the topic, its subject from the
+    `subject` column. Created on the driver side, as IgnisWriter: everything it can check is checked there."""
+
+    def __init__(self, options: SourceOptions, df_schema: StructType, overwrite: bool) -> None:
+        if overwrite:
+            raise InvalidInputError("format 'ignis' only appends: a topic cannot be overwritten (publishing is not "
+                                    "undoable); use mode('append')")
+        self.options = options
+        self.queue = options.single_topic("writing")  # (the name the base class's ids and messages use)
+        self.string_payload, self.columns = check_topic_schema(df_schema)
+        store = open_driver_store(options)
+        try:
+            Ignis(store).topic(self.queue)  # TopicNotFound now, not in every task
+        finally:
+            store.close()
+        self.job_prefix = f"{now_ms():012x}{random.getrandbits(16):04x}"
+
+    @property
+    def what(self) -> str:
+        return f"topic {self.queue!r}"
+
+    def _target(self, store: Any) -> Any:
+        return Ignis(store).topic(self.queue)
+
+    def _columns(self, chunk: pa.RecordBatch, partition: int, row: int) -> dict[str, Any]:
+        """The chunk as Topic.publish_each's columns: the subjects checked first, the first bad one named by its
+        row (nothing of the chunk is written then, as for any bad row)."""
+        subjects = chunk.column("subject").to_pylist()
+        for i, subject in enumerate(subjects):
+            if subject is None:
+                raise InvalidInputError(f"partition {partition} row {row + i}: column subject is null (nothing of "
+                                        "this chunk was written)")
+            try:
+                check_subject(subject)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"partition {partition} row {row + i}: column subject: {exc} (nothing of "
+                                        "this chunk was written)") from None
+        columns = super()._columns(chunk, partition, row)
+        columns["subjects"] = subjects
+        return columns
 
 
 class _Pacer:

@@ -308,6 +308,7 @@ def test_monitoring_objects(chart: Any) -> None:
     assert rule["spec"] == plain
     dashboards = [d for d in by_kind(docs, "ConfigMap") if "-dashboard-" in d["metadata"]["name"]]
     assert {d["metadata"]["name"] for d in dashboards} == {f"{RELEASE}-ignismq-dashboard-overview",
+                                                          f"{RELEASE}-ignismq-dashboard-topics",
                                                           f"{RELEASE}-ignismq-dashboard-operator"}
     for d in dashboards:
         assert d["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -326,21 +327,29 @@ def test_runbook_base_url_is_configurable(chart: Any) -> None:
     assert all(re.fullmatch(r"https://wiki\.example/ignis#ignis\w+", u) for u in urls), urls
 
 
-def test_the_oldest_message_age_threshold_is_set_in_the_values(chart: Any, tmp_path: Path) -> None:
-    """The PrometheusRule carries monitoring.prometheusRule.thresholds.queueOldestMessageAgeSeconds: the
-    template finds the generator's default text to replace (else a value would change nothing), promtool
-    accepts the result, and nothing else of the rules changes."""
+def test_the_oldest_message_age_thresholds_are_set_in_the_values(chart: Any, tmp_path: Path) -> None:
+    """The PrometheusRule carries monitoring.prometheusRule.thresholds.queueOldestMessageAgeSeconds and
+    subscriptionOldestMessageAgeSeconds, each in its own rule: the template finds the generator's default text
+    to replace (else a value would change nothing), promtool accepts the result, and nothing else of the rules
+    changes."""
     import ignis_alerts
 
+    alerts = {"queueOldestMessageAgeSeconds": "IgnisQueueOldestMessageTooOld",
+              "subscriptionOldestMessageAgeSeconds": "IgnisSubscriptionOldestMessageTooOld"}
+    assert set(alerts) == set(ignis_alerts.THRESHOLDS)
     plain = yaml.safe_load((ROOT / "deploy/prometheus/ignismq-rules.yaml").read_text())
-    values = {"monitoring": {"prometheusRule": {"enabled": True, "thresholds": {"queueOldestMessageAgeSeconds": 60}}}}
+    thresholds = {"queueOldestMessageAgeSeconds": 60, "subscriptionOldestMessageAgeSeconds": 7200}
+    values = {"monitoring": {"prometheusRule": {"enabled": True, "thresholds": thresholds}}}
     spec = one(render(chart, values), "PrometheusRule")["spec"]
-    (rule,) = [r for r in spec["groups"][0]["rules"] if r["alert"] == "IgnisQueueOldestMessageTooOld"]
-    assert rule["expr"] == ignis_alerts.oldest_age_expr(60) != ignis_alerts.oldest_age_expr()
-    rule["expr"] = ignis_alerts.oldest_age_expr()
+    for key, alert in alerts.items():
+        expr, default = ignis_alerts.THRESHOLDS[key]
+        (rule,) = [r for r in spec["groups"][0]["rules"] if r["alert"] == alert]
+        assert rule["expr"] == expr(thresholds[key]) != expr(default), key
+        rule["expr"] = expr(default)
     assert spec == plain
     assert chart.values["monitoring"]["prometheusRule"]["thresholds"] == {
-        "queueOldestMessageAgeSeconds": ignis_alerts.OLDEST_AGE_DEFAULT_SECONDS}
+        key: default for key, (_, default) in ignis_alerts.THRESHOLDS.items()}
+    assert ignis_alerts.THRESHOLDS["queueOldestMessageAgeSeconds"][1] == ignis_alerts.OLDEST_AGE_DEFAULT_SECONDS
     rendered = tmp_path / "rules.yaml"
     rendered.write_text(yaml.safe_dump(one(render(chart, values), "PrometheusRule")["spec"]))
     promtool = shutil.which("promtool")

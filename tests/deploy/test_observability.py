@@ -102,7 +102,8 @@ def test_rules_cover_what_the_issue_asks_and_are_annotated() -> None:
             "IgnisBacklogGrowingWithoutAcks", "IgnisInFlightOlderThanSweepDuration", "IgnisSidelineGrowing",
             "IgnisDeadLettersArriving", "IgnisStorageErrors", "IgnisStorageRetriesHigh",
             "IgnisOperatorReconcileFailures", "IgnisQueueNotReady", "IgnisHoleBudgetExhausted",
-            "IgnisQueueOldestMessageTooOld"} <= names
+            "IgnisQueueOldestMessageTooOld", "IgnisSubscriptionOldestMessageTooOld",
+            "IgnisSubscriptionMessagesExpired"} <= names
     for rule in rule_docs():
         assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}, rule["alert"]
@@ -159,6 +160,39 @@ def test_every_queue_gauge_of_the_sweeper_has_a_dashboard_panel() -> None:
     assert gauges - shown == set()
 
 
+def test_every_topic_metric_has_a_dashboard_panel() -> None:
+    """The leader's topic gauges (ignis_subscription_info among them), the publishers' and the trim counters, and
+    what subscriptions lose to retention: each shown on the topics dashboard."""
+    from ignis_workers.metrics import TOPIC_GAUGES
+
+    shown: set[str] = set()
+    for _, expr in ignis_dashboards.queries(dashboard_docs()["ignismq-topics"]):
+        shown |= metric_names(expr)
+    wanted = {gauge._name for gauge in TOPIC_GAUGES} | {
+        "ignis_topic_published_total", "ignis_topic_trimmed_total", "ignis_subscription_expired_total"}
+    assert {"ignis_subscription_info", "ignis_topic_retained_bytes", "ignis_topic_oldest_age_seconds"} <= wanted
+    assert wanted - shown == set()
+
+
+def test_subscription_panels_select_subscriptions_by_their_info_series() -> None:
+    """Every query of the Subscriptions row that reads a queue series keeps only the selected topics'
+    subscriptions: it is joined with ignis_subscription_info filtered by the topic variable."""
+    doc = dashboard_docs()["ignismq-topics"]
+    panels = doc["panels"]
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Subscriptions")
+    checked = 0
+    for panel in panels[start + 1:]:
+        assert panel["type"] != "row"
+        for t in panel["targets"]:
+            names = metric_names(t["expr"])
+            if names & {"ignis_queue_depth", "ignis_queue_oldest_age_seconds", "ignis_subscription_expired_total",
+                        "ignis_acked_total", "ignis_queue_in_flight"}:
+                assert "ignis_subscription_info" in names and 'topic=~"$topic"' in t["expr"], t["expr"]
+                assert "group_left ()" in t["expr"], t["expr"]
+                checked += 1
+    assert checked >= 5
+
+
 def test_the_metric_check_catches_a_misspelt_name() -> None:
     assert metric_names('sum(rate(ignis_publishd_total{queue=~"$queue"}[$__rate_interval]))') == {
         "ignis_publishd_total"}
@@ -168,7 +202,7 @@ def test_the_metric_check_catches_a_misspelt_name() -> None:
 # ---- dashboards -------------------------------------------------------------------------------------
 def test_dashboards_are_loadable_grafana_json() -> None:
     docs = dashboard_docs()
-    assert {d["title"] for d in docs.values()} == {"IgnisMQ overview", "IgnisMQ operator"}
+    assert {d["title"] for d in docs.values()} == {"IgnisMQ overview", "IgnisMQ topics", "IgnisMQ operator"}
     for uid, doc in docs.items():
         assert doc["uid"] == uid and doc["schemaVersion"] >= 39
         panels = list(ignis_dashboards.all_panels(doc))
@@ -193,6 +227,13 @@ def test_dashboards_are_loadable_grafana_json() -> None:
     assert {"Queues", "Depth", "In flight", "Sidelined", "Dead", "Publish/s", "Deliver/s", "Ack/s",
             "Redeliveries/s", "Handler duration", "Batch size", "Sweep duration", "Storage calls by operation",
             "Holes skipped and late writes", "Oldest waiting", "Oldest waiting message", "Delayed messages"} <= titles
+    topics = docs["ignismq-topics"]
+    assert [v["name"] for v in topics["templating"]["list"]] == ["datasource", "namespace", "topic"]
+    assert [p["title"] for p in topics["panels"] if p["type"] == "row"] == ["Topics", "Subscriptions"]
+    topic_titles = {p["title"] for p in ignis_dashboards.all_panels(topics)}
+    assert {"Publish rate by topic", "Retained messages by topic", "Retained bytes by topic",
+            "Oldest retained message by topic", "Subscriptions and trims", "Lag (depth) by subscription",
+            "Oldest waiting message by subscription", "Lost to retention by subscription"} <= topic_titles
     operator_titles = {p["title"] for p in ignis_dashboards.all_panels(docs["ignismq-operator"])}
     assert {"Reconciles by result", "Reconcile duration", "Queues by state", "Drift repairs"} <= operator_titles
 

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import ignis_alerts
 import ignis_dashboards
 import pytest
 import yaml
@@ -33,8 +34,15 @@ pytestmark = pytest.mark.timeout(180)
 IGNIS = Path(sys.executable).parent / "ignis"
 SCRAPE_NAMESPACE = "ignis-test"
 RULES = ROOT / "deploy" / "prometheus" / "ignismq-rules.yaml"
-CORE_PANELS = {"Depth", "Publish/s", "Ack/s", "Leader", "Message rates", "Sweeper processes (1 = leader)",
-               "Depth and in flight", "Publish vs ack"}
+CORE_PANELS = {("ignismq-overview", title) for title in (
+    "Depth", "Publish/s", "Ack/s", "Leader", "Message rates", "Sweeper processes (1 = leader)", "Depth and in flight",
+    "Publish vs ack")} | {("ignismq-topics", title) for title in (
+    # The topic and subscription the fixture declares (its messages never consumed): the leader's figures. (The
+    # topic's publisher, the fixture, is not scraped.)
+    "Topics", "Retained messages", "Retained bytes", "Subscriptions", "Subscription lag", "Most behind",
+    "Retained messages by topic", "Retained bytes by topic", "Oldest retained message by topic",
+    "Lag (depth) by subscription", "Oldest waiting message by subscription")}
+TOPIC, SUBSCRIPTION, TOPIC_MESSAGES = "live-topic", "live-sub", 25
 RATE_WINDOW = "5s"  # what $__rate_interval becomes: a few 1 s scrapes
 
 
@@ -88,7 +96,7 @@ def stop(process: subprocess.Popen[str]) -> None:
             process.wait(10)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def prometheus_binary() -> str:
     path = shutil.which("prometheus")
     if path is None:
@@ -96,8 +104,26 @@ def prometheus_binary() -> str:
     return path
 
 
-@pytest.fixture
-def stack(tmp_path: Path, prometheus_binary: str) -> Iterator[dict[str, Any]]:
+def declare_topic(store_url: str) -> None:
+    """A topic with one subscription that nobody consumes, in the store `ignis up` then runs on: its sweeper leader
+    reports the topic's figures, the subscription's lag and age, and which topic it reads."""
+    from ignis import Ignis, QueueSpec, TopicSpec
+    from ignis.storage import open_store
+
+    store = open_store(store_url)
+    try:
+        client = Ignis(store)
+        client.apply(TopicSpec.build(name=TOPIC, shards=2))
+        client.apply(QueueSpec.build(name=SUBSCRIPTION, handlerType=SUBSCRIPTION,
+                                     subscribe={"topic": TOPIC, "start": "earliest"}))
+        client.topic(TOPIC).publish_many([b"event-%d" % i for i in range(TOPIC_MESSAGES)], subject="orders/paid")
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")  # one stack for the module's tests: it takes a while to start
+def stack(tmp_path_factory: pytest.TempPathFactory, prometheus_binary: str) -> Iterator[dict[str, Any]]:
+    tmp_path = tmp_path_factory.mktemp("stack")
     ignis_port, prom_port = free_port(), free_port()
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
@@ -107,13 +133,15 @@ def stack(tmp_path: Path, prometheus_binary: str) -> Iterator[dict[str, Any]]:
             "labels": {"namespace": SCRAPE_NAMESPACE, "pod": "ignis-up-0"}}]}],
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    store_url = f"lmdb://{tmp_path}/store?durability=fast"
+    declare_topic(store_url)
     prometheus = subprocess.Popen(
         [prometheus_binary, f"--config.file={tmp_path / 'prometheus.yml'}",
          f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}",
          "--storage.tsdb.retention.time=1h", "--log.level=warn"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     prom_log = Lines(prometheus.stderr)
-    env = {**os.environ, "IGNIS_STORE": f"lmdb://{tmp_path}/store?durability=fast", "IGNIS_SWEEPER_THREADS": "2"}
+    env = {**os.environ, "IGNIS_STORE": store_url, "IGNIS_SWEEPER_THREADS": "2"}
     ignis = subprocess.Popen(
         [str(IGNIS), "up", "--demo", "--keep-running", "--messages", "300", "--port", str(ignis_port),
          "--output", "json"],
@@ -136,7 +164,7 @@ def stack(tmp_path: Path, prometheus_binary: str) -> Iterator[dict[str, Any]]:
 
 def substitute(expr: str) -> str:
     return (expr.replace("$__rate_interval", RATE_WINDOW).replace("$namespace", SCRAPE_NAMESPACE)
-            .replace("$queue", journey.QUEUE))
+            .replace("$queue", journey.QUEUE).replace("$topic", TOPIC))
 
 
 def query_range(base: str, expr: str, start: float) -> dict[str, Any]:
@@ -165,7 +193,7 @@ def test_every_dashboard_query_and_alert_evaluates_on_prometheus(stack: dict[str
             evaluated += 1
             if result.get("status") != "success":
                 errors.append(f"{uid} / {title}: {expr}: {result.get('error')}")
-            elif title in CORE_PANELS and not has_data(result):
+            elif (uid, title) in CORE_PANELS and not has_data(result):
                 empty_core.append(f"{uid} / {title}: {expr}")
         for variable in doc["templating"]["list"]:
             if variable["type"] == "query":  # label_values(selector, label): the series API Grafana calls
@@ -195,3 +223,27 @@ def test_every_dashboard_query_and_alert_evaluates_on_prometheus(stack: dict[str
     leader = query_range(base, ignis_dashboards.LEADER.replace("$namespace", SCRAPE_NAMESPACE), start)
     (series,) = leader["data"]["result"]
     assert series["metric"]["identity"] and float(series["values"][-1][1]) == 1.0
+
+
+def instant(base: str, expr: str) -> list[dict[str, Any]]:
+    reply = get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+    assert reply["status"] == "success", reply
+    return reply["data"]["result"]
+
+
+def test_subscription_panels_and_alerts_pick_the_subscriptions_on_prometheus(stack: dict[str, Any]) -> None:
+    """On real scraped series (job, instance, namespace, pod labels and all): the subscription panels name the
+    fixture's subscription and its topic and hold its figures, the subscription age rule (threshold 0) selects it
+    and the queue age rule (threshold 0) leaves it out."""
+    base = stack["base"]
+    lag = instant(base, substitute(ignis_dashboards.per_subscription(
+        f'max by (queue) (ignis_queue_depth{{namespace=~"{SCRAPE_NAMESPACE}"}})')))
+    assert [(s["metric"], float(s["value"][1])) for s in lag] == [
+        ({"queue": SUBSCRIPTION, "topic": TOPIC}, TOPIC_MESSAGES)]
+    retained = instant(base, f'ignis_topic_retained_messages{{topic="{TOPIC}"}}')
+    assert [float(s["value"][1]) for s in retained] == [TOPIC_MESSAGES]
+    firing = instant(base, ignis_alerts.subscription_oldest_age_expr(0))
+    assert [s["metric"] for s in firing] == [{"queue": SUBSCRIPTION, "topic": TOPIC}]
+    queues = {s["metric"]["queue"] for s in instant(base, ignis_alerts.oldest_age_expr(0))}
+    assert SUBSCRIPTION not in queues
+    assert SUBSCRIPTION in {s["metric"]["queue"] for s in instant(base, "ignis_queue_oldest_age_seconds > 0")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +14,21 @@ import cel
 import pytest
 import yaml
 from admission import ROOT, admit, apply_defaults, cel_errors, crd, rules, schema
-from ignis_operator.reconcile import AGE_FIGURE, FIGURES, SYNCED, SyncResult, figures_status, status_for
+from ignis_operator.reconcile import (
+    AGE_FIGURE,
+    FIGURES,
+    FULL_FIGURE,
+    SYNCED,
+    SyncResult,
+    figures_status,
+    status_for,
+)
 from jsonschema import Draft7Validator
 from pydantic import BaseModel
 from pydantic.alias_generators import to_camel
 
 from ignis.errors import InvalidSpecError
-from ignis.spec import BatchingSpec, DeletionPolicy, QueueSpec
+from ignis.spec import BatchingSpec, QueueSpec
 
 EXAMPLES = sorted((ROOT / "examples" / "queues").glob("*.yaml"))
 
@@ -56,8 +65,9 @@ def test_crd_names_scope_and_version() -> None:
 def test_printer_columns() -> None:
     (version,) = crd()["spec"]["versions"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Shards", "Concurrency", "Depth", "Oldest", "Sidelined", "Delayed", "Ready", "Reason",
-                             "Age"]
+    assert list(columns) == ["Shards", "Concurrency", "Depth", "Oldest", "Sidelined", "Full%", "Delayed", "Ready",
+                             "Reason", "Age"]
+    assert columns["Full%"]["jsonPath"] == ".status.fullPercent" and columns["Full%"]["type"] == "integer"
     assert columns["Oldest"]["jsonPath"] == ".status.oldestAgeSeconds" and "priority" not in columns["Oldest"]
     assert columns["Delayed"]["priority"] == 1  # kubectl get -o wide
     assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
@@ -80,10 +90,10 @@ def test_every_status_field_the_operator_writes_is_in_the_schema() -> None:
     status_schema = schema()["properties"]["status"]
     result = SyncResult("orders", "shop", True, SYNCED, "queue record created", created=True)
     status = {**status_for(result, None, 3),
-              **figures_status({**dict.fromkeys(FIGURES, 7), AGE_FIGURE: 42})}
+              **figures_status({**dict.fromkeys(FIGURES, 7), AGE_FIGURE: 42, FULL_FIGURE: 93})}
     assert set(status) <= set(status_schema["properties"]), set(status) - set(status_schema["properties"])
     Draft7Validator(status_schema).validate(status)
-    for key in (*FIGURES, AGE_FIGURE):
+    for key in (*FIGURES, AGE_FIGURE, FULL_FIGURE):
         assert status_schema["properties"][key]["type"] == "integer", key
 
 
@@ -164,8 +174,8 @@ def _compare(model: type[BaseModel], node: dict[str, Any], path: str, skip: set[
             _compare(nested[0], prop, where)
         elif set(getattr(annotation, "__args__", ())) == {str, int}:  # (subscribe.start: a time or epoch ms)
             assert prop.get("x-kubernetes-int-or-string") is True and "type" not in prop, where
-        elif annotation is DeletionPolicy:
-            assert prop["type"] == "string" and prop["enum"] == [p.value for p in DeletionPolicy], where
+        elif isinstance(annotation, type) and issubclass(annotation, StrEnum):  # deletionPolicy, overflow
+            assert prop["type"] == "string" and prop["enum"] == [p.value for p in annotation], where
         else:
             base = next(t for t in getattr(annotation, "__args__", (annotation,)) if t is not type(None))
             assert prop["type"] == _TYPES[base], where
@@ -178,7 +188,7 @@ def _compare(model: type[BaseModel], node: dict[str, Any], path: str, skip: set[
         elif f.default_factory is not None:
             assert apply_defaults(prop, prop["default"]) == f.default_factory().model_dump(by_alias=True), where
         else:
-            default = f.default.value if isinstance(f.default, DeletionPolicy) else f.default
+            default = f.default.value if isinstance(f.default, StrEnum) else f.default
             assert prop.get("default") == default, f"{where}: default {prop.get('default')!r} != {default!r}"
 
 
@@ -239,6 +249,11 @@ VALID = [
      manifest(subscribe={"topic": "events", "start": "2026-11-28T12:00:00.250+05:30"}), None),
     ("a subscription's start edited (it only matters at creation)",
      manifest(subscribe={"topic": "events", "start": "earliest"}), manifest(subscribe={"topic": "events"})),
+    ("a bounded queue", manifest(maxLength=1000, maxBytes=1 << 20, overflow="dropHead"), None),
+    ("a bound of one message per shard", manifest(shards=4, maxLength=4), None),
+    ("a bound at its maximum", manifest(maxLength=10**12, maxBytes=10**15, overflow="rejectPublish"), None),
+    ("a bound raised and its overflow changed", manifest(maxLength=2000, overflow="dropHead"), manifest(maxLength=100)),
+    ("a bound removed", manifest(), manifest(maxLength=100)),
 ]
 
 
@@ -255,6 +270,11 @@ CLIENT_ID = "clientId is immutable: it names the store sets that hold the queue'
 HT_PATTERN = "^[A-Za-z0-9]([A-Za-z0-9_.:/-]*[A-Za-z0-9])?$"
 CID_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
+BOUND_SHARDS = ("maxLength must be >= shards: the bound is split evenly across the shards, and each shard must hold "
+                "at least one message")
+BYTES_SHARDS = "maxBytes must be >= shards: the bound is split evenly across the shards"
+BOUND_SUBSCRIPTION = ("maxLength/maxBytes are for a queue publishers write: a subscription's messages come from its "
+                      "topic (bound the topic with retentionBytes)")
 SUBSCRIBE_TOPIC = ("subscribe.topic is immutable, and a queue does not become or stop being a subscription: create a "
                    "new IgnisQueue instead")
 FILTER = "filter: '+' must be a whole level (sensors/+/temp) and '#' the whole last level (sensors/#)"
@@ -262,6 +282,26 @@ FILTER_NUL = "filter: NUL is not allowed in a subject filter (nor in a subject)"
 START = "start must be earliest, latest, an RFC 3339 time (2026-11-28T12:00:00Z) or epoch milliseconds"
 
 INVALID = [
+    ("maxLength zero", manifest(shards=1, maxLength=0), None, [("spec.maxLength", "0 is less than the minimum of 1")]),
+    ("maxLength negative", manifest(shards=1, maxLength=-5), None,
+     [("spec.maxLength", "-5 is less than the minimum of 1")]),
+    ("maxLength over its maximum", manifest(maxLength=10**12 + 1), None,
+     [("spec.maxLength", f"{10**12 + 1} is greater than the maximum of {10**12}")]),
+    ("maxLength as a string", manifest(maxLength="100"), None, [("spec.maxLength", "'100' is not of type 'integer'")]),
+    ("maxLength under the shards", manifest(shards=8, maxLength=7), None, [("spec", BOUND_SHARDS)]),
+    ("maxLength under the default shards", manifest(maxLength=10), None, [("spec", BOUND_SHARDS)]),
+    ("shards grown past maxLength", manifest(shards=64, maxLength=40), manifest(shards=32, maxLength=40),
+     [("spec", BOUND_SHARDS)]),
+    ("maxBytes zero", manifest(shards=1, maxBytes=0), None, [("spec.maxBytes", "0 is less than the minimum of 1")]),
+    ("maxBytes under the shards", manifest(shards=8, maxBytes=4), None, [("spec", BYTES_SHARDS)]),
+    ("maxBytes over its maximum", manifest(maxBytes=10**15 + 1), None,
+     [("spec.maxBytes", f"{10**15 + 1} is greater than the maximum of {10**15}")]),
+    ("unknown overflow", manifest(maxLength=100, overflow="dropTail"), None,
+     [("spec.overflow", "'dropTail' is not one of ['rejectPublish', 'dropHead']")]),
+    ("overflow in lowercase", manifest(maxLength=100, overflow="reject-publish"), None,
+     [("spec.overflow", "'reject-publish' is not one of ['rejectPublish', 'dropHead']")]),
+    ("a bounded subscription", manifest(subscribe={"topic": "events"}, maxLength=100), None,
+     [("spec", BOUND_SUBSCRIPTION)]),
     ("a filter with # in the middle", manifest(subscribe={"topic": "events", "filter": "a/#/b"}), None,
      [("spec.subscribe.filter", FILTER)]),
     ("a filter with a partial +", manifest(subscribe={"topic": "events", "filter": "a+"}), None,
@@ -381,7 +421,7 @@ INVALID = [c for c in INVALID if c[0] != "batching empty"]
 
 # QueueSpec (pydantic, lax mode) coerces "8", "yes" and True (a start of 1 ms); the API server is strict. A missing
 # spec is a different message there. Every other create-time refusal is shared.
-LAX = {"no spec", "shards as a string", "shovel enabled as a string", "a start as a boolean"}
+LAX = {"no spec", "shards as a string", "shovel enabled as a string", "maxLength as a string", "a start as a boolean"}
 
 
 def test_invalid_table_is_big_enough() -> None:

@@ -198,11 +198,11 @@ def test_queue_figures(store: Storage) -> None:
     assert fired is not None
     figures = queue_figures(store, spec())
     assert 0 <= figures.pop(AGE_FIGURE) < 30  # whole seconds
-    assert figures == {"depth": 2, "inFlight": 1, "delayed": 0, "sidelined": 0, "dead": 0}
+    assert figures == {"depth": 2, "inFlight": 1, "delayed": 0, "sidelined": 0, "dead": 0, "fullPercent": None}
     fired.nack("x")
     figures = queue_figures(store, spec())
     assert isinstance(figures.pop(AGE_FIGURE), int)
-    assert figures == {"depth": 2, "inFlight": 0, "delayed": 0, "sidelined": 1, "dead": 0}
+    assert figures == {"depth": 2, "inFlight": 0, "delayed": 0, "sidelined": 1, "dead": 0, "fullPercent": None}
     queue.ack(queue.fire_many(10))
     assert queue_figures(store, spec())[AGE_FIGURE] is None
 
@@ -229,7 +229,8 @@ def test_figures_changed(written: dict[str, Any], measured: dict[str, int | None
 
 def test_figures_status_removes_the_age_when_nothing_waits() -> None:
     status = figures_status(figures(None))
-    assert status[AGE_FIGURE] is None and set(status) == {*FIGURES, AGE_FIGURE, "figuresTime"}
+    assert status[AGE_FIGURE] is None and set(status) == {*FIGURES, AGE_FIGURE, "fullPercent", "figuresTime"}
+    assert status["fullPercent"] is None  # an unbounded queue: a null in the merge patch removes the field
     assert figures_status(figures(7))[AGE_FIGURE] == 7
 
 

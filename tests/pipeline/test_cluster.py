@@ -222,3 +222,51 @@ def test_delayed_writes_and_due_at_reads_on_the_cluster(cluster_spark: Any, stor
     # The ten-minute ones wait, in no magazine the reader reads (on Aerospike the last move's settle may follow
     # the copy these fires took: support.polling.figure_lag).
     settles_to(lambda: q.stats().delayed, 40, figure_lag(q.main.store), "delayed once the soon ones were fired")
+
+
+def test_topics_on_the_cluster(cluster_spark: Any, ignis: Ignis, store_url: str, tmp_path: Path) -> None:
+    """Issue 48's Spark part on executors: a topic's retained log read with a publish-time window and a subject
+    filter, a write that publishes rows with their subjects, and a subscription streamed (commit = ack)."""
+    import time
+
+    from ignis import QueueSpec, TopicSpec
+    from ignis.envelope import now_ms
+
+    ignis.apply(TopicSpec.build(name="events", shards=4))
+    ignis.apply(QueueSpec.build(name="temps", handlerType="temps", shards=2,
+                                subscribe={"topic": "events", "filter": "sensors/+/temp", "start": "earliest"}))
+    t = ignis.topic("events")
+    old = {r.id: "sensors/hall/temp" for r in t.publish_many([b"o%d" % i for i in range(300)],
+                                                             subject="sensors/hall/temp")}
+    time.sleep(0.05)
+    starting = now_ms()
+    time.sleep(0.05)
+    subjects = ["sensors/kitchen/temp", "sensors/kitchen/humidity", "alerts"]
+    rows = [(f"p{i}", subjects[i % 3], f"id-{i}", f"k{i % 5}") for i in range(1_200)]
+    cluster_spark.createDataFrame(rows, "payload string, subject string, id string, key string").repartition(4) \
+        .write.format("ignis").option("store", store_url).option("topic", "events").option("chunkSize", 100) \
+        .mode("append").save()
+    written = {f"id-{i}": subjects[i % 3] for i in range(1_200)}
+
+    df = (cluster_spark.read.format("ignis").option("store", store_url).option("topic", "events")
+          .option("slotsPerPartition", 97).load())
+    got = {r.id: r.subject for r in df.select("id", "subject").collect()}
+    assert got == {**old, **written}
+    windowed = (cluster_spark.read.format("ignis").option("store", store_url).option("topic", "events")
+                .option("startingTimestamp", starting).option("subjectFilter", "sensors/kitchen/#").load())
+    assert {r.id for r in windowed.select("id").collect()} == {i for i, s in written.items()
+                                                             if s.startswith("sensors/kitchen")}
+
+    sink: list[str] = []
+    query = (cluster_spark.readStream.format("ignis").option("store", store_url).option("queue", "temps")
+             .option("maxMessagesPerTrigger", 150).load()
+             .writeStream.foreachBatch(lambda frame, _: sink.extend(r.id for r in frame.select("id").collect()))
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="200 milliseconds").start())
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    temps = {i for i, s in {**old, **written}.items() if s.endswith("/temp")}
+    assert set(sink) == temps
+    stats = ignis.queue("temps").stats(in_flight=True)
+    assert (stats.depth, stats.in_flight) == (0, 0)  # every batch acked

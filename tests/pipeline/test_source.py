@@ -302,7 +302,7 @@ def test_bad_input_is_one_clear_error_and_writes_nothing(spark: Any, store_url: 
         return lambda: w.save()
 
     ok = spark.createDataFrame([(b"x",)], "payload binary")
-    assert "option queue is missing" in _error(write(ok))
+    assert "option queue (or topic) is missing" in _error(write(ok))
     assert "queue 'nope' not found" in _error(write(ok, queue="nope"))
     assert "cannot be overwritten" in _error(write(ok, "overwrite", queue="strict"))
     assert "needs a column 'payload'" in _error(write(spark.createDataFrame([("x",)], "body string"), queue="strict"))
@@ -409,10 +409,11 @@ def test_a_bad_read_fails_at_load_with_the_message_on_the_first_line(spark: Any,
         "ignis.errors.InvalidInputError: option magazine='nope': must be main, sideline, dead or all")
     assert first_line(queue="real", bogus="1").endswith(
         "ignis.errors.InvalidInputError: unknown option(s) bogus for format 'ignis'; known: store, clientId, farmId, "
-        "queue, magazine, since, until, slotsPerPartition, maxMessagesPerTrigger, chunkSize, "
-        "maxMessagesPerSecondPerTask, delay")
+        "queue, topic, magazine, since, until, startingTimestamp, endingTimestamp, subjectFilter, slotsPerPartition, "
+        "maxMessagesPerTrigger, chunkSize, maxMessagesPerSecondPerTask, delay")
     assert first_line().endswith(
-        "ignis.errors.InvalidInputError: option queue is missing: name one queue, a comma list, or * for every queue")
+        "ignis.errors.InvalidInputError: option queue (or topic) is missing: name one queue, a comma list, or * for "
+        "every queue; or option topic: a topic, or a comma list of topics")
     data = spark.createDataFrame([(b"x",)], "payload binary")
     with pytest.raises(Exception) as caught:
         data.write.format("ignis").option("store", store_url).option("queue", "nosuch").mode("append").save()

@@ -46,7 +46,7 @@ UNKNOWN = object()  # an expression's "unknown" value (a missing bin, a type mis
 # Compiled expression op codes (aerospike_helpers.expressions.resources._ExprOp).
 EQ, NE, GT, GE, LT, LE, CMP_REGEX = 1, 2, 3, 4, 5, 6, 7
 AND, OR, NOT = 16, 17, 18
-ADD, SUB, MIN, MAX = 20, 21, 50, 51
+ADD, SUB, MUL, DIV, MIN, MAX = 20, 21, 22, 23, 50, 51
 VAR, LET, DEF = 124, 125, 126
 REC_KEY, BIN, BIN_EXISTS = 80, 81, 83
 COND, END, TRUE, FALSE, AS_VAL, VAL, EXP_UNKNOWN = 123, 150, 151, 152, 128, 200, 0
@@ -268,6 +268,18 @@ class _Expr:
             return sum(values)
         if op == SUB:
             return values[0] - sum(values[1:])
+        if op == MUL:
+            product = 1
+            for value in values:
+                product *= value
+            return product
+        if op == DIV:  # integer division truncates toward zero (C); a zero divisor fails the expression
+            quotient = values[0]
+            for value in values[1:]:
+                if value == 0:
+                    return UNKNOWN
+                quotient = int(quotient / value) if isinstance(quotient, int) else quotient / value
+            return quotient
         if op == MIN:
             return min(values)
         if op == MAX:

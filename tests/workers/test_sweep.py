@@ -560,3 +560,67 @@ def test_acked_subscription_claims_are_passed_never_claimed_again_and_their_tomb
     report = s.sweep_queue(store.client_id, q.name)
     assert report.cursor.moved == 0 and report.cursor.stamped == 0
     assert q.fire() is None and q.sideline.browse() == []
+
+
+class HeldSlots:
+    """Counts the slots the sweep's rounds have peeked and not yet finished with: a round's peeks run on its
+    thread and its pointer advance ends it. `most` is the largest total over all threads at any moment."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self._lock = threading.Lock()
+        self._held: dict[int, int] = {}
+        self.most = 0
+        self.peeked = 0
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def with_client(self, client_id):
+        return self if client_id == self._inner.client_id else self._inner.with_client(client_id)
+
+    def peek(self, magazine, shard, first, last):
+        with self._lock:
+            me = threading.get_ident()
+            self._held[me] = self._held.get(me, 0) + (last - first + 1)
+            self.peeked += last - first + 1
+            self.most = max(self.most, sum(self._held.values()))
+        return self._inner.peek(magazine, shard, first, last)
+
+    def advance_sweep(self, *args, **kwargs):
+        result = self._inner.advance_sweep(*args, **kwargs)
+        with self._lock:
+            self._held.pop(threading.get_ident(), None)
+        return result
+
+
+def test_a_pass_over_a_big_backlog_holds_a_bounded_number_of_slots_whatever_the_shards(store, declare, clock):
+    """Memory bounded whatever the backlog (issue 49): a round used to read a window of batch_size slots of
+    every shard of its group before moving any, so a pass held shards x batch_size envelopes at once."""
+    q = declare(shards=16)
+    q.publish_many([b"m%d" % i for i in range(16 * 300)])
+    assert len(q.fire_many(16 * 300)) == 16 * 300  # a crashed consumer's claims, 300 in each shard
+    clock.advance(SWEEP_S + 1)
+    counted = HeldSlots(store)
+    epoch = store.next_epoch()
+    s = Sweeper(counted, epoch_source=lambda: epoch, clock=clock, threads=4, batch_size=100, slots_in_memory=250)
+    report = s.sweep_queue(store.client_id, q.name)
+    s.close()
+    assert (report.main.moved, report.main.examined) == (16 * 300, 16 * 300)
+    assert q.sideline.pending() == 16 * 300
+    assert counted.peeked >= 16 * 300
+    assert 100 <= counted.most <= 250  # two shard groups of 8 shards each held 800 apiece before
+
+
+def test_the_slot_budget_is_at_least_one_window(store, declare, clock):
+    q = declare(shards=2)
+    q.publish_many([b"m%d" % i for i in range(600)])
+    q.fire_many(600)
+    clock.advance(SWEEP_S + 1)
+    counted = HeldSlots(store)
+    epoch = store.next_epoch()
+    s = Sweeper(counted, epoch_source=lambda: epoch, clock=clock, threads=1, batch_size=200, slots_in_memory=50)
+    report = s.sweep_queue(store.client_id, q.name)
+    s.close()
+    assert report.main.moved == 600
+    assert counted.most == 200  # one shard's window at a time: a window is read whole

@@ -153,6 +153,10 @@ def test_the_leader_trims_topics_to_their_byte_bound_and_reports_their_figures(t
         assert sample("ignis_topic_retained_messages", topic="kept") == 10
         assert sample("ignis_topic_subscriptions", topic="kept") == 0
         assert client.topic("bounded").stats().retained == held
+        # The subscription is named as one, and reported as a queue: its lag and its oldest message's age.
+        assert sample("ignis_subscription_info", queue="reader", topic="bounded") == 1
+        wait_for(lambda: sample("ignis_queue_oldest_age_seconds", queue="reader") is not None)
+        assert sample("ignis_queue_depth", queue="reader") >= held
     finally:
         stop.set()
         runner.join(20)
@@ -160,4 +164,44 @@ def test_the_leader_trims_topics_to_their_byte_bound_and_reports_their_figures(t
     for gauge in ("ignis_topic_retained_bytes", "ignis_topic_retained_messages", "ignis_topic_published_messages",
                   "ignis_topic_subscriptions", "ignis_topic_oldest_age_seconds"):
         assert sample(gauge, topic="bounded") is None, gauge  # a stopped leader reports none
+    assert sample("ignis_subscription_info", queue="reader", topic="bounded") is None
+    store.close()
+
+
+def test_keep_topics_says_which_queues_subscribe_to_which_topic_and_forgets_deleted_ones(tmp_path: Path) -> None:
+    """ignis_subscription_info{queue, topic} is 1 for each subscription (not for a plain queue); once a subscription
+    or a topic is deleted its series end, and a queue declared again under a deleted subscription's name is not
+    marked as one."""
+    from ignis_workers.topics import keep_topics
+
+    from ignis import TopicSpec
+
+    store = open_store(f"lmdb://{tmp_path}/store?durability=fast")
+    client = Ignis(store)
+    client.apply(TopicSpec.build(name="info-a", shards=1))
+    client.apply(TopicSpec.build(name="info-b", shards=1))
+    for name, topic in (("info-s1", "info-a"), ("info-s2", "info-a"), ("info-s3", "info-b")):
+        client.apply(QueueSpec.build(name=name, handlerType=name, subscribe={"topic": topic}))
+    client.apply(QueueSpec.build(name="info-plain", handlerType="plain"))
+
+    def info() -> set[tuple[str, str]]:
+        return {(s.labels["queue"], s.labels["topic"]) for family in REGISTRY.collect()
+                if family.name == "ignis_subscription_info" for s in family.samples
+                if s.labels["queue"].startswith("info-") and s.value == 1}
+
+    assert keep_topics(store, gauges=True, leading=lambda: False) == 0
+    assert info() == set()  # a process that does not lead reports nothing
+    keep_topics(store, gauges=True, leading=lambda: True)
+    assert info() == {("info-s1", "info-a"), ("info-s2", "info-a"), ("info-s3", "info-b")}
+    assert sample("ignis_topic_subscriptions", topic="info-a") == 2
+
+    client.delete_queue("info-s3")
+    client.delete_topic("info-b")
+    client.delete_queue("info-s2")
+    client.apply(QueueSpec.build(name="info-s2", handlerType="info-s2"))  # the name again, as a plain queue
+    keep_topics(store, gauges=True, leading=lambda: True)
+    assert info() == {("info-s1", "info-a")}
+    assert sample("ignis_topic_subscriptions", topic="info-a") == 1
+    for gauge in ("ignis_topic_retained_messages", "ignis_topic_subscriptions", "ignis_topic_oldest_age_seconds"):
+        assert sample(gauge, topic="info-b") is None, gauge  # the deleted topic's series ended
     store.close()

@@ -43,10 +43,13 @@ QUEUE_OLDEST_AGE = Gauge("ignis_queue_oldest_age_seconds", "Age of the oldest un
                          "none waits", ["queue"])
 QUEUE_SWEEP_DURATION = Gauge("ignis_queue_sweep_duration_seconds", "The queue's sweepDuration: a claim unsettled "
                              "this long is re-homed by the sweeper", ["queue"])
+QUEUE_FULL = Gauge("ignis_queue_full_ratio", "How full a bounded queue (maxLength / maxBytes) is, as a ratio of its "
+                   "bound (the fuller of the two; 1 = a publish is refused or drops the oldest); NaN when unbounded",
+                   ["queue"])
 SWEEPER_INFO = Info("ignis_sweeper", "This sweeper process: version, lease backend, candidate identity")
 # Set by the leader each pass; cleared when it stops leading, so only the leader reports them.
 QUEUE_GAUGES = (QUEUE_DEPTH, QUEUE_IN_FLIGHT, QUEUE_SIDELINED, QUEUE_DEAD, QUEUE_OLDEST_IN_FLIGHT, QUEUE_SWEEP_DURATION,
-                QUEUE_DELAYED, QUEUE_OLDEST_AGE)
+                QUEUE_DELAYED, QUEUE_OLDEST_AGE, QUEUE_FULL)
 # A topic's figures (ignis_workers.topics), set by the leader each pass like the queues' and cleared with them.
 TOPIC_PUBLISHED_MESSAGES = Gauge("ignis_topic_published_messages", "Messages ever published to the topic (its "
                                  "shards' load pointers, as the store counts them)", ["topic"])
@@ -56,6 +59,12 @@ TOPIC_RETAINED_BYTES = Gauge("ignis_topic_retained_bytes", "Bytes of payload, id
 TOPIC_SUBSCRIPTIONS = Gauge("ignis_topic_subscriptions", "Queues that subscribe to the topic", ["topic"])
 TOPIC_OLDEST_AGE = Gauge("ignis_topic_oldest_age_seconds", "Age of the oldest message the topic holds; NaN when it "
                          "holds none", ["topic"])
-TOPIC_GAUGES = (TOPIC_PUBLISHED_MESSAGES, TOPIC_RETAINED, TOPIC_RETAINED_BYTES, TOPIC_SUBSCRIPTIONS, TOPIC_OLDEST_AGE)
+# Which queues are subscriptions, and of which topic: an info gauge (always 1) that panels and alerts join on
+# `queue` to pick the subscriptions among the queue gauges and name their topic (the "info metric" pattern:
+# https://prometheus.io/docs/concepts/metric_types/ and OpenMetrics' info type).
+SUBSCRIPTION_INFO = Gauge("ignis_subscription_info", "1 for every queue that subscribes to a topic, labelled with the "
+                          "topic", ["queue", "topic"])
+TOPIC_GAUGES = (TOPIC_PUBLISHED_MESSAGES, TOPIC_RETAINED, TOPIC_RETAINED_BYTES, TOPIC_SUBSCRIPTIONS, TOPIC_OLDEST_AGE,
+                SUBSCRIPTION_INFO)
 TOPIC_TRIMMED = Counter("ignis_topic_trimmed", "Oldest messages dropped from a topic to keep it within its "
                         "retentionBytes", ["topic"])

@@ -49,6 +49,7 @@ from ignis_workers.metrics import (
     QUEUE_DEAD,
     QUEUE_DELAYED,
     QUEUE_DEPTH,
+    QUEUE_FULL,
     QUEUE_GAUGES,
     QUEUE_IN_FLIGHT,
     QUEUE_OLDEST_AGE,
@@ -359,6 +360,8 @@ class SweeperService:
                 # Wall-clock age (Queue.stats): producers stamp messages by theirs, not by the sweeper's clock.
                 age = stats.oldest_age_seconds
                 QUEUE_OLDEST_AGE.labels(name).set(math.nan if age is None else age)
+                # A bounded queue's fill (ignis.bounds), as a ratio of its bound; NaN when unbounded (never alerts).
+                QUEUE_FULL.labels(name).set(math.nan if stats.full_percent is None else stats.full_percent / 100)
             except StoreError:
                 raise  # the store failed: said once by the caller, not once per queue
             except Exception as exc:

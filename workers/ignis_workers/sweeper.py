@@ -31,11 +31,12 @@ A failure on one shard or magazine is counted and logged and does not stop the o
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -59,6 +60,10 @@ SWEPT_REASON = "swept"
 SHARD_GROUP_MIN_SLOTS = 2_000  # slots to examine per shard group, at least, before a magazine is split
 # A record a sweep stamped that no claim has stamped since, this long after: its claim is gone (see _round).
 UNCLAIMED_AFTER_MS = 2_000
+# Slots all rounds of one sweeper hold at once, whatever the backlog, the shards and the threads: a round holds
+# its window's envelopes (and their copies) until its moves end, about 1.5 KiB per 200-byte message
+# (bench/bench_memory.py). Without the bound a pass held shards x batch_size of them (512,000 at 512 shards).
+SWEEP_SLOTS_IN_MEMORY = 4_000
 GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections in a sweeping process (Python's default: 700)
 
 
@@ -123,9 +128,10 @@ class Sweeper:
 
     def __init__(self, store: Storage, *, epoch_source: Callable[[], int], clock: Callable[[], int] = now_ms,
                  threads: int = PARALLEL_FACTOR, batch_size: int = SWEEP_BATCH_SIZE,
-                 guard: Callable[[], bool] = lambda: True) -> None:
-        if threads < 1 or batch_size < 1:
-            raise ValueError(f"threads={threads} and batch_size={batch_size} must both be at least 1")
+                 guard: Callable[[], bool] = lambda: True, slots_in_memory: int = SWEEP_SLOTS_IN_MEMORY) -> None:
+        if threads < 1 or batch_size < 1 or slots_in_memory < 1:
+            raise ValueError(f"threads={threads}, batch_size={batch_size} and slots_in_memory={slots_in_memory} "
+                             "must all be at least 1")
         self.store = store
         self.epoch_source = epoch_source
         self.clock = clock
@@ -136,6 +142,8 @@ class Sweeper:
         self._shard_pool: ThreadPoolExecutor | None = None  # shard groups of one magazine (never nested)
         self._lock = threading.Lock()
         self._fire_seen = _FireHistory()
+        # One shard's window is read whole, so a batch_size above the bound raises the bound to it.
+        self._slots = _SlotBudget(max(slots_in_memory, batch_size))
 
     # ---- pool --------------------------------------------------------------------------------------
     def _executor(self) -> ThreadPoolExecutor:
@@ -296,13 +304,31 @@ class Sweeper:
                now: int, epoch: int, out: MagazineSweep, settled: dict[int, int], grace: int) -> None:
         if not self.guard():
             raise LeadershipLost(f"stopped sweeping {queue.name}: this process no longer leads")
+        # The round's shards: windows adding up to at most the sweeper's slot budget (at least one shard); the
+        # others wait for the next round, and the shards taken go to the back of the line.
+        taken, slots = [], 0
+        for shard, (pos, fire) in todo.items():
+            window = min(self.batch_size, fire - pos + 1)
+            if taken and slots + window > self._slots.capacity:
+                break
+            taken.append(shard)
+            slots += window
+        for shard in taken:
+            todo[shard] = todo.pop(shard)
+        with self._slots.held(slots):
+            self._round_of(queue, kind, source, todo, taken, cutoff, now, epoch, out, settled, grace)
+
+    def _round_of(self, queue: Queue, kind: MagazineKind, source: Magazine, todo: dict[int, list[int]],
+                  taken: list[int], cutoff: int, now: int, epoch: int, out: MagazineSweep, settled: dict[int, int],
+                  grace: int) -> None:
         store = queue.store
         advance: dict[int, int] = {}
         starts: dict[int, int] = {}
         abandoned: list[tuple[SlotRef, Envelope]] = []  # claims past the cutoff: to the sideline
         unclaimed: list[tuple[SlotRef, Envelope]] = []  # records whose claim the store lost: back to main
         unclaimed_after = max(grace, UNCLAIMED_AFTER_MS)
-        for shard, (pos, fire) in list(todo.items()):
+        for shard in taken:
+            pos, fire = todo[shard]
             starts[shard] = pos
             last = min(fire, pos + self.batch_size - 1)
             next_pos = last + 1
@@ -470,6 +496,28 @@ class Sweeper:
             out.error = f"{type(exc).__name__}: {one_line(exc)}"
         else:
             out.failed_shards.append(shard)
+
+
+class _SlotBudget:
+    """The slots the rounds of one sweeper may hold at once: a round waits until its windows fit."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.free = capacity
+        self._cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def held(self, slots: int) -> Iterator[None]:
+        slots = min(slots, self.capacity)
+        with self._cond:
+            self._cond.wait_for(lambda: self.free >= slots)
+            self.free -= slots
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.free += slots
+                self._cond.notify_all()
 
 
 def _log_failure(what: str, exc: BaseException) -> None:

@@ -6,6 +6,7 @@ allocation meets a rollback first, and claims and pointer reads reuse it."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from aerospike_helpers.operations import expression_operations as expr_ops
 from aerospike_helpers.operations import operations as ops
 
 from ignis import names
+from ignis.bounds import LOAD_BYTES, ShardLimit, room
 from ignis.envelope import ATTEMPTS, CODEC, CODEC_BYTES, LOADED_AT, MSG_ID, PAYLOAD, Envelope
 from ignis.errors import InvalidInputError, LoadInterrupted, StoreError, StoreUnavailable
 from ignis.metrics import STORAGE_RETRIES
@@ -45,6 +47,35 @@ def _allocate_ops(n: int) -> list[dict[str, Any]]:
 
 
 _ALLOCATE_ONE = _allocate_ops(1)  # built once: the per-message publish path
+BOUNDED_ROUNDS = 4  # a bounded allocation refused for its whole count tries again with the room it then reads
+
+
+def _counted(load_bin: str) -> Any:
+    """An integer bin of the meta record, 0 when absent (a new shard, a purge tombstone)."""
+    return exp.Cond(exp.BinExists(load_bin), exp.IntBin(load_bin), 0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bound_guard(length: int | None, max_bytes: int | None, count: int, nbytes: int) -> Any:
+    """The filter expression of a bounded shard's allocation of `count` slots holding `nbytes` payload bytes
+    (ignis.bounds): applied to the meta record, the increment happens only while the shard has room, in the same
+    atomic operation (a false filter answers FilteredOut and writes nothing). A record that does not exist yet is
+    not filtered (the server applies filter expressions to existing records only), which is right: an empty shard
+    has room for any allocation within its share, and the caller never asks for more than that."""
+    load, fire = _counted(LOAD_POINTER), _counted(FIRE_POINTER)
+    waiting = arithmetic.Sub(load, fire)
+    checks = []
+    if length is not None:
+        checks.append(exp.LE(arithmetic.Add(waiting, count), length))
+    if max_bytes is not None:
+        # unclaimed slots x mean message size (LOAD_BYTES // LOAD_POINTER): see ignis.bounds
+        mean = exp.Cond(exp.GT(load, 0), arithmetic.Div(_counted(LOAD_BYTES), load), 0)
+        checks.append(exp.LE(arithmetic.Add(arithmetic.Mul(waiting, mean), nbytes), max_bytes))
+    return (checks[0] if len(checks) == 1 else exp.And(*checks)).compile()
+
+
+class _Full(Exception):
+    """A bounded allocation's filter refused it: the shard had no room for the whole count."""
 
 
 class Allocation:
@@ -178,16 +209,30 @@ class Allocation:
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "load", self._ctx.data_set) from None
 
-    def _allocate_slots(self, operation: str, magazine: str, shard: int, count: int) -> int:
+    def _allocate_slots(self, operation: str, magazine: str, shard: int, count: int,
+                        bound: tuple[ShardLimit, int] | None = None) -> int:
         """Allocate `count` consecutive slots of a shard; the first. Checked against the highest load pointer
         this process has seen (the mark is taken before the call, see rollback.py): a lower answer is a
         rollback, and the slots are allocated again past the mark after the pointers are moved there.
+        `bound`: (the shard's share of a bounded queue, payload bytes of the slots): the increment is guarded
+        by it (raises _Full when the shard has no room for all `count`) and adds the bytes to LOAD_BYTES.
         Aerospike errors raw."""
         key = self._ctx.meta_key(magazine, shard)
         marks, mark = self._ctx.shared.marks, (key[1], key[2], LOAD_POINTER)
         before = marks.mark(mark)
-        _, _, got = self._ctx.call(operation, self._ctx.client.operate, key,
-                                   _ALLOCATE_ONE if count == 1 else _allocate_ops(count), None, self._ctx.never)
+        if bound is None:
+            _, _, got = self._ctx.call(operation, self._ctx.client.operate, key,
+                                       _ALLOCATE_ONE if count == 1 else _allocate_ops(count), None, self._ctx.never)
+        else:
+            limit, nbytes = bound
+            allocate = _allocate_ops(count)
+            if limit.bytes is not None:
+                allocate.insert(-1, ops.increment(LOAD_BYTES, nbytes))
+            policy = {**self._ctx.never, "expressions": _bound_guard(limit.length, limit.bytes, count, nbytes)}
+            try:
+                _, _, got = self._ctx.call(operation, self._ctx.client.operate, key, allocate, None, policy)
+            except ex.FilteredOut:
+                raise _Full() from None
         load = int(got[LOAD_POINTER])
         if got.get(PURGED) is not None:  # purged since: the numbering starts afresh, on purpose
             marks.forget(lambda k: k[:2] == key[1:])
@@ -200,9 +245,80 @@ class Allocation:
                 self._seals.seal_slots(operation,
                                        [SlotRef(magazine, shard, slot) for slot in range(before + 1, load + 1)],
                                        ROLLBACK_SEAL_TTL)
-            return self._allocate_slots(operation, magazine, shard, count)
+            return self._allocate_slots(operation, magazine, shard, count, bound)
         marks.saw(mark, load)
         return load - count + 1
+
+    def allocate_bounded(self, operation: str, magazine: str, shard: int, sizes: Sequence[int],
+                         limit: ShardLimit) -> tuple[int, int]:
+        """Allocate slots on a bounded shard for messages of `sizes` payload bytes (in order), as many as its share
+        has room for (the longest prefix): (first slot, how many), 0 when it is full. One guarded increment when
+        all fit (the common case); refused, the meta record is read and the room it leaves asked for, a few times
+        at most (concurrent publishers take room meanwhile). Aerospike errors raw."""
+        # Never more than an empty shard has room for: the filter is not applied to a meta record that does not
+        # exist yet (_bound_guard), so this cap is what bounds a shard's first allocation.
+        count = room(limit, 0, 0, 0, sizes)
+        for _ in range(BOUNDED_ROUNDS):
+            if count <= 0:
+                return 0, 0
+            try:
+                return self._allocate_slots(operation, magazine, shard, count, (limit, sum(sizes[:count]))), count
+            except _Full:
+                pass
+            try:
+                _, _, bins = self._ctx.call("bound_check", self._ctx.client.get, self._ctx.meta_key(magazine, shard))
+            except ex.RecordNotFound:  # gone since (purged and removed): empty
+                bins = {}
+            fits = room(limit, int(bins.get(LOAD_POINTER) or 0), int(bins.get(FIRE_POINTER) or 0),
+                        int(bins.get(LOAD_BYTES) or 0), sizes)
+            count = min(fits, count - 1)  # (less than refused, which may now fit: rounded down by the refusal)
+        return 0, 0
+
+    def load_bounded(self, magazine: str, shard: int, envelopes: Sequence[Envelope], ttl_seconds: int,
+                     limit: ShardLimit) -> list[SlotRef | None]:
+        out: list[SlotRef | None] = [None] * len(envelopes)
+        if not envelopes:
+            return out
+        bins_list = [envelope.to_bins() for envelope in envelopes]
+        for bins in bins_list:
+            self._ctx.check_size(magazine, bins)
+        sizes = [len(envelope.payload) for envelope in envelopes]
+        ttl = self._ctx.ttl(ttl_seconds)
+        todo = list(range(len(envelopes)))
+        for _ in range(REPUBLISH_ROUNDS):
+            try:
+                first, got = self.allocate_bounded("load", magazine, shard, [sizes[i] for i in todo], limit)
+            except ex.AerospikeError as exc:  # nothing written yet for these
+                raise self._ctx.fail(exc, "load", self._ctx.data_set) from None
+            if not got:
+                return out
+            taken, rest = todo[:got], todo[got:]
+            refs = [SlotRef(magazine, shard, first + k) for k in range(got)]
+            try:
+                written = self.write_new("load", refs, [bins_list[i] for i in taken], ttl)
+            except ex.AerospikeError as exc:  # (LoadInterrupted, from write_new, says which of these landed)
+                raise self._interrupted(exc, refs, [False] * len(refs)) from None
+            sealed = []
+            for i, ref, ok in zip(taken, refs, written, strict=True):
+                if ok:
+                    out[i] = ref
+                else:
+                    sealed.append(i)
+            if not sealed:  # (`rest`, if any, found no room: refused)
+                return out
+            # Writes that met a seal (they came after their deadline): published again into new slots, within the room.
+            STORAGE_RETRIES.labels("load_sealed").inc(len(sealed))
+            todo = sealed + rest
+        return out
+
+    def reserve_bounded(self, magazine: str, shard: int, count: int, limit: ShardLimit, size: int
+                        ) -> tuple[int, int]:
+        if count < 1:
+            raise InvalidInputError(f"reserve {count} slots: count must be at least 1")
+        try:
+            return self.allocate_bounded("reserve", magazine, shard, [size] * count, limit)
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "reserve", self._ctx.meta_set) from None
 
     def renumbered(self, magazine: str, shard: int, slot: int, mark: tuple[str, str, str]) -> bool:
         """Whether a pointer below this process's mark comes from a purge (another process purged the magazine

@@ -13,6 +13,7 @@ from aerospike import exception as ex
 from aerospike_helpers.operations import operations as ops
 
 from ignis import names
+from ignis.bounds import LOAD_BYTES
 from ignis.outage import store_failed
 from ignis.storage.aerospike.allocation import Allocation
 from ignis.storage.aerospike.context import BATCH_CHUNK, NOT_FOUND, AerospikeContext
@@ -55,8 +56,25 @@ class Pointers:
             raise self._ctx.fail(exc, "pointers", self._ctx.meta_set) from None
         return out
 
+    def loaded_bytes(self, magazine: str, shards: int) -> list[int]:
+        if shards <= 0:
+            return []
+        try:
+            found = self._reads.batch_get("pointers", [self._ctx.meta_key(magazine, shard) for shard in range(shards)])
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "pointers", self._ctx.meta_set) from None
+        return [int((bins or {}).get(LOAD_BYTES, 0) or 0) for bins in found]
+
     def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
-        keys = [self._ctx.meta_key(magazine, shard) for magazine, shards in magazines for shard in range(shards)]
+        # One batch for every magazine watched, only the two pointer bins. A subscription's cursor (names.cursor_of)
+        # is two rows per shard: its topic's meta record (the load pointer) and its own (the fire pointer); a
+        # topic's load seen here feeds this process's high marks, which a caught-up cursor claim trusts.
+        keys = []
+        for magazine, shards in magazines:
+            topic = names.cursor_topic(magazine)
+            if topic is not None:
+                keys += [self._ctx.meta_key(topic, shard) for shard in range(shards)]
+            keys += [self._ctx.meta_key(magazine, shard) for shard in range(shards)]
         records: list[Any] = []
         try:
             for start in range(0, len(keys), BATCH_CHUNK):
@@ -66,21 +84,31 @@ class Pointers:
                 records += self._ctx.answers("watch", done, len(chunk), self._ctx.meta_set)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "watch", self._ctx.meta_set) from None
-        out, at = [], 0
-        for _, shards in magazines:
-            with_work, loaded = [], 0
-            for shard, record in enumerate(records[at:at + shards]):
-                if record.result == 0 and record.record is not None:
-                    bins = record.record[2] or {}
-                    load = bins.get(LOAD_POINTER) or 0
-                    loaded += load
-                    if load > (bins.get(FIRE_POINTER) or 0):
-                        with_work.append(shard)
-                elif record.result != NOT_FOUND:
-                    raise self._ctx.record_failure("watch", record, self._ctx.meta_set)
-            out.append((with_work, loaded))
+        bins = [self._bins(record) for record in records]
+        out, at, marks = [], 0, self._ctx.shared.marks
+        for magazine, shards in magazines:
+            if names.cursor_topic(magazine) is None:
+                loads = [b.get(LOAD_POINTER) or 0 for b in bins[at:at + shards]]
+            else:
+                loads = []
+                for key, b in zip(keys[at:at + shards], bins[at:at + shards], strict=True):
+                    mark = (key[1], key[2], LOAD_POINTER)
+                    marks.saw(mark, b.get(LOAD_POINTER) or 0)
+                    loads.append(marks.mark(mark))
+                at += shards
+            fires = [b.get(FIRE_POINTER) or 0 for b in bins[at:at + shards]]
+            out.append(([shard for shard, (load, fire) in enumerate(zip(loads, fires, strict=True)) if load > fire],
+                        sum(loads)))
             at += shards
         return out
+
+    def _bins(self, record: Any) -> dict[str, Any]:
+        """A watched meta record's bins ({} when it does not exist yet); any other failure raises."""
+        if record.result == 0 and record.record is not None:
+            return record.record[2] or {}
+        if record.result != NOT_FOUND:
+            raise self._ctx.record_failure("watch", record, self._ctx.meta_set)
+        return {}
 
     def beacon(self, magazine: str) -> None:
         beacons, key = self._ctx.shared.beacons, (self._ctx.meta_set, magazine)

@@ -14,6 +14,7 @@ from urllib.parse import unquote
 from aerospike import exception as ex
 
 from ignis import names
+from ignis.bounds import ShardLimit
 from ignis.envelope import Envelope, NewMessages
 from ignis.errors import InvalidInputError
 from ignis.storage.aerospike.allocation import Allocation
@@ -213,6 +214,23 @@ class AerospikeStore:
                       ) -> bool:
         return self._allocation.load_reserved(ref, payload, msg_id, loaded_at, ttl_seconds)
 
+    def load_bounded(self, magazine: str, shard: int, envelopes: Sequence[Envelope], ttl_seconds: int,
+                     limit: ShardLimit) -> list[SlotRef | None]:
+        return self._allocation.load_bounded(magazine, shard, envelopes, ttl_seconds, limit)
+
+    def load_one_bounded(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                         ttl_seconds: int, limit: ShardLimit) -> int:
+        ref = self._allocation.load_bounded(magazine, shard, [Envelope(payload, msg_id, loaded_at)], ttl_seconds,
+                                            limit)[0]
+        return 0 if ref is None else ref.slot
+
+    def reserve_bounded(self, magazine: str, shard: int, count: int, limit: ShardLimit, size: int
+                        ) -> tuple[int, int]:
+        return self._allocation.reserve_bounded(magazine, shard, count, limit, size)
+
+    def loaded_bytes(self, magazine: str, shards: int) -> list[int]:
+        return self._pointers.loaded_bytes(magazine, shards)
+
     def load_reserved_envelope(self, ref: SlotRef, envelope: Envelope, ttl_seconds: int) -> bool:
         return self._allocation.load_reserved_envelope(ref, envelope, ttl_seconds)
 
@@ -291,18 +309,7 @@ class AerospikeStore:
         return self._pointers.pointers(magazine, shards)
 
     def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
-        if not any(names.cursor_topic(m) is not None for m, _ in magazines):
-            return self._pointers.watch_pointers(magazines)
-        plain = [(m, n) for m, n in magazines if names.cursor_topic(m) is None]
-        read = iter(self._pointers.watch_pointers(plain) if plain else [])
-        out = []
-        for magazine, shards in magazines:
-            if names.cursor_topic(magazine) is None:
-                out.append(next(read))
-                continue
-            pointers = self._cursor_pointers(magazine, shards)
-            out.append(([s for s, p in pointers.items() if p.load > p.fire], sum(p.load for p in pointers.values())))
-        return out
+        return self._pointers.watch_pointers(magazines)
 
     def _cursor_pointers(self, cursor: str, shards: int) -> dict[int, ShardPointers]:
         """A subscription's cursor: the topic's load pointers, the cursor's position (fire) and hole counters."""
@@ -352,7 +359,7 @@ class AerospikeStore:
                        count_attempt: bool = True) -> list[Claimed]:
         return self._topics.restamp_cursor(refs, now_ms_, only, count_attempt)
 
-    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool | None]:
         return self._topics.seal_cursor(refs, ttl_seconds)
 
     def doorbell(self) -> None:

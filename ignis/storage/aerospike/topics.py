@@ -34,7 +34,7 @@ from aerospike_helpers.operations import expression_operations as expr_ops
 from aerospike_helpers.operations import operations as ops
 
 from ignis import names
-from ignis.envelope import ATTEMPTS, FIRE_TS, LOADED_AT, Envelope, now_ms
+from ignis.envelope import ATTEMPTS, FIRE_TS, LOADED_AT, MSG_ID, Envelope, now_ms
 from ignis.errors import StoreUnavailable
 from ignis.storage.aerospike.claims import _ANSWER_LOST, LAST_CLAIM, LAST_FROM, applied_claim
 from ignis.storage.aerospike.context import (
@@ -54,6 +54,7 @@ from ignis.storage.base import (
     FIRE_POINTER,
     HOLES_CLAIMED,
     LOAD_POINTER,
+    RESERVATION_FRESH_MS,
     Claimed,
     ClaimInDoubt,
     ClaimInterrupted,
@@ -71,6 +72,7 @@ warnings.filterwarnings("ignore", message="CmpRegex expression is deprecated", c
 CREATED_AT = "createdAt"
 CLAIM_FROM = "claimFrom"
 SUBJECT_BIN = "subject"
+LOOK_BACK = 8  # topic slots read before an awaited one given up, for a live record that says it was never written
 SCAN_LIMIT = 1_000  # topic slots one claim looks at, at most (a filter that selects little: the next claim goes on)
 
 
@@ -415,16 +417,55 @@ class Topics:
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "restamp", self._ctx.data_set) from None
 
-    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool | None]:
         if not refs:
             return []
         topic = names.cursor_topic(refs[0][0])
         assert topic is not None
         try:
-            return self._seals.seal_slots("seal", [SlotRef(topic, ref[1], ref[2]) for ref in refs],
-                                          self._ctx.ttl(ttl_seconds), lost=True)
+            unwritten = self._never_written(topic, refs)
+            out: list[bool | None] = [False] * len(refs)
+            for lost in (True, False):
+                picked = [i for i, ref in enumerate(refs) if (ref[1] not in unwritten or ref[2] <= unwritten[ref[1]])
+                          == lost]
+                if not picked:
+                    continue
+                sealed = self._seals.seal_slots("seal", [SlotRef(topic, refs[i][1], refs[i][2]) for i in picked],
+                                                self._ctx.ttl(ttl_seconds), lost=lost)
+                for i, done in zip(picked, sealed, strict=True):
+                    out[i] = (True if lost else None) if done else False
+            return out
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "seal", self._ctx.data_set) from None
+
+    def _never_written(self, topic: str, refs: Sequence[SlotRef]) -> dict[int, int]:
+        """Per shard, the live topic slot (found among the LOOK_BACK slots before the lowest of `refs`) after which a
+        missing record was never written, not gone. A topic's records leave it oldest first, and a slot is allocated
+        after every slot before it: had a message been written in a later slot, it would expire no sooner than that
+        live record's expiry less a reservation's life and the write deadline. So while the live record is further
+        than that from its own expiry, a missing record after it was never written (a publisher that stopped after
+        reserving its slot: SIGKILLed, say) and is a hole, not a message lost to retention. Found in the kill test
+        on a real server, where such holes raised the lost-to-retention warning and counted as expired."""
+        lowest: dict[int, int] = {}
+        for ref in refs:
+            lowest[ref[1]] = min(lowest.get(ref[1], ref[2]), ref[2])
+        probes = [SlotRef(topic, shard, slot) for shard, low in lowest.items()
+                  for slot in range(max(1, low - LOOK_BACK), low)]
+        if not probes:
+            return {}
+        keys = [self._ctx.data_key(ref) for ref in probes]
+        done = self._ctx.call("seal", self._ctx.client.batch_read, keys, [MSG_ID],
+                              self._ctx.batch_policy(len(keys), self._ctx.batch_all))
+        margin_s = (self._ctx.write_grace_ms + RESERVATION_FRESH_MS) // 1000 + 1
+        live: dict[int, int] = {}
+        for ref, record in zip(probes, self._ctx.answers("seal", done, len(keys), self._ctx.data_set), strict=True):
+            if record.result == 0 and record.record is not None and not self._ctx.tombstoned(record.record[2]):
+                ttl = int((record.record[1] or {}).get("ttl") or 0)
+                if ttl <= 0 or ttl > margin_s:
+                    live[ref[1]] = max(live.get(ref[1], 0), ref[2])
+            elif record.result not in (0, NOT_FOUND):
+                raise self._ctx.record_failure("seal", record, self._ctx.data_set)
+        return live
 
     def joined(self, operation: str, refs: Sequence[SlotRef]) -> list[Envelope | None]:
         """Cursor slots' messages as their subscription holds them: the topic's records with the claim records'

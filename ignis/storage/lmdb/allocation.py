@@ -16,10 +16,14 @@ from typing import Any
 
 import lmdb
 
+from ignis import names
+from ignis.bounds import ShardLimit, room
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.storage.base import Placement, SlotRef
 from ignis.storage.lmdb.context import StoreContext
 from ignis.storage.lmdb.records import _FORMAT, _META, _expire_at, _new_ref, _pack_data, _pack_new, _plain_head
+
+_BYTES_SUFFIX = b"_BYTES"  # a bounded shard's LOAD_BYTES record (ignis.bounds): same shape as _META, (0, bytes, 0)
 
 
 def _load_into(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_db: Any, txn: Any) -> int:
@@ -28,6 +32,19 @@ def _load_into(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_
     # keyword parsing costs about 0.1 µs a call.
     raw = txn.get(meta_key, None, meta_db)
     _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+    load += 1
+    txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
+    txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
+    return load
+
+
+def _load_within(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_db: Any, length: int, txn: Any
+                 ) -> int:
+    """_load_into on a bounded shard (ignis.bounds): 0, writing nothing, when `length` messages wait already."""
+    raw = txn.get(meta_key, None, meta_db)
+    _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+    if load - fire >= length:
+        return 0
     load += 1
     txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
     txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
@@ -140,6 +157,98 @@ class Allocation:
             return taken
         except lmdb.Error as exc:
             raise self._ctx.map_error(exc) from None
+
+    def load_one_bounded(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                         ttl_seconds: int, limit: ShardLimit) -> int:
+        """`load_one` into a shard of a bounded queue whose share has room (the check and the allocation one write
+        transaction, as load_bounded's); its slot, or 0 when the shard is full (nothing written). A bound of bytes
+        takes `load_bounded` (this is the lean path of a publish bounded by maxLength)."""
+        if limit.bytes is not None:
+            ref = self.load_bounded(magazine, shard, [Envelope(payload, msg_id, loaded_at)], ttl_seconds, limit)[0]
+            return 0 if ref is None else ref.slot
+        raw_id = msg_id.encode()
+        value = _plain_head(len(raw_id)).pack(loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0, 0, 0,
+                                              _FORMAT, loaded_at, 0, 0, len(raw_id), raw_id, len(payload)) + payload
+        ctx = self._ctx
+        meta_key, prefix = ctx.keys(magazine, shard)
+        length = limit.length
+        if ctx.sync:
+            return ctx.grouped("load", functools.partial(_load_within, meta_key, prefix, value, ctx.meta, ctx.data,
+                                                         length),
+                               durable=True,
+                               before=lambda slot: slot and ctx.ring_committing(magazine, (shard,), grouped=True),
+                               after=lambda slot: slot and ctx.ring(magazine, (shard,), after_committing=True))
+        meta_db, data_db = ctx.meta, ctx.data
+        try:
+            with ctx.begin("load", True) as txn:  # (_load_within, inlined: load_one's lean path, with the check)
+                raw = txn.get(meta_key, None, meta_db)
+                _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+                if load - fire >= length:  # type: ignore[operator]
+                    return 0
+                load += 1
+                txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
+                txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
+        except lmdb.Error as exc:
+            raise ctx.map_error(exc) from None
+        bell = ctx.bells.get(magazine, False)
+        if bell is False:
+            bell = ctx.bell_of(magazine)
+        if bell is not None and time.monotonic() >= bell.quiet_until:
+            bell.ring(ctx.client_id, magazine, (shard,))
+        return load
+
+    def bytes_key(self, magazine: str, shard: int) -> bytes:
+        """The record of a bounded shard's LOAD_BYTES (ignis.bounds), beside its meta and holes records (purged with
+        them: same prefix)."""
+        return names.data_key_prefix(magazine, shard).encode()[:-1] + _BYTES_SUFFIX
+
+    def load_bounded(self, magazine: str, shard: int, envelopes: Sequence[Envelope], ttl_seconds: int,
+                     limit: ShardLimit) -> list[SlotRef | None]:
+        """`load` into one shard of as many of `envelopes` as its share of the bound has room for (the longest
+        prefix), in one write transaction that reads the pointers, checks the room and moves the load pointer (and
+        LOAD_BYTES): the check and the allocation are one atomic step, so concurrent publishers, in this process
+        or others, never take a shard past its share. Per envelope: its slot, or None (refused, nothing written)."""
+        expire_at = _expire_at(ttl_seconds, now_ms())
+        sizes = [len(env.payload) for env in envelopes]
+        packed = [_pack_data(env, expire_at) for env in envelopes]
+        ctx = self._ctx
+        meta_key, prefix = ctx.keys(magazine, shard)
+        bytes_key = self.bytes_key(magazine, shard) if limit.bytes is not None else None
+        try:
+            with ctx.begin("load", True) as txn:
+                raw = txn.get(meta_key, None, ctx.meta)
+                _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+                loaded_bytes = 0
+                if bytes_key is not None:
+                    raw = txn.get(bytes_key, None, ctx.meta)
+                    loaded_bytes = _META.unpack(raw)[1] if raw is not None else 0
+                fits = room(limit, load, fire, loaded_bytes, sizes)
+                if fits:
+                    for i in range(fits):
+                        txn.put(prefix + b"%d" % (load + 1 + i), packed[i], True, True, False, ctx.data)
+                    txn.put(meta_key, _META.pack(0, load + fits, fire), True, True, False, ctx.meta)
+                    if bytes_key is not None:
+                        txn.put(bytes_key, _META.pack(0, loaded_bytes + sum(sizes[:fits]), 0), True, True, False,
+                                ctx.meta)
+                    ctx.ring_committing(magazine, (shard,))
+            if fits:
+                ctx.ring(magazine, (shard,), after_committing=True)
+                ctx.flush()
+        except lmdb.Error as exc:
+            raise ctx.map_error(exc) from None
+        return [_new_ref(SlotRef, (magazine, shard, load + 1 + i)) if i < fits else None
+                for i in range(len(envelopes))]
+
+    def loaded_bytes(self, magazine: str, shards: int) -> list[int]:
+        """Each shard's LOAD_BYTES (0 where none was counted)."""
+        def get(txn: Any) -> list[int]:
+            out = []
+            for shard in range(shards):
+                raw = txn.get(self.bytes_key(magazine, shard), None, self._ctx.meta)
+                out.append(_META.unpack(raw)[1] if raw is not None else 0)
+            return out
+
+        return self._ctx.read("pointers", get)
 
     def reserve(self, magazine: str, shard: int, count: int) -> int:
         raise NotImplementedError("lmdb allocates and writes a slot in one transaction: an empty reserved slot "

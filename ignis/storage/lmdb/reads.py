@@ -17,6 +17,7 @@ from typing import Any
 import lmdb
 
 from ignis import names
+from ignis.bounds import LOAD_BYTES
 from ignis.envelope import Envelope, now_ms
 from ignis.storage.base import FIRE_POINTER, HOLES, HOLES_CLAIMED, LOAD_POINTER, ShardPointers, SlotRef
 from ignis.storage.lmdb.context import StoreContext, _delete_keys
@@ -184,6 +185,8 @@ class Reads:
                 expire_at, first, second = _META.unpack(raw)
                 if key.encode().endswith(_HOLES_SUFFIX):
                     return expire_at, {HOLES: first, HOLES_CLAIMED: second}
+                if key.encode().endswith(b"_BYTES"):  # a bounded shard's (ignis.bounds)
+                    return expire_at, {LOAD_BYTES: first}
                 return expire_at, {LOAD_POINTER: first, FIRE_POINTER: second}
             return _HEADER.unpack_from(raw)[0], _unpack(bytes(raw))
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ignis import names
+from ignis.bounds import ShardLimit
 from ignis.envelope import Envelope, NewMessages
 from ignis.errors import InvalidInputError
 from ignis.storage.base import (
@@ -86,6 +87,7 @@ class LmdbStore:
         # The hot paths skip this facade's delegating frame (one Python call per publish, claim or ack): the
         # methods below stay for the interface's sake and are shadowed here by the concern's own.
         self.load_one = self._allocation.load_one  # type: ignore[method-assign]
+        self.load_one_bounded = self._allocation.load_one_bounded  # type: ignore[method-assign]
         self.claim = self._claims.claim  # type: ignore[method-assign]
         self.delete = self._reads.delete  # type: ignore[method-assign]
         env.start_purger(purge_interval)
@@ -194,6 +196,21 @@ class LmdbStore:
 
     def reserve(self, magazine: str, shard: int, count: int) -> int:
         return self._allocation.reserve(magazine, shard, count)
+
+    def load_bounded(self, magazine: str, shard: int, envelopes: Sequence[Envelope], ttl_seconds: int,
+                     limit: ShardLimit) -> list[SlotRef | None]:
+        return self._allocation.load_bounded(magazine, shard, envelopes, ttl_seconds, limit)
+
+    def load_one_bounded(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
+                         ttl_seconds: int, limit: ShardLimit) -> int:
+        return self._allocation.load_one_bounded(magazine, shard, payload, msg_id, loaded_at, ttl_seconds, limit)
+
+    def reserve_bounded(self, magazine: str, shard: int, count: int, limit: ShardLimit, size: int
+                        ) -> tuple[int, int]:
+        return self._allocation.reserve(magazine, shard, count), 0  # (raises: lmdb reserves nothing)
+
+    def loaded_bytes(self, magazine: str, shards: int) -> list[int]:
+        return self._allocation.loaded_bytes(magazine, shards)
 
     def load_reserved(self, ref: SlotRef, payload: bytes, msg_id: str, loaded_at: int, ttl_seconds: int
                       ) -> bool:

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import lmdb
+
 from ignis import names
 from ignis.envelope import Envelope, now_ms
 from ignis.storage.base import Claimed, CursorClaim, QueueRecord, SlotRef
@@ -96,7 +98,19 @@ class Topics:
         topic_prefix = self._ctx.keys(topic, shard)[1]
         cursor_meta, cursor_prefix = self._ctx.keys(cursor, shard)
         data_db, selects = self._ctx.data, None if only is None or only.matches_all else only.matches
-        with self._ctx.write("claim", durable=False) as txn:
+
+        if self._ctx.sync:  # as a queue's claim (ignis.storage.lmdb.claims): a look first, without the write lock
+            try:            # every process shares, so a caught-up cursor waits for no other process's flush
+                with self._ctx.env.env.begin(None, None, False) as txn:
+                    load, fire = self._ctx.load_and_fire(txn, cursor, shard)
+            except lmdb.Error as exc:
+                raise self._ctx.map_error(exc) from None
+            # Unless a publisher rang before its commit (doorbell): then the write lock waits that commit out.
+            if fire >= (load if up_to is None else min(load, up_to)) and (
+                    up_to is not None or not self._ctx.committing(topic, shard)):
+                return CursorClaim([], 0, True)
+
+        def write(txn: Any) -> CursorClaim:
             get, put = txn.get, txn.put
             load, fire = self._ctx.load_and_fire(txn, cursor, shard)
             limit = load if up_to is None else min(load, up_to)
@@ -125,7 +139,15 @@ class Topics:
             self._ctx.meta_put(txn, cursor_meta, 0, slot)
             if expired:
                 self._ctx.add_holes(txn, cursor, shard, claimed=expired)
-        return CursorClaim(claimed, expired, slot >= limit)
+            return CursorClaim(claimed, expired, slot >= limit)
+
+        if self._ctx.sync:  # handed out before the commit's flush, committed with this process's other writes
+            return self._ctx.grouped("claim", write, early=True)
+        try:  # durability=fast: its own transaction (see StoreContext.grouped)
+            with self._ctx.begin("claim", True) as txn:
+                return write(txn)
+        except lmdb.Error as exc:
+            raise self._ctx.map_error(exc) from None
 
     def restamp_cursor(self, refs: Sequence[SlotRef], now: int, only: SubjectFilter | None,
                        count_attempt: bool = True) -> list[Claimed]:
@@ -153,10 +175,10 @@ class Topics:
                 out.append(Claimed(ref, envelope, False))
         return out
 
-    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
+    def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool | None]:
         """Awaited topic slots given up: here a topic record is never in flight, so a missing one is gone for good
         (sealed, True) and a present one landed (False)."""
-        def look(txn: Any) -> list[bool]:
+        def look(txn: Any) -> list[bool | None]:
             now = now_ms()
             return [_gone(txn.get(self._topic_key(ref), db=self._ctx.data), now) for ref in refs]
 

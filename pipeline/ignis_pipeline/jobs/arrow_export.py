@@ -95,34 +95,39 @@ def make_dirs_under(base: Path, relative: str) -> None:
 
 
 def write_partitions(reader: Any, root: str, name: str, groups: Iterable[Sequence[Any]],
-                     no_dictionary: Sequence[str], no_statistics: Sequence[str]) -> tuple[str, list[tuple[str, int]]]:
+                     no_dictionary: Sequence[str], no_statistics: Sequence[str],
+                     partition_columns: Sequence[str] = PARTITION_COLUMNS) -> tuple[str, list[tuple[str, int]]]:
     """In a Spark task: read each input partition of `groups` and write its batches, one file per queue and
-    magazine met, named `name`, under this attempt's own directory in `root`. That directory's name, and
-    the files (relative to it) with their rows."""
+    magazine met (per value of `partition_columns`, the batches' first columns: a topic's export has one,
+    `topic`), named `name`, under this attempt's own directory in `root`. That directory's name, and the files
+    (relative to it) with their rows."""
+    n = len(partition_columns)
     from pyspark import TaskContext
 
     context = TaskContext.get()
     own = f"attempt-{context.taskAttemptId() if context is not None else 0}"
     attempt = Path(root) / own
     attempt.mkdir(exist_ok=True)  # no parents: see make_dirs_under
-    files: dict[tuple[str, str], tuple[str, BatchFile]] = {}
+    files: dict[tuple[str, ...], tuple[str, BatchFile]] = {}
     current: BatchFile | None = None
     try:
         for group in groups:
             for partition in group:
                 for batch in reader.read(partition):
-                    where = (batch.column(0)[0].as_py(), batch.column(1)[0].as_py())  # one queue, one magazine
+                    where = tuple(batch.column(i)[0].as_py() for i in range(n))  # one queue and magazine
+                    file_schema = pa.schema(list(batch.schema)[n:])
                     found = files.get(where)
                     if found is None:
-                        relative = f"queue={escape(where[0])}/magazine={escape(where[1])}/{name}"
+                        relative = "/".join(f"{c}={escape(v)}" for c, v in zip(partition_columns, where,
+                                                                                 strict=True)) + f"/{name}"
                         make_dirs_under(attempt, relative)
-                        found = (relative, BatchFile(parquet_writer(attempt / relative, FILE_SCHEMA, no_dictionary,
+                        found = (relative, BatchFile(parquet_writer(attempt / relative, file_schema, no_dictionary,
                                                                     no_statistics)))
                         files[where] = found
                     if current is not None and current is not found[1]:
                         current.flush()  # slot ranges come queue by queue: keep one file's rows in memory
                     current = found[1]
-                    current.write(pa.RecordBatch.from_arrays(batch.columns[2:], schema=FILE_SCHEMA))
+                    current.write(pa.RecordBatch.from_arrays(batch.columns[n:], schema=file_schema))
     finally:
         for _, out in files.values():
             out.close()
@@ -171,7 +176,7 @@ def usable(spark: Any, to: str) -> Path | None:
 
 
 def export(spark: Any, reader: Any, out: Path, overwrite: bool, no_dictionary: Sequence[str],
-           no_statistics: Sequence[str]) -> int:
+           no_statistics: Sequence[str], partition_columns: Sequence[str] = PARTITION_COLUMNS) -> int:
     """The rows of `reader` (an IgnisReader) written to `out` as the export's Parquet; the count written."""
     partitions = reader.partitions()  # planned here, on the driver: the same plan Spark's read would run
     context = spark.sparkContext
@@ -188,7 +193,7 @@ def export(spark: Any, reader: Any, out: Path, overwrite: bool, no_dictionary: S
 
         def task(index: int, items: Iterator[list[Any]]) -> Iterator[tuple[str, list[tuple[str, int]]]]:
             yield write_partitions(reader, root, f"part-{index:05d}-{job}.c000.snappy.parquet", items,
-                                   no_dictionary, no_statistics)
+                                   no_dictionary, no_statistics, partition_columns)
 
         results: list[tuple[str, list[tuple[str, int]]]] = []
         if groups:  # none when no queue matched

@@ -1,5 +1,7 @@
 """`ignis pipeline export QUEUE... --to PATH`: a snapshot of queue magazines in Parquet (or JSON),
-partitioned by queue and magazine. Reading is non-destructive: nothing is claimed or acked.
+partitioned by queue and magazine; `ignis pipeline export --topic NAME --to PATH`: a topic's retained log (a
+publish-time window of it with --since/--until), partitioned by topic. Reading is non-destructive: nothing is
+claimed or acked.
 
 Parquet to a local path with executors on this host is written by the read tasks with pyarrow
 (arrow_export.py: no rows in Spark's JVM); anything else goes through Spark's writer (`df.write`)."""
@@ -46,6 +48,15 @@ def read_options(store: dict[str, str], queues: list[str], magazine: str = "main
     return {key: value for key, value in given.items() if value is not None}
 
 
+def topic_read_options(store: dict[str, str], topic: str, since: str | None = None, until: str | None = None,
+                       subject_filter: str | None = None) -> dict[str, str]:
+    """The `ignis` format's options for a topic's retained log: --since/--until as its publish-time window
+    (startingTimestamp inclusive, endingTimestamp exclusive: Spark's Kafka source's)."""
+    given = {**store, "topic": topic, "startingTimestamp": since, "endingTimestamp": until,
+             "subjectFilter": subject_filter}
+    return {key: value for key, value in given.items() if value is not None}
+
+
 def read_queues(spark: Any, store: dict[str, str], queues: list[str], magazine: str = "main",
                 since: str | None = None, until: str | None = None) -> Any:
     """The `ignis` format over `queues` (empty = every queue of the client)."""
@@ -61,11 +72,27 @@ def require_queues(store: dict[str, str], queues: list[str]) -> None:
 
 def export(spark: Any, store: dict[str, str], queues: list[str], to: str, *, magazine: str = "main",
            fmt: str = "parquet", since: str | None = None, until: str | None = None,
-           overwrite: bool = False) -> dict[str, Any]:
+           overwrite: bool = False, topic: str | None = None, subject_filter: str | None = None) -> dict[str, Any]:
+    """Export `queues` (every queue of the client when empty), or with `topic` that topic's retained log (its
+    messages published in [since, until), those `subject_filter` selects)."""
     if fmt not in FORMATS:
         raise InvalidInputError(f"--format {fmt!r}: must be parquet or json")
+    if topic is not None and queues:
+        raise InvalidInputError(f"--topic {topic} and QUEUE arguments ({', '.join(queues)}): export a topic or queues, "
+                                "not both")
+    if topic is None and subject_filter is not None:
+        raise InvalidInputError("--subject-filter selects a topic's messages: give --topic too")
     check_store_reachable(spark, store["store"])
-    require_queues(store, queues)  # before Spark creates anything at `to`
+    if topic is not None:
+        require_topic(store, topic)  # before Spark creates anything at `to`
+        options = topic_read_options(store, topic, since, until, subject_filter)
+        partition_columns: tuple[str, ...] = ("topic",)
+        done: dict[str, Any] = {"path": to, "format": fmt, "topic": topic}
+    else:
+        require_queues(store, queues)
+        options = read_options(store, queues, magazine, since, until)
+        partition_columns = arrow_export.PARTITION_COLUMNS
+        done = {"path": to, "format": fmt, "queues": queues or ["*"], "magazine": magazine}
     if not overwrite and path_exists(spark, to):
         raise InvalidInputError(f"--to {to} already exists: add --overwrite to replace it, or choose another path")
     if fmt == "parquet" and (out := arrow_export.usable(spark, to)) is not None:
@@ -73,11 +100,12 @@ def export(spark: Any, store: dict[str, str], queues: list[str], to: str, *, mag
         from ignis_pipeline.options import SourceOptions
         from ignis_pipeline.reader import IgnisReader
 
-        reader = IgnisReader(SourceOptions.parse(read_options(store, queues, magazine, since, until)))
+        reader = IgnisReader(SourceOptions.parse(options))
         with spark_progress(spark, f"exporting to {to}"):
-            exported = arrow_export.export(spark, reader, out, overwrite, NO_DICTIONARY, NO_STATISTICS)
-        return {"path": to, "format": fmt, "queues": queues or ["*"], "magazine": magazine, "exported": exported}
-    df = read_queues(spark, store, queues, magazine, since, until)
+            exported = arrow_export.export(spark, reader, out, overwrite, NO_DICTIONARY, NO_STATISTICS,
+                                           partition_columns)
+        return {**done, "exported": exported}
+    df = spark.read.format("ignis").options(**options).load()
     # As many write tasks as the cluster runs at once, each reading several slot ranges in turn (a
     # coalesce, no shuffle): a Python task and a committed output file cost Spark about a tenth of a
     # second each (bench/README.md), and one file per slot range would make many small files.
@@ -90,10 +118,15 @@ def export(spark: Any, store: dict[str, str], queues: list[str], to: str, *, mag
     written = Observation("ignis-export")
     df = df.observe(written, count(lit(1)).alias("rows"))
     with spark_progress(spark, f"exporting to {to}"):
-        df.write.mode("overwrite" if overwrite else "errorifexists").partitionBy("queue", "magazine").options(
+        df.write.mode("overwrite" if overwrite else "errorifexists").partitionBy(*partition_columns).options(
             **(PARQUET_OPTIONS if fmt == "parquet" else {})).format(fmt).save(to)
-    exported = int(written.get["rows"])
-    return {"path": to, "format": fmt, "queues": queues or ["*"], "magazine": magazine, "exported": exported}
+    return {**done, "exported": int(written.get["rows"])}
+
+
+def require_topic(store: dict[str, str], topic: str) -> None:
+    """TopicNotFound when the topic does not exist."""
+    with Ignis(store["store"], farm_id=store["farmId"], client_id=store["clientId"], purge_interval=0) as ignis:
+        ignis.topic_spec(topic)
 
 
 def path_exists(spark: Any, path: str) -> bool:
@@ -109,9 +142,9 @@ def path_exists(spark: Any, path: str) -> bool:
         raise InvalidInputError(f"--to {path}: {reason}") from None
 
 
-def read_export(spark: Any, path: str, fmt: str = "parquet") -> Any:
-    """An export with the data source's schema (so the partition columns stay strings)."""
-    return spark.read.schema(schema.DDL).format(fmt).load(path)
+def read_export(spark: Any, path: str, fmt: str = "parquet", topic: bool = False) -> Any:
+    """An export with the data source's schema (so the partition columns stay strings); `topic`: a topic's."""
+    return spark.read.schema(schema.TOPIC_DDL if topic else schema.DDL).format(fmt).load(path)
 
 
 if __name__ == "__main__":  # spark-submit .../jobs/export.py QUEUE... --to PATH
