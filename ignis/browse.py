@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ignis import names
+from ignis.envelope import EnvelopeFields
 from ignis.errors import InvalidInputError, MessageNotFound
 from ignis.storage.base import MessageRef, SlotRef
 
@@ -53,45 +54,18 @@ class Queue(Protocol):
 
 
 @dataclass(frozen=True)
-class BrowsedMessage:
-    """A message read without claiming it. `state`: waiting, in flight (delivered, not settled yet), sidelined or
-    dead."""
+class BrowsedMessage(EnvelopeFields):
+    """A message read without claiming it (its fields: EnvelopeFields; `attempts`: a waiting one's is 0 unless it
+    was handed back). `state`: waiting, in flight (delivered, not settled yet), sidelined or dead."""
 
     ref: SlotRef
     envelope: Envelope
     state: str
 
     @property
-    def id(self) -> str:
-        return self.envelope.msg_id
-
-    @property
-    def data(self) -> bytes:
-        """The payload bytes exactly as published."""
-        return self.envelope.payload
-
-    @property
     def payload(self) -> Any:
         """The payload decoded as published: bytes, str or a JSON value."""
         return self.envelope.decoded()
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return dict(self.envelope.headers or {})
-
-    @property
-    def key(self) -> str | None:
-        return self.envelope.key
-
-    @property
-    def subject(self) -> str | None:
-        """The subject it was published with to a topic (None for a queue's own messages)."""
-        return self.envelope.subject
-
-    @property
-    def attempts(self) -> int:
-        """Deliveries so far (a waiting message's: 0 unless it was handed back)."""
-        return self.envelope.attempts
 
     @property
     def published_at(self) -> int:

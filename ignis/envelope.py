@@ -262,6 +262,41 @@ class Envelope:
                 f"fireTS={self.fire_ts}, reason={self.reason})")
 
 
+class EnvelopeFields:
+    """A message's fields, read from its `envelope`: what a delivered message (ignis.queue.Message) and a browsed
+    one (ignis.browse.BrowsedMessage) share."""
+
+    __slots__ = ()
+    envelope: Envelope
+
+    @property
+    def id(self) -> str:
+        return self.envelope.msg_id
+
+    @property
+    def data(self) -> bytes:
+        """The payload bytes exactly as published."""
+        return self.envelope.payload
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return dict(self.envelope.headers or {})
+
+    @property
+    def key(self) -> str | None:
+        return self.envelope.key
+
+    @property
+    def subject(self) -> str | None:
+        """The subject it was published with to a topic (a subscription's message; None for a queue's own)."""
+        return self.envelope.subject
+
+    @property
+    def attempts(self) -> int:
+        """Deliveries so far."""
+        return self.envelope.attempts
+
+
 class NewMessages(NamedTuple):
     """Messages being published by one call, column by column: one load time, and the call's shared
     headers and partition key. A publish_many of thousands builds no per-message object before the

@@ -26,6 +26,7 @@ from ignis.envelope import (
     CODEC_UNREADABLE,
     PROBLEM_HEADER,
     Envelope,
+    EnvelopeFields,
     now_ms,
 )
 from ignis.errors import AlreadySettled, IgnisError
@@ -79,8 +80,8 @@ class Transfer:
     retried: int = 0  # waiting for their next attempt (a nack with a delay, or the queue's retry backoff)
 
 
-class Message:
-    """A delivered message. Settle it exactly once with `ack()` or `nack(reason)`."""
+class Message(EnvelopeFields):
+    """A delivered message (its fields: EnvelopeFields). Settle it exactly once with `ack()` or `nack(reason)`."""
 
     __slots__ = ("_decoded", "_settled", "envelope", "queue", "ref")
 
@@ -92,37 +93,11 @@ class Message:
         self._decoded: Any = _UNDECODED
 
     @property
-    def id(self) -> str:
-        return self.envelope.msg_id
-
-    @property
-    def data(self) -> bytes:
-        """The payload bytes exactly as published."""
-        return self.envelope.payload
-
-    @property
     def payload(self) -> Any:
         """The payload decoded as published: bytes, str or a JSON value (decoded once, then cached)."""
         if self._decoded is _UNDECODED:
             self._decoded = self.envelope.decoded()
         return self._decoded
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return dict(self.envelope.headers or {})
-
-    @property
-    def key(self) -> str | None:
-        return self.envelope.key
-
-    @property
-    def subject(self) -> str | None:
-        """The subject it was published with to a topic (a subscription's message; None for a queue's own)."""
-        return self.envelope.subject
-
-    @property
-    def attempts(self) -> int:
-        return self.envelope.attempts
 
     @property
     def settled(self) -> bool:

@@ -105,6 +105,26 @@ def config_drift(stored: Mapping[str, Any] | None, declared: Mapping[str, Any]) 
     return {k: (stored.get(k), v) for k, v in declared.items() if stored.get(k) != v}
 
 
+def check_declaration(kind: str, name: str, client_id: str, bins: Mapping[str, Any], active: bool, shards: int,
+                      owner: Owner) -> tuple[SyncResult | None, Owner]:
+    """What an object declaring a queue or topic (`kind`) already in the store may not do: take it from an older
+    declaration (Conflict; only while the record is active), or shrink its shards (InvalidSpec). Else (None, the
+    owner to write: a claim keeps its age across re-syncs)."""
+    holder = Owner.from_bin(bins.get(OWNER_BIN))
+    if holder is not None and holder.uid != owner.uid and active and holder.precedes(owner):
+        return SyncResult(name, client_id, False, CONFLICT,
+                          f"{kind} {name!r} of clientId {client_id!r} is already declared by {holder.ref} "
+                          f"(the older declaration wins); rename this {kind} or delete one of them"), owner
+    stored_shards = int(bins.get("shards", 0) or 0)
+    if shards < stored_shards:
+        return SyncResult(name, client_id, False, INVALID_SPEC,
+                          f"shards={shards}: shards may grow, never shrink ({kind} {name!r} has {stored_shards} in "
+                          "the store)"), owner
+    if holder is not None and holder.uid == owner.uid:
+        owner = Owner(owner.uid, owner.ref, holder.since_ms)
+    return None, owner
+
+
 def sync_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_client_id: str | None = None
                ) -> SyncResult:
     """Create or update the queue record of `spec` (runtime bins untouched), register its clientId, and
@@ -115,18 +135,10 @@ def sync_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_client_
     current = s.get_queue(spec.name)
     declared = spec.config_bins()
     if current is not None:
-        holder = Owner.from_bin(current.bins.get(OWNER_BIN))
-        if holder is not None and holder.uid != owner.uid and current.active and holder.precedes(owner):
-            return SyncResult(spec.name, client_id, False, CONFLICT,
-                              f"queue {spec.name!r} of clientId {client_id!r} is already declared by {holder.ref} "
-                              f"(the older declaration wins); rename this queue or delete one of them")
-        stored_shards = int(current.bins.get("shards", 0) or 0)
-        if spec.shards < stored_shards:
-            return SyncResult(spec.name, client_id, False, INVALID_SPEC,
-                              f"shards={spec.shards}: shards may grow, never shrink (queue {spec.name!r} has "
-                              f"{stored_shards} in the store)")
-        if holder is not None and holder.uid == owner.uid:
-            owner = Owner(owner.uid, owner.ref, holder.since_ms)  # a claim keeps its age across re-syncs
+        refused, owner = check_declaration("queue", spec.name, client_id, current.bins, current.active, spec.shards,
+                                           owner)
+        if refused is not None:
+            return refused
     if spec.subscribe is not None and s.get_topic(spec.subscribe.topic) is None:
         return SyncResult(spec.name, client_id, False, TOPIC_NOT_FOUND,
                           f"topic {spec.subscribe.topic!r} does not exist in clientId {client_id!r} (yet): apply its "

@@ -26,7 +26,6 @@ from ignis.topics.topic import Topic, check_names
 from ignis_operator.reconcile import (
     AGE_CHANGE_SECONDS,
     AGE_FIGURE,
-    CONFLICT,
     DELETED,
     INVALID_SPEC,
     OWNER_BIN,
@@ -35,6 +34,7 @@ from ignis_operator.reconcile import (
     Finalized,
     Owner,
     SyncResult,
+    check_declaration,
     config_drift,
     now_rfc3339,
 )
@@ -63,18 +63,9 @@ def sync_topic(store: Storage, spec: TopicSpec, owner: Owner, *, default_client_
     current = s.get_topic(spec.name)
     declared = spec.config_bins()
     if current is not None:
-        holder = Owner.from_bin(current.bins.get(OWNER_BIN))
-        if holder is not None and holder.uid != owner.uid and holder.precedes(owner):
-            return SyncResult(spec.name, client_id, False, CONFLICT,
-                              f"topic {spec.name!r} of clientId {client_id!r} is already declared by {holder.ref} "
-                              f"(the older declaration wins); rename this topic or delete one of them")
-        stored_shards = int(current.bins.get("shards", 0) or 0)
-        if spec.shards < stored_shards:
-            return SyncResult(spec.name, client_id, False, INVALID_SPEC,
-                              f"shards={spec.shards}: shards may grow, never shrink (topic {spec.name!r} has "
-                              f"{stored_shards} in the store)")
-        if holder is not None and holder.uid == owner.uid:
-            owner = Owner(owner.uid, owner.ref, holder.since_ms)  # a claim keeps its age across re-syncs
+        refused, owner = check_declaration("topic", spec.name, client_id, current.bins, True, spec.shards, owner)
+        if refused is not None:
+            return refused
     else:
         try:
             check_names(s, spec.name, "topic")  # a queue of that name would share its records' keys
