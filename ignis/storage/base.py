@@ -524,8 +524,11 @@ class Storage(Protocol):
         """Per slot (one batch): whether it holds a live message, read without the payloads where a store can."""
         ...
 
-    def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
-        """Present records of slots first..last inclusive, in slot order. Never mutates."""
+    def peek(self, magazine: str, shard: int, first: int, last: int, only: SubjectFilter | None = None
+             ) -> list[tuple[SlotRef, Envelope]]:
+        """Present records of slots first..last inclusive, in slot order. Never mutates. `only`: of a topic's
+        records, those whose subject it selects, applied by the store (on Aerospike by the server, so the others'
+        payloads are never sent)."""
         ...
 
     def settled(self, refs: Sequence[SlotRef]) -> list[bool]:

@@ -134,7 +134,9 @@ class IgnisReader(DataSourceReader):
         opts = self.options
         only = None if opts.subject_filter is None else subject_filter(opts.subject_filter)
         for start, end in windows(r.first, r.last):
-            records = schema.in_topic_window(store.peek(r.magazine, r.shard, start, end), opts.starting, opts.ending,
-                                             only)
+            # The filter twice: by the store (Aerospike's server leaves the others' payloads where they are), and
+            # here, so a store that cannot apply it still yields only the selected rows.
+            records = schema.in_topic_window(store.peek(r.magazine, r.shard, start, end, only), opts.starting,
+                                             opts.ending, only)
             if records:
                 yield schema.topic_batch(r.queue, r.shard, records)

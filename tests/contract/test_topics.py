@@ -460,3 +460,20 @@ def test_a_sealed_reservation_inside_the_log_is_no_edge_of_what_the_topic_retain
     everything = subscribe(ignis, "all", topic_name="log", start="earliest")
     assert {m.id for m in drain(everything)} == {r.id for r in head + rest}
     assert t.stats().retained == 20  # from the first slot held to the last written (the hole's slots among them)
+
+
+def test_a_peek_of_a_topic_with_a_subject_filter_returns_only_what_it_selects(ignis: Ignis) -> None:
+    """The Spark reader's filter pushed to the store (Storage.peek `only`): on Aerospike the server applies it (its
+    peek does not filter in the client, so this fails if the expression were not sent); on lmdb the read does."""
+    from ignis.subjects import subject_filter
+
+    t = topic(ignis, shards=1)
+    subjects = ["sensors/kitchen/temp", "sensors/kitchen/humidity", "sensors/hall/temp", "alerts"]
+    refs = [t.publish(s.encode(), subject=s) for s in subjects]
+    last = max(r.slot for r in refs)
+    everything = ignis.store.peek("sensors", 0, 1, last)
+    assert sorted(e.subject for _, e in everything) == sorted(subjects)
+    temps = ignis.store.peek("sensors", 0, 1, last, subject_filter("sensors/+/temp"))
+    assert [(ref.slot, e.subject) for ref, e in temps] == [(r.slot, s) for r, s in zip(refs, subjects, strict=True)
+                                                           if s.endswith("/temp")]
+    assert ignis.store.peek("sensors", 0, 1, last, subject_filter("#")) == everything

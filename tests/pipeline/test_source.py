@@ -199,10 +199,10 @@ class CountingStore:
         self.slots = 0
         self.calls = 0
 
-    def peek(self, magazine: str, shard: int, first: int, last: int) -> Any:
+    def peek(self, magazine: str, shard: int, first: int, last: int, only: Any = None) -> Any:
         self.calls += 1
         self.slots += max(0, last - first + 1)
-        return self.store.peek(magazine, shard, first, last)
+        return self.store.peek(magazine, shard, first, last, only)
 
     def close(self) -> None:
         pass

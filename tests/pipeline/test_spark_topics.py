@@ -129,9 +129,9 @@ class CountingStore:
         self.peeked = 0
         self.read_slots = 0
 
-    def peek(self, magazine: str, shard: int, first: int, last: int) -> Any:
+    def peek(self, magazine: str, shard: int, first: int, last: int, only: Any = None) -> Any:
         self.peeked += max(0, last - first + 1)
-        return self.store.peek(magazine, shard, first, last)
+        return self.store.peek(magazine, shard, first, last, only)
 
     def read(self, refs: Any) -> Any:
         self.read_slots += len(refs)

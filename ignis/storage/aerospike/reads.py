@@ -63,7 +63,7 @@ class Reads:
                 if record.result == 0:
                     found = record.record[2] if record.record is not None else None
                     out.append(None if self._ctx.tombstoned(found) else found)
-                elif record.result == NOT_FOUND:
+                elif record.result in (NOT_FOUND, FILTERED_OUT):  # (FILTERED_OUT: a filter expression refused it)
                     out.append(None)
                 else:
                     raise self._ctx.record_failure(operation, record, set_name)
@@ -89,12 +89,16 @@ class Reads:
         return [None if bins is None else self._ctx.envelope(bins, None, ref)
                 for ref, bins in zip(refs, found, strict=True)]
 
-    def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
+    def peek(self, magazine: str, shard: int, first: int, last: int, expression: Any = None
+             ) -> list[tuple[SlotRef, Envelope]]:
+        """Storage.peek; `expression`: a server-side filter (a topic's subject filter), whose refused records come
+        back without their bins (FILTERED_OUT)."""
         refs = [SlotRef(magazine, shard, slot) for slot in range(max(first, 1), last + 1)]
         if not refs:
             return []
+        policy = None if expression is None else {**self._ctx.batch_all, "expressions": expression}
         try:
-            found = self.batch_get("peek", [self._ctx.data_key(ref) for ref in refs])
+            found = self.batch_get("peek", [self._ctx.data_key(ref) for ref in refs], None, policy)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "peek", self._ctx.data_set) from None
         return [(ref, self._ctx.envelope(bins, None, ref)) for ref, bins in zip(refs, found, strict=True)

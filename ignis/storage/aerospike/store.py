@@ -279,7 +279,8 @@ class AerospikeStore:
     def held(self, refs: Sequence[SlotRef]) -> list[bool]:
         return self._reads.held(refs)
 
-    def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
+    def peek(self, magazine: str, shard: int, first: int, last: int, only: SubjectFilter | None = None
+             ) -> list[tuple[SlotRef, Envelope]]:
         if names.cursor_topic(magazine) is not None:
             refs = [SlotRef(magazine, shard, slot) for slot in range(max(first, 1), last + 1)]
             try:
@@ -287,7 +288,7 @@ class AerospikeStore:
             except ex.AerospikeError as exc:
                 raise self._ctx.fail(exc, "peek", self._ctx.data_set) from None
             return [(ref, env) for ref, env in zip(refs, found, strict=True) if env is not None]
-        return self._reads.peek(magazine, shard, first, last)
+        return self._reads.peek(magazine, shard, first, last, self._topics.filter_expression(only))
 
     def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
         return self._reads.settled(refs)

@@ -285,8 +285,9 @@ class Topics:
             return None
         return int(got[CLAIM_FROM]) + 1, int(got[FIRE_POINTER])
 
-    def _filter(self, only: SubjectFilter | None) -> list[Any] | None:
-        """The server-side form of a subscription's filter (None: it selects every message)."""
+    def filter_expression(self, only: SubjectFilter | None) -> list[Any] | None:
+        """The server-side form of a subject filter, a subscription's or a reader's (None: it selects every
+        message): records it refuses answer FILTERED_OUT, their bins never sent."""
         if only is None or only.matches_all:
             return None
         compiled = self._filters.get(only.text)
@@ -305,7 +306,7 @@ class Topics:
         if records is None:
             topic = names.cursor_topic(refs[0][0])
             assert topic is not None
-            filtered = self._filter(only)
+            filtered = self.filter_expression(only)
             topic_keys = [self._ctx.data_key(SlotRef(topic, ref[1], ref[2])) for ref in refs]
             policy = self._ctx.batch_all if filtered is None else {**self._ctx.batch_all, "expressions": filtered}
             records = []

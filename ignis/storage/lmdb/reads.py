@@ -31,6 +31,7 @@ from ignis.storage.lmdb.records import (
     _unpack,
     _unpack_data,
 )
+from ignis.subjects import SubjectFilter
 
 
 class Reads:
@@ -85,8 +86,10 @@ class Reads:
 
         return self._ctx.read("read", get_all)
 
-    def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
+    def peek(self, magazine: str, shard: int, first: int, last: int, only: SubjectFilter | None = None
+             ) -> list[tuple[SlotRef, Envelope]]:
         cursor = names.cursor_topic(magazine) is not None
+        selects = None if only is None or only.matches_all or cursor else only.matches
 
         def scan(txn: Any) -> list[tuple[SlotRef, Envelope]]:
             now = now_ms()
@@ -100,7 +103,9 @@ class Reads:
                     if joined is not None:
                         out.append((ref, joined))
                 elif raw is not None and not _expired(raw, now):
-                    out.append((SlotRef(magazine, shard, slot), _unpack_data(raw, f"{magazine}/{shard}/{slot}")))
+                    envelope = _unpack_data(raw, f"{magazine}/{shard}/{slot}")
+                    if selects is None or selects(envelope.subject):
+                        out.append((SlotRef(magazine, shard, slot), envelope))
             return out
 
         return self._ctx.read("peek", scan)

@@ -258,8 +258,9 @@ class LmdbStore:
     def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
         return self._reads.read(refs)
 
-    def peek(self, magazine: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, Envelope]]:
-        return self._reads.peek(magazine, shard, first, last)
+    def peek(self, magazine: str, shard: int, first: int, last: int, only: SubjectFilter | None = None
+             ) -> list[tuple[SlotRef, Envelope]]:
+        return self._reads.peek(magazine, shard, first, last, only)
 
     def held(self, refs: Sequence[SlotRef]) -> list[bool]:
         return [envelope is not None for envelope in self.read(refs)]  # (local, mapped: a read is as cheap)
