@@ -358,7 +358,6 @@ async def finalize(ctx: OperatorContext, entry: Declared, *, now: float) -> bool
 def _finalize(ctx: OperatorContext, entry: Declared, now: float) -> bool:
     if is_topic(entry):
         return _finalize_topic(ctx, entry, now)
-    cfg = ctx.config
     logger = object_logger(entry)
     ctx.guards.begin_deletion(entry.uid)  # from now on the background passes leave its record alone
     ctx.states.forget(_key(entry.namespace, entry.name))
@@ -374,20 +373,7 @@ def _finalize(ctx: OperatorContext, entry: Declared, now: float) -> bool:
         with ctx.guards.hold(entry.key):
             done = finalize_queue(ctx.store, qspec, owner)
     except StoreError as exc:
-        ctx.store_health.failed(exc)
-        attempt = previous.attempt + 1 if previous is not None and previous.kind == FINALIZE else 0
-        since = previous.since if previous is not None and previous.kind == FINALIZE else now
-        waited = now - since
-        if waited >= cfg.finalizer_timeout_seconds:
-            message = (f"store unreachable for {waited:.0f}s ({exc}); finalizer released WITHOUT applying "
-                       f"deletionPolicy {qspec.deletion_policy.value}: clean up queue {entry.name!r} by hand")
-            logger.error("%s", message)
-            ctx.event(entry, "Warning", "FinalizerTimeout", message)
-            return True
-        delay = min(cfg.backoff(attempt), max(cfg.finalizer_timeout_seconds - waited, 0.1))
-        ctx.retries[entry.uid] = Retry(entry.key, entry.generation, attempt, now + delay, FINALIZE, since)
-        logger.debug("deletionPolicy not applied yet (store unreachable): %s", exc)
-        return False
+        return _finalize_unreachable(ctx, entry, previous, exc, now, "queue", qspec.deletion_policy.value, PLURAL)
     ctx.store_health.answered()
     logger.info("%s", done.message)
     if done.action in (DEACTIVATED, DELETED):
@@ -395,6 +381,28 @@ def _finalize(ctx: OperatorContext, entry: Declared, now: float) -> bool:
     if qspec.subscribe is not None:  # its topic's deletion may have waited for it
         ctx.wake(ctx.topics, qspec.client_id or entry.client_id, {qspec.subscribe.topic}, IN_USE, now)
     return True
+
+
+def _finalize_unreachable(ctx: OperatorContext, entry: Declared, previous: Retry | None, exc: StoreError, now: float,
+                          kind: str, policy: str, plural: str) -> bool:
+    """A finalize the store did not answer: retried with backoff (False) until the finalizer timeout, counted from
+    the first failed attempt; then the finalizer is released without the deletionPolicy, said loudly (True)."""
+    ctx.store_health.failed(exc)
+    same = previous is not None and previous.kind == FINALIZE
+    attempt = previous.attempt + 1 if same else 0
+    since = previous.since if same and previous.since else now
+    waited = now - since
+    cfg = ctx.config
+    if waited >= cfg.finalizer_timeout_seconds:
+        message = (f"store unreachable for {waited:.0f}s ({exc}); finalizer released WITHOUT applying "
+                   f"deletionPolicy {policy}: clean up {kind} {entry.name!r} by hand")
+        object_logger(entry).error("%s", message)
+        ctx.event(entry, "Warning", "FinalizerTimeout", message)
+        return True
+    delay = min(cfg.backoff(attempt), max(cfg.finalizer_timeout_seconds - waited, 0.1))
+    ctx.retries[entry.uid] = Retry(entry.key, entry.generation, attempt, now + delay, FINALIZE, since, plural)
+    object_logger(entry).debug("deletionPolicy not applied yet (store unreachable): %s", exc)
+    return False
 
 
 def _finalize_topic(ctx: OperatorContext, entry: Declared, now: float) -> bool:
@@ -418,19 +426,7 @@ def _finalize_topic(ctx: OperatorContext, entry: Declared, now: float) -> bool:
         with ctx.guards.hold(("topic", *entry.key)):
             done = finalize_topic(ctx.store, spec, owner, default_client_id=entry.client_id)
     except StoreError as exc:
-        ctx.store_health.failed(exc)
-        since = previous.since if same and previous.since else now
-        waited = now - since
-        if waited >= cfg.finalizer_timeout_seconds:
-            message = (f"store unreachable for {waited:.0f}s ({exc}); finalizer released WITHOUT applying "
-                       f"deletionPolicy {spec.deletion_policy.value}: clean up topic {entry.name!r} by hand")
-            logger.error("%s", message)
-            ctx.event(entry, "Warning", "FinalizerTimeout", message)
-            return True
-        delay = min(cfg.backoff(attempt), max(cfg.finalizer_timeout_seconds - waited, 0.1))
-        ctx.retries[entry.uid] = Retry(entry.key, entry.generation, attempt, now + delay, FINALIZE, since,
-                                       TOPIC_PLURAL)
-        return False
+        return _finalize_unreachable(ctx, entry, previous, exc, now, "topic", spec.deletion_policy.value, TOPIC_PLURAL)
     ctx.store_health.answered()
     if isinstance(done, InUse):
         before = ctx.in_use.get(entry.uid)

@@ -300,20 +300,29 @@ def figures_changed(written: Mapping[str, Any] | None, measured: Mapping[str, An
     written = written or {}
     if measured.get(TOPIC_FIGURE) != written.get(TOPIC_FIGURE):
         return True
-    for key in (*FIGURES, *(k for k in SUBSCRIPTION_FIGURES if k in measured)):
-        old, new = written.get(key), measured[key]
-        if old is None or new is None or (old == 0) != (new == 0) or \
-                abs(new - old) >= max(1.0, abs(old) * percent / 100):
-            return True
+    if any(count_changed(written.get(key), measured[key], percent)
+           for key in (*FIGURES, *(k for k in SUBSCRIPTION_FIGURES if k in measured))):
+        return True
     old_full, full = written.get(FULL_FIGURE), measured.get(FULL_FIGURE)
     if (old_full is None) != (full is None) or (old_full is not None and full is not None and (
             abs(full - old_full) >= FULL_CHANGE_POINTS or (old_full >= 100) != (full >= 100))):
         return True
-    old_age, age = written.get(AGE_FIGURE), measured.get(AGE_FIGURE)
-    if (old_age is None) != (age is None):
+    return age_changed(written.get(AGE_FIGURE), measured.get(AGE_FIGURE), percent)
+
+
+def count_changed(old: float | None, new: float | None, percent: float) -> bool:
+    """A counted figure worth a status write (figures_changed): never written, to or from 0, or moved by `percent` %
+    of its written value and by at least 1."""
+    if old is None or new is None or (old == 0) != (new == 0):
         return True
-    return old_age is not None and age is not None and \
-        abs(age - old_age) >= max(AGE_CHANGE_SECONDS, abs(old_age) * percent / 100)
+    return abs(new - old) >= max(1.0, abs(old) * percent / 100)
+
+
+def age_changed(old: float | None, new: float | None, percent: float) -> bool:
+    """An oldest age worth a status write: it appeared or went, or moved by `percent` % and AGE_CHANGE_SECONDS."""
+    if (old is None) != (new is None):
+        return True
+    return old is not None and new is not None and abs(new - old) >= max(AGE_CHANGE_SECONDS, abs(old) * percent / 100)
 
 
 def figures_status(measured: Mapping[str, Any]) -> dict[str, Any]:

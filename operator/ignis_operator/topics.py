@@ -24,7 +24,6 @@ from ignis.storage.base import QueueRecord, Storage, client_view
 from ignis.topics.spec import TOPIC_KIND, TopicSpec
 from ignis.topics.topic import Topic, check_names
 from ignis_operator.reconcile import (
-    AGE_CHANGE_SECONDS,
     AGE_FIGURE,
     DELETED,
     INVALID_SPEC,
@@ -34,8 +33,10 @@ from ignis_operator.reconcile import (
     Finalized,
     Owner,
     SyncResult,
+    age_changed,
     check_declaration,
     config_drift,
+    count_changed,
     now_rfc3339,
 )
 
@@ -157,17 +158,11 @@ def topic_figures_changed(written: Mapping[str, Any] | None, measured: Mapping[s
     AGE_CHANGE_SECONDS. A quiet topic is never rewritten (its retained bytes are an estimate: the threshold keeps
     the sample's noise out of the status)."""
     written = written or {}
-    for key in TOPIC_FIGURES:
-        old, new = written.get(key), measured[key]
-        if old is None or (old == 0) != (new == 0) or abs(new - old) >= max(1.0, abs(old) * percent / 100):
-            return True
+    if any(count_changed(written.get(key), measured[key], percent) for key in TOPIC_FIGURES):
+        return True
     if list(written.get("subscriptionNames") or []) != list(measured.get("subscriptionNames") or []):
         return True
-    old_age, age = written.get(AGE_FIGURE), measured.get(AGE_FIGURE)
-    if (old_age is None) != (age is None):
-        return True
-    return old_age is not None and age is not None and \
-        abs(age - old_age) >= max(AGE_CHANGE_SECONDS, abs(old_age) * percent / 100)
+    return age_changed(written.get(AGE_FIGURE), measured.get(AGE_FIGURE), percent)
 
 
 def topic_figures_status(measured: Mapping[str, Any]) -> dict[str, Any]:
