@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -211,23 +211,12 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         have some left; [] once every shard's fire pointer has reached its target."""
         target = self._target or {}
         store, name = queue.store, queue.name
-        pointers = queue.main.pointers()
-        shards = [s for s, last in sorted(target.items()) if pointers[s].fire < last]
-        claimed: list[SlotRef] = []
-        in_flight: list[SlotRef] = []
-        while shards and len(claimed) < want:
-            for shard in list(shards):
-                need = want - len(claimed)
-                if need <= 0:
-                    break
-                got = store.claim(name, shard, -(-need // len(shards)), now_ms(), True, up_to=target[shard])
-                if not got:  # the target (or the load pointer) reached
-                    shards.remove(shard)
-                for item in got:
-                    if item.envelope is not None:
-                        claimed.append(item.ref)
-                    elif item.awaiting:
-                        in_flight.append(item.ref)
+
+        def claim(shard: int, count: int) -> tuple[list[Any], bool]:
+            got = store.claim(name, shard, count, now_ms(), True, up_to=target[shard])
+            return got, not got  # (none: the target, or the load pointer, reached)
+
+        claimed, in_flight = _claim_spread(target, queue.main.pointers(), want, claim)
         claimed += self._await(queue, in_flight)
         if queue.cursor is not None and len(claimed) < want:  # a subscription: the rest from its topic
             claimed += self._claim_topic_up_to_target(queue, want - len(claimed))
@@ -239,24 +228,14 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         cursor = queue.cursor
         assert cursor is not None
         store, target = queue.store, self._topic_target
-        pointers = cursor.pointers()
-        shards = [s for s, last in sorted(target.items()) if pointers[s].fire < last]
-        claimed: list[SlotRef] = []
-        in_flight: list[SlotRef] = []
-        while shards and len(claimed) < want:
-            for shard in list(shards):
-                need = want - len(claimed)
-                if need <= 0:
-                    break
-                got = store.claim_cursor(cursor.name, shard, -(-need // len(shards)), now_ms(), cursor.only,
-                                         up_to=target[shard])
-                if got.drained:  # the target (or the load pointer) reached; an empty claim that is not drained
-                    shards.remove(shard)  # passed over what the filter refused: the shard goes on
-                for item in got.claimed:
-                    if item.envelope is not None:
-                        claimed.append(item.ref)
-                    elif item.awaiting:
-                        in_flight.append(item.ref)
+
+        def claim(shard: int, count: int) -> tuple[list[Any], bool]:
+            got = store.claim_cursor(cursor.name, shard, count, now_ms(), cursor.only, up_to=target[shard])
+            # Drained: the target (or the load pointer) reached; an empty claim that is not drained passed over
+            # what the filter refused: the shard goes on.
+            return got.claimed, got.drained
+
+        claimed, in_flight = _claim_spread(target, cursor.pointers(), want, claim)
         return claimed + self._await(queue, in_flight, topic=True)
 
     @staticmethod
@@ -353,3 +332,26 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             records = store.peek(magazine, part.shard, first, last)
             if records:
                 yield schema.to_batch(self.queue_name, "main", part.shard, records)
+
+
+def _claim_spread(target: dict[int, int], pointers: dict[int, Any], want: int,
+                  claim: Callable[[int, int], tuple[list[Any], bool]]) -> tuple[list[SlotRef], list[SlotRef]]:
+    """Up to `want` messages claimed over the shards whose fire pointer has not reached its target, spread evenly:
+    `claim(shard, count)` gives its items and whether the shard is done. (Claimed refs, refs awaiting their write.)"""
+    shards = [s for s, last in sorted(target.items()) if pointers[s].fire < last]
+    claimed: list[SlotRef] = []
+    in_flight: list[SlotRef] = []
+    while shards and len(claimed) < want:
+        for shard in list(shards):
+            need = want - len(claimed)
+            if need <= 0:
+                break
+            items, done = claim(shard, -(-need // len(shards)))
+            if done:
+                shards.remove(shard)
+            for item in items:
+                if item.envelope is not None:
+                    claimed.append(item.ref)
+                elif item.awaiting:
+                    in_flight.append(item.ref)
+    return claimed, in_flight
