@@ -37,7 +37,7 @@ class ShardActivity:
     """The shards of one magazine known to have work in this process, and its waiting consumers."""
 
     __slots__ = ("_cond", "_waiting", "active", "changes", "committing", "followers", "fresh_until", "invalidated",
-                 "last_load", "refreshed_at", "wakes")
+                 "last_load", "refreshed_at", "relays", "wakes")
 
     def __init__(self) -> None:
         self.active: tuple[int, ...] = ()
@@ -54,18 +54,21 @@ class ShardActivity:
         # with every change of this one (its consumers wait there for either).
         self.followers: tuple[ShardActivity, ...] = ()
         self.wakes: tuple[ShardActivity, ...] = ()
+        self.relays = False  # followers or wakes (one test of a bool on a publish's path, not two of tuples)
 
     def follow(self, leader: ShardActivity) -> None:
         """Be marked with every mark of `leader` (a cursor follows its topic)."""
         with leader._cond:
             if self not in leader.followers:
                 leader.followers += (self,)
+                leader.relays = True
 
     def wake_with(self, other: ShardActivity) -> None:
         """Wake `other`'s waiters with every change of this one (a cursor wakes its subscription's consumers)."""
         with self._cond:
             if other not in self.wakes:
                 self.wakes += (other,)
+                self.relays = True
 
     def poke(self, wake: int) -> None:
         """Count a change and wake `wake` waiters, without marking a shard (a cursor's change, for its queue: as
@@ -94,16 +97,18 @@ class ShardActivity:
             follower.mark(shards, committing)
 
     def mark_one(self, shard: int) -> None:
-        self.last_load = next(_tokens)
+        # (mark((shard,)), inlined and lean: every publish comes here)
+        token = self.last_load = next(_tokens)
         if shard not in self.active:
             with self._cond:
                 if shard not in self.active:
                     self.active += (shard,)
-        self.changes = next(_tokens)  # (_changed(1), inlined: every publish comes here)
+            token = next(_tokens)  # `changes` after the active set changed; unchanged, the load's token is as fresh
+        self.changes = token
         if self._waiting:
             with self._cond:
                 self._cond.notify(1)
-        if self.followers or self.wakes:
+        if self.relays:
             for follower in self.followers:
                 follower.mark_one(shard)
             for other in self.wakes:

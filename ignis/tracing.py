@@ -88,14 +88,20 @@ _cached: tuple[Any, Tracer] | None = None  # (provider, its tracer): get_tracer 
 # With OTEL_PYTHON_TRACER_PROVIDER set, only get_tracer_provider() loads that provider.
 _GLOBAL_SLOT = _trace is not None and hasattr(_trace, "_TRACER_PROVIDER") and \
     "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
+# Whether only the API's global provider may trace (read directly, no provider of ignis's own): a send is then
+# untraced while `api._TRACER_PROVIDER is None`. traced_send's first check; Queue.publish makes it itself, inline, to
+# call its wrapper only when it may trace (a call is a visible share of a lean publish).
+GLOBAL_ONLY = _GLOBAL_SLOT
+api = _trace
 _ABSENT: Any = object()  # no payload(s) given by position
 _sending: ContextVar[bool] = ContextVar("ignis_sending", default=False)  # a publish inside a traced publish
 
 
 def set_tracer_provider(provider: TracerProvider | None) -> None:
     """Trace ignis with `provider` instead of the global one (None: the global one again)."""
-    global _provider
+    global _provider, GLOBAL_ONLY
     _provider = provider
+    GLOBAL_ONLY = _GLOBAL_SLOT and provider is None
 
 
 def tracer() -> Tracer | None:
@@ -145,12 +151,6 @@ def _shard(refs: Sequence[MessageRef]) -> int | None:
 
 
 # ---- send ------------------------------------------------------------------------------------------
-def sending_untraced() -> bool:
-    """Whether a send would record no span: traced_send's first check, for a method that calls its wrapper only
-    when it may trace (Queue.publish). False when unsure: the wrapper then decides."""
-    return _GLOBAL_SLOT and _provider is None and _trace._TRACER_PROVIDER is None
-
-
 def sending_now() -> bool:
     """Whether this call runs inside a traced send (whose span covers it)."""
     return _sending.get()
@@ -167,7 +167,7 @@ def traced_send(method: F) -> F:
     def send(queue: TracedQueue, payloads: Any = _ABSENT, /, **options: Any) -> Any:
         # The untraced case costs ~0.2 us a call (a lean publish: ~10-20 us): checked inline, and no `*args` or
         # empty `**options` passed on (forwarding those cost ~0.5 us more).
-        if (_GLOBAL_SLOT and _provider is None and _trace._TRACER_PROVIDER is None) or (tracer_ := tracer()) is None \
+        if (GLOBAL_ONLY and _trace._TRACER_PROVIDER is None) or (tracer_ := tracer()) is None \
                 or _sending.get():  # off, or a publish_each calling itself (one span per call)
             if payloads is _ABSENT:
                 return method(queue, **options)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lmdb
@@ -21,8 +21,19 @@ from ignis.bounds import ShardLimit, room
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.storage.base import Placement, SlotRef
 from ignis.storage.lmdb.context import StoreContext
-from ignis.storage.lmdb.records import _FORMAT, _META, _expire_at, _new_ref, _pack_data, _pack_new, _plain_head
+from ignis.storage.lmdb.records import (
+    _FORMAT,
+    _META,
+    _expire_at,
+    _new_ref,
+    _pack_data,
+    _pack_meta,
+    _pack_new,
+    _plain_head,
+    _unpack_meta,
+)
 
+_monotonic = time.monotonic
 _BYTES_SUFFIX = b"_BYTES"  # a bounded shard's LOAD_BYTES record (ignis.bounds): same shape as _META, (0, bytes, 0)
 
 
@@ -31,10 +42,10 @@ def _load_into(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_
     # Positional arguments (get: key, default, db; put: key, value, dupdata, overwrite, append, db): py-lmdb's
     # keyword parsing costs about 0.1 µs a call.
     raw = txn.get(meta_key, None, meta_db)
-    _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+    _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
     load += 1
     txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
-    txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
+    txn.put(meta_key, _pack_meta(0, load, fire), True, True, False, meta_db)
     return load
 
 
@@ -42,13 +53,22 @@ def _load_within(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, dat
                  ) -> int:
     """_load_into on a bounded shard (ignis.bounds): 0, writing nothing, when `length` messages wait already."""
     raw = txn.get(meta_key, None, meta_db)
-    _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+    _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
     if load - fire >= length:
         return 0
     load += 1
     txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
-    txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
+    txn.put(meta_key, _pack_meta(0, load, fire), True, True, False, meta_db)
     return load
+
+
+def _grouped_load(ctx: StoreContext, magazine: str, shard: int, write: Callable[[Any], int]) -> int:
+    """A durable (durability=fsync) load into one shard, `write(txn)` returning its slot (0: nothing written), in
+    the group commit: rung before the commit and after it. Apart from the loads that call it because its rings are
+    closures: in the caller they would make the caller's variables cells, built on every call of a hot path."""
+    return ctx.grouped("load", write, durable=True,
+                       before=lambda slot: slot and ctx.ring_committing(magazine, (shard,), grouped=True),
+                       after=lambda slot: slot and ctx.ring(magazine, (shard,), after_committing=True))
 
 
 class Allocation:
@@ -66,7 +86,7 @@ class Allocation:
                 with self._ctx.begin("load", True) as txn:
                     meta_key, load, fire = self._ctx.meta_get(txn, magazine, shard)
                     txn.put(self._ctx.keys(magazine, shard)[1] + b"%d" % (load + 1), value, db=self._ctx.data)
-                    txn.put(meta_key, _META.pack(0, load + 1, fire), db=self._ctx.meta)
+                    txn.put(meta_key, _pack_meta(0, load + 1, fire), db=self._ctx.meta)
                     self._ctx.ring_committing(magazine, (shard,))
                 self._ctx.ring(magazine, (shard,), after_committing=True)
                 self._ctx.flush()
@@ -102,12 +122,10 @@ class Allocation:
         value = _plain_head(len(raw_id)).pack(loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0, 0, 0,
                                               _FORMAT, loaded_at, 0, 0, len(raw_id), raw_id, len(payload)) + payload
         ctx = self._ctx
-        meta_key, prefix = ctx.keys(magazine, shard)
+        meta_key, prefix = ctx.key_cache.get((magazine, shard)) or ctx.keys(magazine, shard)  # (a call saved)
         if ctx.sync:
-            return ctx.grouped("load", functools.partial(_load_into, meta_key, prefix, value, ctx.meta, ctx.data),
-                               durable=True,
-                               before=lambda _slot: ctx.ring_committing(magazine, (shard,), grouped=True),
-                               after=lambda _slot: ctx.ring(magazine, (shard,), after_committing=True))
+            return _grouped_load(ctx, magazine, shard,
+                                 functools.partial(_load_into, meta_key, prefix, value, ctx.meta, ctx.data))
         # durability=fast: its own transaction, as a claim's (StoreContext.grouped), rung once committed: a commit
         # that flushes nothing is over in microseconds, so ringing before it (to wake consumers during a flush)
         # would only have them wait on the write lock. The publishers' hot path: no closure, and StoreContext.ring
@@ -116,16 +134,16 @@ class Allocation:
         try:
             with ctx.begin("load", True) as txn:  # (_load_into, inlined)
                 raw = txn.get(meta_key, None, meta_db)
-                _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+                _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
                 load += 1
                 txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
-                txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
+                txn.put(meta_key, _pack_meta(0, load, fire), True, True, False, meta_db)
         except lmdb.Error as exc:
             raise ctx.map_error(exc) from None
         bell = ctx.bells.get(magazine, False)
         if bell is False:
             bell = ctx.bell_of(magazine)
-        if bell is not None and time.monotonic() >= bell.quiet_until:
+        if bell is not None and _monotonic() >= bell.quiet_until:
             bell.ring(ctx.client_id, magazine, (shard,))
         return load
 
@@ -145,7 +163,7 @@ class Allocation:
                 for shard, indices in placement:
                     meta_key, prefix = self._ctx.keys(magazine, shard)
                     raw = txn.get(meta_key, None, meta_db)
-                    _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+                    _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
                     slots = range(load + 1, load + 1 + len(indices))
                     key_format = prefix.replace(b"%", b"%%") + b"%d"  # prefix + slot, as one C call
                     putmulti(zip(map(key_format.__mod__, slots), map(values.__getitem__, indices), strict=True))
@@ -173,27 +191,24 @@ class Allocation:
         meta_key, prefix = ctx.keys(magazine, shard)
         length = limit.length
         if ctx.sync:
-            return ctx.grouped("load", functools.partial(_load_within, meta_key, prefix, value, ctx.meta, ctx.data,
-                                                         length),
-                               durable=True,
-                               before=lambda slot: slot and ctx.ring_committing(magazine, (shard,), grouped=True),
-                               after=lambda slot: slot and ctx.ring(magazine, (shard,), after_committing=True))
+            return _grouped_load(ctx, magazine, shard,
+                                 functools.partial(_load_within, meta_key, prefix, value, ctx.meta, ctx.data, length))
         meta_db, data_db = ctx.meta, ctx.data
         try:
             with ctx.begin("load", True) as txn:  # (_load_within, inlined: load_one's lean path, with the check)
                 raw = txn.get(meta_key, None, meta_db)
-                _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+                _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
                 if load - fire >= length:  # type: ignore[operator]
                     return 0
                 load += 1
                 txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
-                txn.put(meta_key, _META.pack(0, load, fire), True, True, False, meta_db)
+                txn.put(meta_key, _pack_meta(0, load, fire), True, True, False, meta_db)
         except lmdb.Error as exc:
             raise ctx.map_error(exc) from None
         bell = ctx.bells.get(magazine, False)
         if bell is False:
             bell = ctx.bell_of(magazine)
-        if bell is not None and time.monotonic() >= bell.quiet_until:
+        if bell is not None and _monotonic() >= bell.quiet_until:
             bell.ring(ctx.client_id, magazine, (shard,))
         return load
 
@@ -217,18 +232,18 @@ class Allocation:
         try:
             with ctx.begin("load", True) as txn:
                 raw = txn.get(meta_key, None, ctx.meta)
-                _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+                _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
                 loaded_bytes = 0
                 if bytes_key is not None:
                     raw = txn.get(bytes_key, None, ctx.meta)
-                    loaded_bytes = _META.unpack(raw)[1] if raw is not None else 0
+                    loaded_bytes = _unpack_meta(raw)[1] if raw is not None else 0
                 fits = room(limit, load, fire, loaded_bytes, sizes)
                 if fits:
                     for i in range(fits):
                         txn.put(prefix + b"%d" % (load + 1 + i), packed[i], True, True, False, ctx.data)
-                    txn.put(meta_key, _META.pack(0, load + fits, fire), True, True, False, ctx.meta)
+                    txn.put(meta_key, _pack_meta(0, load + fits, fire), True, True, False, ctx.meta)
                     if bytes_key is not None:
-                        txn.put(bytes_key, _META.pack(0, loaded_bytes + sum(sizes[:fits]), 0), True, True, False,
+                        txn.put(bytes_key, _pack_meta(0, loaded_bytes + sum(sizes[:fits]), 0), True, True, False,
                                 ctx.meta)
                     ctx.ring_committing(magazine, (shard,))
             if fits:
@@ -245,7 +260,7 @@ class Allocation:
             out = []
             for shard in range(shards):
                 raw = txn.get(self.bytes_key(magazine, shard), None, self._ctx.meta)
-                out.append(_META.unpack(raw)[1] if raw is not None else 0)
+                out.append(_unpack_meta(raw)[1] if raw is not None else 0)
             return out
 
         return self._ctx.read("pointers", get)

@@ -10,6 +10,7 @@ claims are never in doubt. Separate from loads (allocation) because this is the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,13 +20,58 @@ from ignis.envelope import Envelope
 from ignis.storage.base import Claimed, ClaimTicket, SlotRef
 from ignis.storage.lmdb.context import StoreContext
 from ignis.storage.lmdb.reads import Reads
-from ignis.storage.lmdb.records import _DATA_HEADER, _META, _expired, _new_ref, _unpack_data
+from ignis.storage.lmdb.records import (
+    _DATA_HEADER,
+    _expired,
+    _new_ref,
+    _pack_data_header,
+    _pack_meta,
+    _unpack_data,
+    _unpack_data_header,
+    _unpack_meta,
+)
 
 
 def _available(meta: bytes, max_slots: int, up_to: int | None) -> tuple[int, int, int]:
     """(load pointer, fire pointer, slots a claim takes) of a shard's meta record."""
-    _, load, fire = _META.unpack(meta)
+    _, load, fire = _unpack_meta(meta)
     return load, fire, min(max_slots, (load if up_to is None else min(load, up_to)) - fire)
+
+
+def _claim_in(ctx: StoreContext, magazine: str, shard: int, meta_key: bytes, prefix: bytes, max_slots: int,
+              now_ms_: int, bump: int, up_to: int | None, txn: Any) -> list[tuple[int, bytes | None]]:
+    """A claim's write, in `txn`: moves the shard's FIRE_POINTER over its next slots (up to `max_slots`, and to
+    `up_to`) and stamps each record's fireTS and attempts (+ `bump`); (slot, record or None) of each. A function of
+    its own, not a closure in Claims.claim: a closure's variables are cells, built on every claim (a hot path)."""
+    meta_db, data_db = ctx.meta, ctx.data
+    header_size = _DATA_HEADER.size
+    meta = txn.get(meta_key, None, meta_db)  # positional: see load_one
+    if meta is None:
+        return []
+    _, load, fire = _unpack_meta(meta)  # (_available, inlined: every claim comes here)
+    count = min(max_slots, (load if up_to is None else min(load, up_to)) - fire)
+    if count <= 0:  # another claimer took them meanwhile
+        return []
+    raws: list[tuple[int, bytes | None]] = []
+    get, put = txn.get, txn.put
+    expired = 0
+    for slot in range(fire + 1, fire + count + 1):
+        key = prefix + b"%d" % slot
+        raw = get(key, None, data_db)
+        if raw is not None and len(raw) >= header_size:  # (a shorter one: damaged, unreadable)
+            expire_at, _, attempts = _unpack_data_header(raw)
+            if expire_at and expire_at <= now_ms_:
+                txn.delete(key, b"", data_db)
+                raw = None
+                expired += 1
+            else:  # stamp fireTS and attempts in the fixed header: no msgpack in the txn
+                raw = _pack_data_header(expire_at, now_ms_, attempts + bump) + raw[header_size:]
+                put(key, raw, True, True, False, data_db)
+        raws.append((slot, raw))
+    put(meta_key, _pack_meta(0, load, fire + count), True, True, False, meta_db)
+    if expired:  # a message that expired unclaimed: a hole made now (the claimer counts it passed)
+        ctx.add_holes(txn, magazine, shard, made=expired)
+    return raws
 
 
 class Claims:
@@ -48,14 +94,11 @@ class Claims:
     def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True,
               up_to: int | None = None) -> list[Claimed]:
         bump = 1 if count_attempt else 0
-        header, header_size = _DATA_HEADER, _DATA_HEADER.size
         meta_key, prefix = self._ctx.keys(magazine, shard)
-        meta_db, data_db = self._ctx.meta, self._ctx.data
-
         if self._ctx.sync:  # a look first, without the write lock every process shares: a drained shard waits for
             try:      # no other process's flush (with durability=fast the lock is held for microseconds)
                 with self._ctx.env.env.begin(None, None, False) as txn:
-                    meta = txn.get(meta_key, None, meta_db)
+                    meta = txn.get(meta_key, None, self._ctx.meta)
             except lmdb.Error as exc:
                 raise self._ctx.map_error(exc) from None
             drained = meta is None or _available(meta, max_slots, up_to)[2] <= 0
@@ -63,41 +106,14 @@ class Claims:
             if drained and (up_to is not None or not self._ctx.committing(magazine, shard)):
                 return []
 
-        def write(txn: Any) -> list[tuple[int, bytes | None]]:
-            meta = txn.get(meta_key, None, meta_db)  # positional: see load_one
-            if meta is None:
-                return []
-            _, load, fire = _META.unpack(meta)  # (_available, inlined: every claim comes here)
-            count = min(max_slots, (load if up_to is None else min(load, up_to)) - fire)
-            if count <= 0:  # another claimer took them meanwhile
-                return []
-            raws: list[tuple[int, bytes | None]] = []
-            get, put = txn.get, txn.put
-            expired = 0
-            for slot in range(fire + 1, fire + count + 1):
-                key = prefix + b"%d" % slot
-                raw = get(key, None, data_db)
-                if raw is not None and len(raw) >= header_size:  # (a shorter one: damaged, unreadable)
-                    expire_at, _, attempts = header.unpack_from(raw)
-                    if expire_at and expire_at <= now_ms_:
-                        txn.delete(key, b"", data_db)
-                        raw = None
-                        expired += 1
-                    else:  # stamp fireTS and attempts in the fixed header: no msgpack in the txn
-                        raw = header.pack(expire_at, now_ms_, attempts + bump) + raw[header_size:]
-                        put(key, raw, True, True, False, data_db)
-                raws.append((slot, raw))
-            put(meta_key, _META.pack(0, load, fire + count), True, True, False, meta_db)
-            if expired:  # a message that expired unclaimed: a hole made now (the claimer counts it passed)
-                self._ctx.add_holes(txn, magazine, shard, made=expired)
-            return raws
-
-        if self._ctx.sync:
-            raws = self._ctx.grouped("claim", write, early=True)  # handed out before the commit's flush
+        if self._ctx.sync:  # handed out before the commit's flush
+            raws = self._ctx.grouped("claim", functools.partial(_claim_in, self._ctx, magazine, shard, meta_key, prefix,
+                                                                max_slots, now_ms_, bump, up_to), early=True)
         else:  # durability=fast: its own transaction (see StoreContext.grouped), without the indirection: a hot path
             try:
                 with self._ctx.begin("claim", True) as txn:
-                    raws = write(txn)
+                    raws = _claim_in(self._ctx, magazine, shard, meta_key, prefix, max_slots, now_ms_, bump, up_to,
+                                     txn)
             except lmdb.Error as exc:
                 raise self._ctx.map_error(exc) from None
         return [_new_ref(Claimed, (_new_ref(SlotRef, (magazine, shard, slot)),
@@ -115,8 +131,8 @@ class Claims:
                     out.append(Claimed(ref, None, False))
                     continue
                 if len(raw) >= _DATA_HEADER.size:
-                    expire_at, _, attempts = _DATA_HEADER.unpack_from(raw)
-                    raw = _DATA_HEADER.pack(expire_at, now_ms_, attempts + bump) + raw[_DATA_HEADER.size:]
+                    expire_at, _, attempts = _unpack_data_header(raw)
+                    raw = _pack_data_header(expire_at, now_ms_, attempts + bump) + raw[_DATA_HEADER.size:]
                     txn.put(key, raw, db=self._ctx.data)
                 out.append(Claimed(ref, _unpack_data(raw, ref), False))
         return out
@@ -133,8 +149,8 @@ class Claims:
                 return None
             if len(raw) < _DATA_HEADER.size:
                 return _unpack_data(raw, ref)  # damaged: unreadable, not stamped
-            expire_at, fire_ts, attempts = _DATA_HEADER.unpack_from(raw)
+            expire_at, fire_ts, attempts = _unpack_data_header(raw)
             if not fire_ts:
-                raw = _DATA_HEADER.pack(expire_at, now_ms_, attempts) + raw[_DATA_HEADER.size:]
+                raw = _pack_data_header(expire_at, now_ms_, attempts) + raw[_DATA_HEADER.size:]
                 txn.put(key, raw, db=self._ctx.data)
         return _unpack_data(raw, ref)

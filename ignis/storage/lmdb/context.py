@@ -23,7 +23,16 @@ from ignis.metrics import STORAGE_CALLS
 from ignis.storage.base import SlotRef
 from ignis.storage.lmdb.doorbell import EnvironmentBell
 from ignis.storage.lmdb.environment import _Environment
-from ignis.storage.lmdb.records import _HEADER, _HOLES, _HOLES_SUFFIX, _META, _expired, _unpack
+from ignis.storage.lmdb.records import (
+    _HOLES_SUFFIX,
+    _expired,
+    _pack_holes,
+    _pack_meta,
+    _unpack,
+    _unpack_header,
+    _unpack_holes,
+    _unpack_meta,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +111,7 @@ class StoreContext:
         raw = txn.get(key, db=db)
         if raw is None or _expired(raw, now):
             return None
-        return _unpack(raw), _HEADER.unpack_from(raw)[0]
+        return _unpack(raw), _unpack_header(raw)[0]
 
     # ---- magazine primitives' transactions -------------------------------------------------------
     # Hot paths: each is one transaction, opened directly (no context-manager helper) and with the
@@ -201,10 +210,15 @@ class StoreContext:
     def data_key(self, ref: SlotRef) -> bytes:
         return self.keys(ref[0], ref[1])[1] + b"%d" % ref[2]
 
+    def data_keys(self, refs: Sequence[SlotRef]) -> list[bytes]:
+        """data_key of each ref, with keys' cache read inline (an ack's path: two calls fewer per message)."""
+        cache, keys = self.key_cache, self.keys
+        return [(cache.get((ref[0], ref[1])) or keys(ref[0], ref[1]))[1] + b"%d" % ref[2] for ref in refs]
+
     def meta_get(self, txn: Any, magazine: str, shard: int) -> tuple[bytes, int, int]:
         key = self.keys(magazine, shard)[0]
         raw = txn.get(key, db=self.meta)
-        _, load, fire = _META.unpack(raw) if raw is not None else (0, 0, 0)
+        _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
         return key, load, fire
 
     def load_and_fire(self, txn: Any, magazine: str, shard: int) -> tuple[int, int]:
@@ -214,12 +228,12 @@ class StoreContext:
         if topic is None:
             return self.meta_get(txn, magazine, shard)[1:]
         raw = txn.get(self.keys(topic, shard)[0], None, self.meta)
-        load = _META.unpack(raw)[1] if raw is not None else 0
+        load = _unpack_meta(raw)[1] if raw is not None else 0
         raw = txn.get(self.keys(magazine, shard)[0], None, self.meta)
-        return load, _META.unpack(raw)[2] if raw is not None else 0
+        return load, _unpack_meta(raw)[2] if raw is not None else 0
 
     def meta_put(self, txn: Any, key: bytes, load: int, fire: int) -> None:
-        txn.put(key, _META.pack(0, load, fire), db=self.meta)
+        txn.put(key, _pack_meta(0, load, fire), db=self.meta)
 
     def holes_key(self, magazine: str, shard: int) -> bytes:
         return names.data_key_prefix(magazine, shard).encode()[:-1] + _HOLES_SUFFIX
@@ -227,5 +241,5 @@ class StoreContext:
     def add_holes(self, txn: Any, magazine: str, shard: int, made: int = 0, claimed: int = 0) -> None:
         key = self.holes_key(magazine, shard)
         raw = txn.get(key, db=self.meta)
-        _, holes, passed = _HOLES.unpack(raw) if raw is not None else (0, 0, 0)
-        txn.put(key, _HOLES.pack(0, holes + made, passed + claimed), db=self.meta)
+        _, holes, passed = _unpack_holes(raw) if raw is not None else (0, 0, 0)
+        txn.put(key, _pack_holes(0, holes + made, passed + claimed), db=self.meta)

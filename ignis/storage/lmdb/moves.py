@@ -16,7 +16,15 @@ from ignis.envelope import CODEC_UNREADABLE, now_ms
 from ignis.errors import StaleEpoch
 from ignis.storage.base import Move
 from ignis.storage.lmdb.context import StoreContext
-from ignis.storage.lmdb.records import _DATA_HEADER, EPOCH_KEY, _expire_at, _expired, _pack_data, _unpack
+from ignis.storage.lmdb.records import (
+    _DATA_HEADER,
+    EPOCH_KEY,
+    _expire_at,
+    _expired,
+    _pack_data,
+    _unpack,
+    _unpack_data_header,
+)
 
 
 class Moves:
@@ -44,7 +52,7 @@ class Moves:
                 key = self._ctx.data_key(m.source)
                 raw = txn.get(key, db=self._ctx.data)
                 fire_ts = None if raw is None or len(raw) < _DATA_HEADER.size else \
-                    (_DATA_HEADER.unpack_from(raw)[1] or None)
+                    (_unpack_data_header(raw)[1] or None)
                 seen = fire_ts == m.fired_at if fired_before is None else \
                     fire_ts is not None and fire_ts < fired_before
                 if m.envelope.codec == CODEC_UNREADABLE:  # moved on as it is: nobody holds an unreadable record

@@ -23,13 +23,15 @@ from ignis.storage.base import FIRE_POINTER, HOLES, HOLES_CLAIMED, LOAD_POINTER,
 from ignis.storage.lmdb.context import StoreContext, _delete_keys
 from ignis.storage.lmdb.records import (
     _DATA_HEADER,
-    _HEADER,
-    _HOLES,
     _HOLES_SUFFIX,
     _META,
     _expired,
     _unpack,
     _unpack_data,
+    _unpack_data_header,
+    _unpack_header,
+    _unpack_holes,
+    _unpack_meta,
 )
 from ignis.subjects import SubjectFilter
 
@@ -120,7 +122,7 @@ class Reads:
         if raw is None or _expired(raw, now):
             return None
         envelope = _unpack_data(raw, ref)
-        _, fire_ts, attempts = _DATA_HEADER.unpack_from(claim)
+        _, fire_ts, attempts = _unpack_data_header(claim)
         envelope.fire_ts, envelope.attempts = fire_ts or None, attempts
         return envelope
 
@@ -133,16 +135,15 @@ class Reads:
                ids: Sequence[str | None] | None = None) -> int:
         # (ids: an lmdb environment never hands a slot out twice: a commit that a crash undid took every
         # process that saw it down with it, claims included.)
-        data_key = self._ctx.data_key
+        keys = self._ctx.data_keys(refs)
         if self._ctx.sync:
-            keys = [data_key(ref) for ref in refs]
             return self._ctx.grouped("delete", functools.partial(_delete_keys, keys=keys, db=self._ctx.data))
         present = 0
         try:  # durability=fast: its own transaction (see StoreContext.grouped), without the indirection: a hot path
             with self._ctx.begin("delete", True) as txn:
                 delete, data_db = txn.delete, self._ctx.data
-                for ref in refs:
-                    present += delete(data_key(ref), b"", data_db)  # an expired, unpurged record counts too
+                for key in keys:
+                    present += delete(key, b"", data_db)  # an expired, unpurged record counts too
         except lmdb.Error as exc:
             raise self._ctx.map_error(exc) from None
         return present
@@ -153,7 +154,7 @@ class Reads:
             for shard in range(shards):
                 load, fire = self._ctx.load_and_fire(txn, magazine, shard)
                 raw = txn.get(self._ctx.holes_key(magazine, shard), db=self._ctx.meta)
-                _, holes, passed = _HOLES.unpack(raw) if raw is not None else (0, 0, 0)
+                _, holes, passed = _unpack_holes(raw) if raw is not None else (0, 0, 0)
                 out[shard] = ShardPointers(load, fire, holes, passed)
             return out
 
@@ -185,15 +186,15 @@ class Reads:
             if raw is None:
                 return None
             if db is self._ctx.data:
-                return _HEADER.unpack_from(raw)[0], _unpack_data(bytes(raw)).to_bins()
+                return _unpack_header(raw)[0], _unpack_data(bytes(raw)).to_bins()
             if db is self._ctx.meta and len(raw) == _META.size:  # (a queue's delay record is a bin map)
-                expire_at, first, second = _META.unpack(raw)
+                expire_at, first, second = _unpack_meta(raw)
                 if key.encode().endswith(_HOLES_SUFFIX):
                     return expire_at, {HOLES: first, HOLES_CLAIMED: second}
                 if key.encode().endswith(b"_BYTES"):  # a bounded shard's (ignis.bounds)
                     return expire_at, {LOAD_BYTES: first}
                 return expire_at, {LOAD_POINTER: first, FIRE_POINTER: second}
-            return _HEADER.unpack_from(raw)[0], _unpack(bytes(raw))
+            return _unpack_header(raw)[0], _unpack(bytes(raw))
 
         return self._ctx.read("raw_record", get)
 

@@ -24,13 +24,14 @@ from ignis.storage.base import Claimed, CursorClaim, QueueRecord, SlotRef
 from ignis.storage.lmdb.context import StoreContext
 from ignis.storage.lmdb.records import (
     _DATA,
-    _DATA_HEADER,
     _expired,
     _new_ref,
     _plain_head,
     _record,
     _unpack,
     _unpack_data,
+    _unpack_data_head,
+    _unpack_data_header,
 )
 from ignis.subjects import SubjectFilter
 
@@ -169,7 +170,7 @@ class Topics:
                         continue
                     attempts = 1 if count_attempt else 0
                 else:
-                    attempts = _DATA_HEADER.unpack_from(claim)[2] + (1 if count_attempt else 0)
+                    attempts = _unpack_data_header(claim)[2] + (1 if count_attempt else 0)
                 envelope.fire_ts, envelope.attempts = now, attempts
                 txn.put(key, _claim_record(envelope, topic_raw), db=self._ctx.data)
                 out.append(Claimed(ref, envelope, False))
@@ -198,7 +199,7 @@ def _claim_record(envelope: Envelope, topic_raw: bytes) -> bytes:
     """A claim record: the claim's fireTS and attempts in the fixed header, the message's id and load time; no
     payload (the message is the topic's), and it expires with the topic's record. Packed from the topic record's
     header and id as they are (one per message a subscription claims)."""
-    expire_at, _, _, fmt, loaded_at, codec, _, id_length = _DATA.unpack_from(topic_raw)
+    expire_at, _, _, fmt, loaded_at, codec, _, id_length = _unpack_data_head(topic_raw)
     return _plain_head(id_length).pack(expire_at, envelope.fire_ts or 0, envelope.attempts, fmt, loaded_at, codec, 0,
                                        id_length, topic_raw[_DATA.size:_DATA.size + id_length], 0)
 
