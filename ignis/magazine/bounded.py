@@ -66,7 +66,23 @@ class BoundedMagazine(Magazine):
         return self._publish([Envelope(p, i, loaded_at) for p, i in zip(payloads, ids, strict=True)], None)
 
     def load_new(self, batch: NewMessages) -> list[MessageRef]:
-        return self._publish([batch.envelope(i) for i in range(len(batch.ids))], batch.key)
+        """A publish_many: placed as an unbounded queue's (Magazine.load_new) and loaded within each shard's share in
+        one store call (one write transaction on lmdb); only what that refuses takes _publish's other shards and
+        overflow."""
+        placement = self.new_placement(batch)
+        taken = self._store.load_new_bounded(self.name, batch, placement, self.ttl_seconds, self.limits)
+        filled = [shard for (shard, _), slots in zip(placement, taken, strict=True) if len(slots)]
+        if filled:
+            self._active_shards.mark(filled)
+        out: list[Any] = [None] * len(batch.ids)
+        self.fill_refs(out, batch.ids, placement, taken)
+        left = [i for (_, indices), slots in zip(placement, taken, strict=True) for i in indices[len(slots):]]
+        if not left:
+            return out
+        envelopes: list[Any] = [None] * len(out)
+        for i in left:
+            envelopes[i] = batch.envelope(i)
+        return self._settle_refused(placement[0][0], sorted(left), envelopes, out, batch.key)
 
     def load_published(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:
         """Publish existing envelopes, each with its own key (publish_each's per-message path), within the bound."""
@@ -131,8 +147,15 @@ class BoundedMagazine(Magazine):
             left = []
             for k in range(min(shards, count)):
                 left += self._place((home + k) % shards, list(range(k, count, shards)), envelopes, out)
-            if left:
-                left = self._elsewhere(sorted(left), envelopes, out)
+        return self._settle_refused(home, sorted(left), envelopes, out, key) if left else out
+
+    def _settle_refused(self, home: int, left: list[int], envelopes: Sequence[Envelope], out: list[Any],
+                        key: str | None) -> list[MessageRef]:
+        """What the home shards refused (`left`, indices into `envelopes` and `out`): an unkeyed message onto the
+        shards with room; then dropHead makes room in `home`, rejectPublish refuses (QueueFull, which lists them;
+        the others are stored)."""
+        if key is None:
+            left = self._elsewhere(left, envelopes, out)
         if left and self.drop_head is not None:
             left = self._drop_and_place(home, left, envelopes, out)
         if left:

@@ -156,23 +156,33 @@ class MagazineLoads:
         instead of awaiting each for the write grace. Returns how many."""
         return self._reservations.release()
 
+    def new_placement(self, batch: NewMessages) -> list[tuple[int, range]]:
+        """Where a batch of new messages goes: a keyed batch into its key's shard, else dealt round-robin from a
+        random shard; (shard, batch indices), the indices always a range."""
+        count, shards = len(batch.ids), self.shards
+        if batch.key is not None:
+            return [(shard_for_key(batch.key, shards), range(count))]
+        first = int(_random() * shards)
+        return [((first + k) % shards, range(k, count, shards)) for k in range(min(shards, count))]
+
     def load_new(self, batch: NewMessages) -> list[MessageRef]:
         """Publish a batch of new messages in one group commit; their references, in batch order."""
-        count, shards, name, ids = len(batch.ids), self.shards, self.name, batch.ids
-        if batch.key is not None:
-            placement: list[tuple[int, range]] = [(shard_for_key(batch.key, shards), range(count))]
-        else:
-            first = int(_random() * shards)
-            placement = [((first + k) % shards, range(k, count, shards)) for k in range(min(shards, count))]
-        taken = self._store.load_new(name, batch, placement, self.ttl_seconds)
+        placement = self.new_placement(batch)
+        taken = self._store.load_new(self.name, batch, placement, self.ttl_seconds)
         self._active_shards.mark([shard for shard, _ in placement])
-        refs: list[Any] = [None] * count
+        refs: list[Any] = [None] * len(batch.ids)
+        self.fill_refs(refs, batch.ids, placement, taken)
+        return refs
+
+    def fill_refs(self, refs: list[Any], ids: Sequence[str], placement: Sequence[tuple[int, range]],
+                  taken: Sequence[Sequence[int]]) -> None:
+        """Set the references of the messages a load placed (each entry's first len(slots) indices got `slots`)."""
+        name = self.name
         for (shard, indices), slots in zip(placement, taken, strict=True):
             # One slice assignment per shard, its references built by C-level map/zip (the indices
             # of a placement here are always a range).
-            where = slice(indices.start, indices.stop, indices.step)
+            where = slice(indices.start, indices.start + len(slots) * indices.step, indices.step)
             refs[where] = map(_new_message_ref, zip(ids[where], repeat(name), repeat(shard), slots))
-        return refs
 
     def load(self, envelopes: Sequence[Envelope]) -> list[SlotRef]:
         """Append existing messages (a sideline, shovel or sweep move) in one group commit (`placement`)."""

@@ -119,6 +119,17 @@ def load_new_as_envelopes(store: Storage, magazine: str, batch: NewMessages, pla
     return slots
 
 
+def load_new_bounded_per_shard(store: Storage, magazine: str, batch: NewMessages, placement: Placement,
+                               ttl_seconds: int, limits: Sequence[ShardLimit]) -> list[Sequence[int]]:
+    """`Storage.load_new_bounded` through `Storage.load_bounded`, one shard at a time, for a backend that writes one
+    record object per message anyway."""
+    taken: list[Sequence[int]] = []
+    for shard, indices in placement:
+        refs = store.load_bounded(magazine, shard, [batch.envelope(i) for i in indices], ttl_seconds, limits[shard])
+        taken.append([ref.slot for ref in refs if ref is not None])  # (a prefix: load_bounded fits the longest)
+    return taken
+
+
 class MessageRef(NamedTuple):
     """What publish returns: the message id and where it was stored. Flat (not an id and a SlotRef), so
     a publish_many of thousands builds one object per message, not two."""
@@ -419,6 +430,13 @@ class Storage(Protocol):
         write transaction; Aerospike: a filter expression on the load pointer's increment), and LOAD_BYTES moved
         with the load pointer where the limit has bytes. Per envelope, in order: its slot, or None when it was
         refused (nothing of it written)."""
+        ...
+
+    def load_new_bounded(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int,
+                         limits: Sequence[ShardLimit]) -> list[Sequence[int]]:
+        """`load_new` into a bounded queue (a publish_many's lean path): per placement entry, the slots of the longest
+        prefix of its messages that its shard's share (`limits[shard]`) has room for, as `load_bounded` checks it;
+        the rest of each entry is refused (nothing of it written). lmdb: one write transaction."""
         ...
 
     def load_one_bounded(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,

@@ -234,6 +234,12 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
                 if is_transient(exc, True):  # a failure of the store, not an answer (not found, filtered)
                     STORAGE_ERRORS.labels(operation).inc()
                 raise
+        return self._retry(operation, counter, fn, args, kwargs, idempotent)
+
+    def _retry(self, operation: str, counter: Any, fn: Callable[..., T], args: tuple[Any, ...],
+               kwargs: dict[str, Any], idempotent: bool) -> T:
+        """call's retries, after its first try failed with a transient error. Apart from call because its closures
+        would make call's variables cells, built on every store call."""
 
         def again() -> T:
             STORAGE_RETRIES.labels(operation).inc()

@@ -47,6 +47,7 @@ from ignis.storage.base import (
     ShardPointers,
     SlotRef,
     load_new_as_envelopes,
+    load_new_bounded_per_shard,
 )
 
 if TYPE_CHECKING:
@@ -213,6 +214,10 @@ class AerospikeStore:
     def load_reserved(self, ref: SlotRef, payload: bytes, msg_id: str, loaded_at: int, ttl_seconds: int
                       ) -> bool:
         return self._allocation.load_reserved(ref, payload, msg_id, loaded_at, ttl_seconds)
+
+    def load_new_bounded(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int,
+                         limits: Sequence[ShardLimit]) -> list[Sequence[int]]:
+        return load_new_bounded_per_shard(self, magazine, batch, placement, ttl_seconds, limits)
 
     def load_bounded(self, magazine: str, shard: int, envelopes: Sequence[Envelope], ttl_seconds: int,
                      limit: ShardLimit) -> list[SlotRef | None]:

@@ -16,7 +16,6 @@ from typing import Any
 
 import lmdb
 
-from ignis import names
 from ignis.bounds import ShardLimit, room
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.storage.base import Placement, SlotRef
@@ -49,16 +48,25 @@ def _load_into(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_
     return load
 
 
-def _load_within(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_db: Any, length: int, txn: Any
-                 ) -> int:
-    """_load_into on a bounded shard (ignis.bounds): 0, writing nothing, when `length` messages wait already."""
+def _load_within(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_db: Any, limit: ShardLimit,
+                 bytes_key: bytes | None, size: int, txn: Any) -> int:
+    """_load_into on a bounded shard (ignis.bounds): 0, writing nothing, when the message (of `size` payload bytes)
+    does not fit the shard's share; with a bound of bytes (`bytes_key`), LOAD_BYTES moves with the load pointer."""
     raw = txn.get(meta_key, None, meta_db)
     _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
-    if load - fire >= length:
+    loaded_bytes = 0
+    if bytes_key is not None:
+        raw = txn.get(bytes_key, None, meta_db)
+        loaded_bytes = _unpack_meta(raw)[1] if raw is not None else 0
+        if not room(limit, load, fire, loaded_bytes, (size,)):
+            return 0
+    elif load - fire >= limit.length:  # type: ignore[operator]  # (room(), inlined: a bound of length only)
         return 0
     load += 1
     txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
     txn.put(meta_key, _pack_meta(0, load, fire), True, True, False, meta_db)
+    if bytes_key is not None:
+        txn.put(bytes_key, _pack_meta(0, loaded_bytes + size, 0), True, True, False, meta_db)
     return load
 
 
@@ -176,46 +184,84 @@ class Allocation:
         except lmdb.Error as exc:
             raise self._ctx.map_error(exc) from None
 
+    def load_new_bounded(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int,
+                         limits: Sequence[ShardLimit]) -> list[Sequence[int]]:
+        """load_new within each shard's share: one write transaction that checks each shard's room (as load_bounded)
+        and writes what fits, packed as load_new packs (no Envelope per message)."""
+        expire_at = batch.loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0
+        ctx = self._ctx
+        data_db, meta_db = ctx.data, ctx.meta
+        values = _pack_new(batch, expire_at)
+        payloads = batch.payloads
+        taken: list[Sequence[int]] = []
+        filled: list[int] = []
+        try:
+            with ctx.begin("load", True) as txn:
+                putmulti = txn.cursor(db=data_db).putmulti
+                for shard, indices in placement:
+                    limit = limits[shard]
+                    meta_key, prefix = ctx.keys(magazine, shard)
+                    raw = txn.get(meta_key, None, meta_db)
+                    _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
+                    bytes_key = self.bytes_key(magazine, shard) if limit.bytes is not None else None
+                    loaded_bytes = 0
+                    if bytes_key is not None:
+                        raw = txn.get(bytes_key, None, meta_db)
+                        loaded_bytes = _unpack_meta(raw)[1] if raw is not None else 0
+                    sizes = [len(payloads[i]) for i in indices]
+                    fits = room(limit, load, fire, loaded_bytes, sizes)
+                    slots = range(load + 1, load + 1 + fits)
+                    taken.append(slots)
+                    if not fits:
+                        continue
+                    key_format = prefix.replace(b"%", b"%%") + b"%d"  # (as load_new)
+                    putmulti(zip(map(key_format.__mod__, slots), map(values.__getitem__, indices[:fits]), strict=True))
+                    txn.put(meta_key, _pack_meta(0, slots.stop - 1, fire), True, True, False, meta_db)
+                    if bytes_key is not None:
+                        txn.put(bytes_key, _pack_meta(0, loaded_bytes + sum(sizes[:fits]), 0), True, True, False,
+                                meta_db)
+                    filled.append(shard)
+                if filled:
+                    ctx.ring_committing(magazine, filled)
+            if filled:
+                ctx.ring(magazine, filled, after_committing=True)
+                ctx.flush()
+            return taken
+        except lmdb.Error as exc:
+            raise ctx.map_error(exc) from None
+
     def load_one_bounded(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
                          ttl_seconds: int, limit: ShardLimit) -> int:
         """`load_one` into a shard of a bounded queue whose share has room (the check and the allocation one write
-        transaction, as load_bounded's); its slot, or 0 when the shard is full (nothing written). A bound of bytes
-        takes `load_bounded` (this is the lean path of a publish bounded by maxLength)."""
-        if limit.bytes is not None:
-            ref = self.load_bounded(magazine, shard, [Envelope(payload, msg_id, loaded_at)], ttl_seconds, limit)[0]
-            return 0 if ref is None else ref.slot
+        transaction, as load_bounded's); its slot, or 0 when the shard is full (nothing written). The lean path of a
+        bounded publish, as load_one is an unbounded one's."""
         raw_id = msg_id.encode()
         value = _plain_head(len(raw_id)).pack(loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0, 0, 0,
                                               _FORMAT, loaded_at, 0, 0, len(raw_id), raw_id, len(payload)) + payload
         ctx = self._ctx
         meta_key, prefix = ctx.keys(magazine, shard)
-        length = limit.length
+        bytes_key = self.bytes_key(magazine, shard) if limit.bytes is not None else None
+        write = functools.partial(_load_within, meta_key, prefix, value, ctx.meta, ctx.data, limit, bytes_key,
+                                  len(payload))
         if ctx.sync:
-            return _grouped_load(ctx, magazine, shard,
-                                 functools.partial(_load_within, meta_key, prefix, value, ctx.meta, ctx.data, length))
-        meta_db, data_db = ctx.meta, ctx.data
+            return _grouped_load(ctx, magazine, shard, write)
         try:
-            with ctx.begin("load", True) as txn:  # (_load_within, inlined: load_one's lean path, with the check)
-                raw = txn.get(meta_key, None, meta_db)
-                _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
-                if load - fire >= length:  # type: ignore[operator]
-                    return 0
-                load += 1
-                txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
-                txn.put(meta_key, _pack_meta(0, load, fire), True, True, False, meta_db)
+            with ctx.begin("load", True) as txn:
+                load = write(txn)
         except lmdb.Error as exc:
             raise ctx.map_error(exc) from None
-        bell = ctx.bells.get(magazine, False)
-        if bell is False:
-            bell = ctx.bell_of(magazine)
-        if bell is not None and _monotonic() >= bell.quiet_until:
-            bell.ring(ctx.client_id, magazine, (shard,))
+        if load:  # rung as load_one rings (see there)
+            bell = ctx.bells.get(magazine, False)
+            if bell is False:
+                bell = ctx.bell_of(magazine)
+            if bell is not None and _monotonic() >= bell.quiet_until:
+                bell.ring(ctx.client_id, magazine, (shard,))
         return load
 
     def bytes_key(self, magazine: str, shard: int) -> bytes:
         """The record of a bounded shard's LOAD_BYTES (ignis.bounds), beside its meta and holes records (purged with
         them: same prefix)."""
-        return names.data_key_prefix(magazine, shard).encode()[:-1] + _BYTES_SUFFIX
+        return self._ctx.keys(magazine, shard)[1][:-1] + _BYTES_SUFFIX
 
     def load_bounded(self, magazine: str, shard: int, envelopes: Sequence[Envelope], ttl_seconds: int,
                      limit: ShardLimit) -> list[SlotRef | None]:

@@ -201,6 +201,10 @@ class LmdbStore:
                      limit: ShardLimit) -> list[SlotRef | None]:
         return self._allocation.load_bounded(magazine, shard, envelopes, ttl_seconds, limit)
 
+    def load_new_bounded(self, magazine: str, batch: NewMessages, placement: Placement, ttl_seconds: int,
+                         limits: Sequence[ShardLimit]) -> list[Sequence[int]]:
+        return self._allocation.load_new_bounded(magazine, batch, placement, ttl_seconds, limits)
+
     def load_one_bounded(self, magazine: str, shard: int, payload: bytes, msg_id: str, loaded_at: int,
                          ttl_seconds: int, limit: ShardLimit) -> int:
         return self._allocation.load_one_bounded(magazine, shard, payload, msg_id, loaded_at, ttl_seconds, limit)
