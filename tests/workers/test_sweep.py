@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import ignis_workers.sweeper as sweeper_module
 import pytest
 from ignis_workers.sweeper import LeadershipLost, Sweeper
 from support.races import paused_publish_write
@@ -572,6 +573,7 @@ class HeldSlots:
         self._held: dict[int, int] = {}
         self.most = 0
         self.peeked = 0
+        self.threads: set[int] = set()  # the threads that read a window
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -582,6 +584,7 @@ class HeldSlots:
     def peek(self, magazine, shard, first, last):
         with self._lock:
             me = threading.get_ident()
+            self.threads.add(me)
             self._held[me] = self._held.get(me, 0) + (last - first + 1)
             self.peeked += last - first + 1
             self.most = max(self.most, sum(self._held.values()))
@@ -610,6 +613,24 @@ def test_a_pass_over_a_big_backlog_holds_a_bounded_number_of_slots_whatever_the_
     assert q.sideline.pending() == 16 * 300
     assert counted.peeked >= 16 * 300
     assert 100 <= counted.most <= 250  # two shard groups of 8 shards each held 800 apiece before
+
+
+def test_a_big_backlog_is_swept_by_no_more_threads_than_the_slot_budget_lets_hold_a_window(store, declare, clock,
+                                                                                          monkeypatch):
+    """Memory bounded whatever the backlog (issue 49): a magazine's shard groups grew with its backlog, up to a
+    thread per shard, each waiting for the slot budget, and every thread keeps a malloc arena of its own."""
+    monkeypatch.setattr(sweeper_module, "SHARD_GROUP_MIN_SLOTS", 100)  # (16 groups for this backlog, else)
+    q = declare(shards=16)
+    q.publish_many([b"m%d" % i for i in range(16 * 300)])
+    assert len(q.fire_many(16 * 300)) == 16 * 300
+    clock.advance(SWEEP_S + 1)
+    counted = HeldSlots(store)
+    epoch = store.next_epoch()
+    s = Sweeper(counted, epoch_source=lambda: epoch, clock=clock, threads=16, batch_size=100, slots_in_memory=250)
+    report = s.sweep_queue(store.client_id, q.name)
+    s.close()
+    assert (report.main.moved, report.main.examined) == (16 * 300, 16 * 300)
+    assert 1 <= len(counted.threads) <= 2  # 250 // 100 windows at once: 2 groups (16 before)
 
 
 def test_the_slot_budget_is_at_least_one_window(store, declare, clock):

@@ -63,7 +63,7 @@ from ignis_workers.metrics import (
     TOPIC_GAUGES,
 )
 from ignis_workers.shovel import Shovel
-from ignis_workers.sweeper import LeadershipLost, Sweeper
+from ignis_workers.sweeper import SWEEP_SLOTS_IN_MEMORY, LeadershipLost, Sweeper
 from ignis_workers.topics import keep_topics
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,10 @@ class SweeperSettings(BaseSettings):
     sweep_interval_seconds: float = Field(60.0, gt=0, description="time between sweep passes")
     threads: int = Field(64, ge=1, le=1024, description="sweep pool size (one task per queue)")
     batch_size: int = Field(1000, ge=1, le=100_000, description="slots read per sweep batch")
+    slots_in_memory: int = Field(SWEEP_SLOTS_IN_MEMORY, ge=1, le=10_000_000,
+                                 description="slots the sweep's rounds hold at once, all threads together (at least "
+                                             "one batch): the sweeper's memory bound; more lets rounds run side by "
+                                             "side")
     shovel_tick_seconds: float = Field(1.0, gt=0, description="how often due shovels are looked for")
     shovel_threads: int = Field(16, ge=1, le=256, description="queues shovelled at the same time")
     shovel_budget: int = Field(10_000, ge=1, description="messages one shovel pass of one queue may move")
@@ -134,7 +138,7 @@ class SweeperService:
         self.elector: LeaderElector | None = None
         self.passes = 0
         self.sweeper = Sweeper(store, epoch_source=self._current_epoch, clock=self.clock, threads=s.threads,
-                               batch_size=s.batch_size, guard=self.leading)
+                               batch_size=s.batch_size, guard=self.leading, slots_in_memory=s.slots_in_memory)
         self.shovel = Shovel(store, epoch_source=self._current_epoch, budget=s.shovel_budget, clock=self.clock,
                              guard=self.leading)
         self._wake = threading.Event()  # set when leadership is won: sweep at once

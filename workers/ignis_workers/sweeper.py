@@ -61,9 +61,14 @@ SHARD_GROUP_MIN_SLOTS = 2_000  # slots to examine per shard group, at least, bef
 # A record a sweep stamped that no claim has stamped since, this long after: its claim is gone (see _round).
 UNCLAIMED_AFTER_MS = 2_000
 # Slots all rounds of one sweeper hold at once, whatever the backlog, the shards and the threads: a round holds
-# its window's envelopes (and their copies) until its moves end, about 1.5 KiB per 200-byte message
-# (bench/bench_memory.py). Without the bound a pass held shards x batch_size of them (512,000 at 512 shards).
-SWEEP_SLOTS_IN_MEMORY = 4_000
+# its window's records (the client's answers, envelopes, their copies) until its moves end. Without the bound a
+# pass held shards x batch_size of them (512,000 at 512 shards). One window by default: measured on Aerospike
+# (bench/bench_memory.py, 200-byte messages), the sweeper's private memory peaked 3 MiB over its idle size with
+# 1,000 slots held, 26 MiB with 2,000 and 81 MiB with 4,000 (several rounds at once, on threads whose malloc
+# arenas each keep what they held), while a pass over 60,000 abandoned claims took as long (6 s against 5-8 s on
+# this 2-core machine). A sweeper of a big cluster may trade memory for rounds side by side: the setting
+# IGNIS_SWEEPER_SLOTS_IN_MEMORY.
+SWEEP_SLOTS_IN_MEMORY = 1_000
 GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections in a sweeping process (Python's default: 700)
 
 
@@ -143,7 +148,13 @@ class Sweeper:
         self._lock = threading.Lock()
         self._fire_seen = _FireHistory()
         # One shard's window is read whole, so a batch_size above the bound raises the bound to it.
-        self._slots = _SlotBudget(max(slots_in_memory, batch_size))
+        budget = max(slots_in_memory, batch_size)
+        self._slots = _SlotBudget(budget)
+        # Shard groups of one magazine that can hold a window at once: more would only wait for the budget, each on
+        # a thread of its own, and every thread that ever allocated keeps a malloc arena of its own (glibc: up to
+        # 8 per core), whose memory the process keeps: the private peak then grew with the backlog (measured:
+        # 54 to 129 MiB on Aerospike from 10,000 to 1,000,000 messages, bench/bench_memory.py).
+        self._groups_at_once = max(1, budget // batch_size)
 
     # ---- pool --------------------------------------------------------------------------------------
     def _executor(self) -> ThreadPoolExecutor:
@@ -294,9 +305,10 @@ class Sweeper:
 
     def _groups(self, todo: dict[int, list[int]]) -> list[dict[int, list[int]]]:
         """The shards with work, in as many groups as there are threads and at least SHARD_GROUP_MIN_SLOTS of
-        backlog each (a small backlog is one group: splitting it costs more calls than it saves)."""
+        backlog each (a small backlog is one group: splitting it costs more calls than it saves), and no more than
+        the slot budget lets hold a window at once (however big the backlog)."""
         backlog = sum(fire - pos + 1 for pos, fire in todo.values())
-        count = max(1, min(len(todo), self.threads, backlog // SHARD_GROUP_MIN_SLOTS))
+        count = max(1, min(len(todo), self.threads, backlog // SHARD_GROUP_MIN_SLOTS, self._groups_at_once))
         shards = sorted(todo)
         return [{shard: todo[shard] for shard in shards[i::count]} for i in range(count)]
 
