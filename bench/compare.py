@@ -118,10 +118,15 @@ def run_json(argv: list[str], revision: Revision, timeout: float) -> dict[str, A
     env = {**os.environ, "PYTHONPATH": revision.pythonpath}
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=timeout,
                           cwd=tempfile.gettempdir())  # not the repository: its own ignis/ must not shadow
-    if done.returncode not in (0, 1):  # (1: a bench ran but a target of its own failed; its figures stand)
-        raise RuntimeError(f"{' '.join(argv[:1])} on {revision.label} exited {done.returncode}: "
-                           f"{done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout)
+    # (1: a bench ran but a target of its own failed, and its figures stand; or it crashed, Python's exit status for
+    # an uncaught exception too: then it printed no document)
+    try:
+        if done.returncode in (0, 1):
+            return json.loads(done.stdout)
+    except ValueError:
+        pass
+    raise RuntimeError(f"{' '.join(argv[:1])} on {revision.label} exited {done.returncode} without its figures: "
+                       f"{done.stderr.strip()[-2000:]}")
 
 
 def lmdb_suite(args: argparse.Namespace) -> Callable[[Revision], dict[str, float]]:
