@@ -127,6 +127,16 @@ def test_max_bytes_bounds_the_payload_bytes(ignis: Ignis) -> None:
         bounded(ignis, shards=2, maxBytes=2000).publish(b"y" * 1001)
 
 
+def test_publish_many_is_bounded_by_bytes_and_counts_them(ignis: Ignis) -> None:
+    q = bounded(ignis, shards=2, maxBytes=2000)  # 1000 bytes a shard: ten of 100
+    with pytest.raises(QueueFull) as raised:
+        q.publish_many([b"x" * 100] * 30)
+    assert (len(raised.value.published), len(raised.value.refused)) == (20, 10)
+    with pytest.raises(QueueFull):  # the batch's bytes were counted with its slots
+        q.publish(b"z" * 100)
+    assert len(q.fire_many(50)) == 20
+
+
 def test_drop_head_moves_the_oldest_to_the_dead_letters(ignis: Ignis) -> None:
     q = bounded(ignis, shards=1, maxLength=3, overflow="dropHead")
     dropped = counted("ignis_overflow_dropped_total", queue=q.name)
