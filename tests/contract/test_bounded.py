@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from ignis import Ignis, QueueSpec
-from ignis.bounds import OVERFLOW, shard_limits
+from ignis.bounds import OVERFLOW, ShardLimit, room, shard_limits
 from ignis.errors import QueueFull
 
 
@@ -43,6 +43,15 @@ def test_the_shares_add_up_to_the_bound() -> None:
     assert sum(limit.length for limit in limits) == 101 and sum(limit.bytes for limit in limits) == 1003
     assert {limit.length for limit in limits} == {12, 13}
     assert shard_limits(QueueSpec.build(name="q", handlerType="h")) is None
+
+
+def test_room_is_the_longest_prefix_within_both_shares() -> None:
+    assert room(ShardLimit(None, 250), 0, 0, 0, [100, 100, 100]) == 2
+    assert room(ShardLimit(None, 250), 0, 0, 0, [100, 150, 1]) == 2  # exactly the share fits
+    assert room(ShardLimit(None, 250), 0, 0, 0, [300, 1]) == 0  # a prefix: the small one behind waits too
+    assert room(ShardLimit(1, 250), 0, 0, 0, [100, 100]) == 1
+    assert room(ShardLimit(5, None), 10, 7, 0, [1] * 9) == 2  # 3 waiting of 5
+    assert room(ShardLimit(None, 1000), 10, 5, 1000, [100] * 9) == 5  # 5 waiting of 100 bytes each: 500 free
 
 
 def test_a_full_queue_refuses_a_publish_and_writes_nothing(ignis: Ignis) -> None:

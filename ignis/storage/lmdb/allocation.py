@@ -208,7 +208,7 @@ class Allocation:
                     if bytes_key is not None:
                         raw = txn.get(bytes_key, None, meta_db)
                         loaded_bytes = _unpack_meta(raw)[1] if raw is not None else 0
-                    sizes = [len(payloads[i]) for i in indices]
+                    sizes = list(map(len, map(payloads.__getitem__, indices)))  # (C-level: no bytecode a message)
                     fits = room(limit, load, fire, loaded_bytes, sizes)
                     slots = range(load + 1, load + 1 + fits)
                     taken.append(slots)
