@@ -34,6 +34,7 @@ from ignis.figures import QueueStats
 from ignis.logs import one_line
 from ignis.magazine import Magazine
 from ignis.magazine.bounded import BoundedMagazine
+from ignis.magazine.ordered import OrderedMagazine
 from ignis.metrics import (
     ACKED,
     DEAD_LETTERED,
@@ -48,6 +49,7 @@ from ignis.metrics import (
     SIDELINE_REFUSED,
     SIDELINED,
 )
+from ignis.outage import store_failed
 from ignis.publishing import QueuePublishing
 from ignis.spec import Overflow, QueueSpec
 from ignis.storage.base import Claimed, MessageRef, ShardPointers, SlotRef, Storage  # (MessageRef: re-exported)
@@ -108,6 +110,9 @@ class Message(EnvelopeFields):
         if self._settled:
             raise AlreadySettled(f"message {self.id} ({self.ref}) was already acked or nacked")
         queue, envelope = self.queue, self.envelope
+        if queue.ordered:  # its shard's hold is released too
+            queue.ack((self,))
+            return
         store = queue.store
         store.delete((self.ref,), (envelope.version,),  # (ids as _ids builds them, inlined: one message)
                      ((None if envelope.codec == CODEC_UNREADABLE else envelope.msg_id),) if store.settles_by_id
@@ -170,7 +175,12 @@ class Queue(QueuePublishing, SubscriptionSide):
                             hole_budget=hole_budget, refresh_seconds=refresh_seconds)
 
         limits = shard_limits(spec)
-        if limits is None:
+        self.ordered = spec.ordered
+        if spec.ordered:  # at most one message of a shard in flight (ignis.magazine.ordered)
+            self.main = OrderedMagazine(store, spec.name, hold_ms=spec.hold_ms, queue=spec.name, kind="main",
+                                        shards=spec.shards, ttl_seconds=spec.message_expiry_seconds,
+                                        hole_budget=hole_budget, refresh_seconds=refresh_seconds)
+        elif limits is None:
             self.main = magazine(spec.name, "main", spec.message_expiry_seconds)
         else:  # a bounded queue (ignis.bounds): its publishes allocate within each shard's share of the bound
             bound = ", ".join(f"{what} {value}" for what, value in (("maxLength", spec.max_length),
@@ -285,6 +295,9 @@ class Queue(QueuePublishing, SubscriptionSide):
         todo = [m for m in messages if not m._settled]
         if not todo:
             return 0
+        if self.ordered:  # not to main's tail: they stay their shards' heads, claimable again at once
+            self._hold_again(todo, [0.0] * len(todo))
+            return len(todo)
         at = now_ms()
         copies = []
         for m in todo:
@@ -331,6 +344,8 @@ class Queue(QueuePublishing, SubscriptionSide):
         for m in messages:
             m._settled = True
         self._acked.inc(len(messages))
+        if self.ordered:
+            self._release_holds(messages)
 
     def nack(self, messages: Sequence[Message], reason: str = NACKED,
              delay: float | timedelta | None = None) -> Transfer:
@@ -339,6 +354,8 @@ class Queue(QueuePublishing, SubscriptionSide):
         the dead letters either way. Messages whose copy failed stay unsettled (and stored): nack them again, or
         leave them to the sweeper."""
         _check_unsettled(messages)
+        if self.ordered and reason != UNREADABLE:  # kept at the head of its shard: see retry
+            return self.retry(messages, reason, None if delay is None else self.delay_seconds(delay))
         if reason != UNREADABLE and (delay is not None or self.spec.retry is not None):
             return self.retry(messages, reason, None if delay is None else self.delay_seconds(delay))
         return self.transfer(messages, reason)
@@ -361,6 +378,10 @@ class Queue(QueuePublishing, SubscriptionSide):
         outcome = self.transfer(dead, reason) if dead else Transfer(0, 0, 0)
         if not later:
             return outcome
+        if self.ordered:  # an ordered queue's: stays its shard's head, held until its wait is over
+            self._hold_again(later, [self.retry_wait(m) if wait is None else wait for m in later])
+            RETRIED.labels(self.name, reason).inc(len(later))
+            return Transfer(outcome.sidelined, outcome.dead_lettered, outcome.refused, len(later))
         at = now_ms()
         copies = []
         for m in later:
@@ -391,6 +412,8 @@ class Queue(QueuePublishing, SubscriptionSide):
         for m in messages:
             m._settled = True
         IGNORED.labels(self.name).inc(len(messages))
+        if self.ordered:
+            self._release_holds(messages)
 
     # ---- sideline / dead letter --------------------------------------------------------------------
     def _divert(self, claimed: Sequence[Claimed]) -> None:
@@ -434,7 +457,37 @@ class Queue(QueuePublishing, SubscriptionSide):
             self.store.delete([m.ref for m in moved], ids=_ids(moved, self.store))  # after the copy landed
             for m in moved:
                 m._settled = True
+            if self.ordered:
+                self._release_holds(moved)
         return Transfer(counts["sideline"], counts["dead"], len(messages) - len(moved))
+
+    # ---- an ordered queue's holds (ignis.magazine.ordered) ---------------------------------------------------
+    def _release_holds(self, messages: Sequence[Message]) -> None:
+        """After their settle (an ack, a drop, a move out of main): the holds of their shards end, so each shard's
+        next message may be delivered. Released only after the settle: a crash between leaves the hold, which
+        ends by itself (QueueSpec.hold_ms), and a claim that finds the held message settled takes the next one.
+        A failed release is logged, not raised (the settle is done): the hold then ends by itself."""
+        for m in messages:
+            try:
+                self.store.release_hold(self.name, m.ref.shard, m.ref.slot)
+            except IgnisError as exc:
+                store_failed(f"release the hold of {m.ref} in {self.name} (its shard waits for the hold's end)", exc)
+            self.main.unblock(m.ref.shard)  # type: ignore[attr-defined]
+
+    def _hold_again(self, messages: Sequence[Message], waits: Sequence[float]) -> None:
+        """Failed (or handed back) messages of an ordered queue stay their shards' heads: each held until its wait
+        is over, then delivered again (attempts counted by that claim) before any later message of its shard. A
+        message whose hold had already ended and gone to another claim is left to that claim."""
+        at = now_ms()
+        for m, seconds in zip(messages, waits, strict=True):
+            until = at + max(math.ceil(seconds * 1000), 0)  # (at: claimable at once)
+            try:
+                self.store.release_hold(self.name, m.ref.shard, m.ref.slot, until)
+            except IgnisError as exc:
+                store_failed(f"hold {m.ref} of {self.name} for its next attempt (it comes again when its hold "
+                             "ends)", exc)
+            m._settled = True
+            self.main.unblock(m.ref.shard, seconds)  # type: ignore[attr-defined]
 
     def _drop_head(self, shard: int, count: int) -> int:
         """dropHead (ignis.bounds): make room in a full shard of main by moving its `count` oldest waiting messages

@@ -159,6 +159,20 @@ class ClaimInterrupted(StoreUnavailable):
         self.claimed = list(claimed)
 
 
+class HeldClaim(NamedTuple):
+    """What a claim of an ordered queue's shard got (`Storage.claim_held`)."""
+
+    claimed: list[Claimed]  # the shard's head, now held by the caller ([] when drained or held)
+    held_until: int = 0  # > 0: another claim holds the shard until then (epoch ms), so nothing was claimed
+
+
+# An ordered queue's shard hold (Storage.claim_held): the bin of the shard's meta record (Aerospike; on lmdb a
+# record of its own beside it, `{magazine}_SHARD_{n}_HOLD`) holding when the hold of the shard's head ends, epoch
+# ms; 0 or absent = not held. The held slot is always the shard's FIRE_POINTER: nothing is claimed past it while
+# it is held.
+HOLD_UNTIL = "holdUntil"
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimTicket:
     """A claim whose answer was lost (the store may or may not have applied it): what its claimer needs to
@@ -446,6 +460,23 @@ class Storage(Protocol):
         return it. Empty list = shard drained. A missing record is a hole, `awaiting` when its write may
         still be in flight (see Claimed). `up_to`: claim no slot above this one (the fire pointer never
         passes it; empty list once it is reached), e.g. to take exactly what a shard held at some moment."""
+        ...
+
+    def claim_held(self, magazine: str, shard: int, now_ms: int, hold_ms: int, count_attempt: bool = True
+                   ) -> HeldClaim:
+        """The claim of an ordered queue (QueueSpec.ordered): at most one slot of a shard in flight, enforced in the
+        claim's own atomic write. A shard whose head is held until a time still to come: nothing (`held_until`
+        says when the hold ends). A hold that ended (its holder crashed or outlived its handler timeout, or a
+        failed delivery's backoff is over): the same slot again, stamped (attempts + 1), held anew. Else the next
+        slot, as `claim` of one, held until now_ms + hold_ms. A held slot found settled (an ack whose hold release
+        did not happen) counts as released: the claim takes the next one. A hole is returned as `claim` returns it,
+        the hold released unless it is awaited (then `release_hold` when it is given up)."""
+        ...
+
+    def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
+        """End the hold of `slot` (after its message was settled: an ack, a dead letter; or a hole), or, with
+        `until_ms`, keep the slot held until then and make it the next claim's (a failed delivery's backoff).
+        Only while `slot` is the shard's held head; False if it was not (then nothing changed)."""
         ...
 
     @property

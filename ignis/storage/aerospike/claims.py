@@ -30,7 +30,17 @@ from ignis.storage.aerospike.context import (
     AerospikeContext,
 )
 from ignis.storage.aerospike.errors import error_field, is_transient
-from ignis.storage.base import FIRE_POINTER, LOAD_POINTER, Claimed, ClaimInDoubt, ClaimInterrupted, ClaimTicket, SlotRef
+from ignis.storage.base import (
+    FIRE_POINTER,
+    HOLD_UNTIL,
+    LOAD_POINTER,
+    Claimed,
+    ClaimInDoubt,
+    ClaimInterrupted,
+    ClaimTicket,
+    HeldClaim,
+    SlotRef,
+)
 
 CLAIM_FROM = "claimFrom"  # expression-read result: the fire pointer before the claim
 # Every claim leaves its token (and, for a claim of several slots, the fire pointer before it) on the meta
@@ -46,6 +56,15 @@ _CLAIM_ONE = [ops.increment(FIRE_POINTER, 1), ops.read(FIRE_POINTER)]
 _READ_STAMPED = [*READ_ENVELOPE, ops.read(PURGED)]
 _READ_TOMBSTONE = ops.read(TOMBSTONE)
 _ANSWER_LOST = (ex.TimeoutError, ex.NoResponse)  # sent, maybe applied, no answer
+# An ordered queue's claims (Storage.claim_held): the shard's hold (HOLD_UNTIL, 0 or absent = none) is read and
+# written by the claim's own operate() on the meta record, under a filter expression, so two claimers never both
+# hold a shard; the held slot is the FIRE_POINTER.
+_HOLD = exp.Cond(exp.BinExists(HOLD_UNTIL), exp.IntBin(HOLD_UNTIL), 0)
+_HELD = exp.GT(_HOLD, 0)
+RECLAIMED = "heldHead"  # expression-read result: the claim took the held head again (its hold had ended)
+_RECLAIM_READ = expr_ops.expression_read(RECLAIMED, _HELD.compile())
+_NEXT_OR_HEAD = expr_ops.expression_write(FIRE_POINTER, exp.Cond(
+    _HELD, exp.IntBin(FIRE_POINTER), arithmetic.Add(exp.IntBin(FIRE_POINTER), 1)).compile())
 
 
 def _stamp_only(now: int) -> list[dict[str, Any]]:
@@ -125,6 +144,59 @@ class Claims:
                 raise ClaimInDoubt(str(error), ticket) from None
             raise error from None
         return self._claimed(magazine, shard, max_slots == 1 and up_to is None, got, before, now_ms_, count_attempt)
+
+    def claim_held(self, magazine: str, shard: int, now_ms_: int, hold_ms: int, count_attempt: bool = True
+                   ) -> HeldClaim:
+        key = self._ctx.meta_key(magazine, shard)
+        # Claimable: a hold that has ended (the head again), or no hold and a slot left (the next one).
+        guard = exp.Or(exp.And(_HELD, exp.LE(_HOLD, now_ms_)),
+                       exp.And(exp.Not(_HELD), exp.LT(exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER))))
+        policy = {**self._ctx.update, "expressions": guard.compile()}
+        for _ in range(2):  # a second claim when the held head turned out settled (its release did not happen)
+            token = f"{self._ctx.shared.claim_prefix}{next(self._ctx.shared.claim_seq)}"
+            operations = [_RECLAIM_READ, _NEXT_OR_HEAD, ops.write(HOLD_UNTIL, now_ms_ + hold_ms),
+                          ops.read(FIRE_POINTER), ops.write(LAST_CLAIM, token)]
+            try:
+                try:
+                    _, _, got = self._ctx.call("claim", self._ctx.client.operate, key, operations, None, policy,
+                                               idempotent=False)
+                except MISSING:  # no meta record, nothing left, or held: tell which
+                    return self._not_claimable(key, now_ms_)
+            except ex.AerospikeError as exc:
+                error = self._ctx.fail(exc, "claim", self._ctx.meta_set)
+                if is_transient(exc, True) and (error_field(exc, "in_doubt", False) or isinstance(exc, _ANSWER_LOST)):
+                    raise ClaimInDoubt(str(error), ClaimTicket(magazine, shard, True, token, count_attempt)) from None
+                raise error from None
+            slot = int(got[FIRE_POINTER])
+            item = self._stamp_slots("claim", [SlotRef(magazine, shard, slot)], now_ms_, count_attempt)[0]
+            if item.envelope is not None or item.awaiting:  # (an awaited slot stays held until it is given up)
+                return HeldClaim([item])
+            self.release_hold(magazine, shard, slot)  # settled, or sealed: a hole for good
+            if not got.get(RECLAIMED):
+                return HeldClaim([item])
+        return HeldClaim([])
+
+    def _not_claimable(self, key: tuple[str, str, str], now_ms_: int) -> HeldClaim:
+        """Why a claim of an ordered shard took nothing: held (until when), or drained."""
+        try:
+            _, _, bins = self._ctx.call("claim", self._ctx.client.get, key)
+        except ex.RecordNotFound:
+            return HeldClaim([])
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "claim", self._ctx.meta_set) from None
+        until = int(bins.get(HOLD_UNTIL) or 0)
+        return HeldClaim([], until if until > now_ms_ else 0)
+
+    def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
+        guard = exp.And(exp.Eq(exp.IntBin(FIRE_POINTER), slot), _HELD).compile()
+        try:
+            self._ctx.call("release_hold", self._ctx.client.operate, self._ctx.meta_key(magazine, shard),
+                           [ops.write(HOLD_UNTIL, until_ms)], None, {**self._ctx.update, "expressions": guard})
+        except MISSING:
+            return False
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "release_hold", self._ctx.meta_set) from None
+        return True
 
     def resolve_claim(self, ticket: ClaimTicket, now_ms_: int) -> list[Claimed] | None:
         got = applied_claim(self._ctx, ticket)

@@ -16,10 +16,10 @@ from typing import Any
 import lmdb
 
 from ignis.envelope import Envelope
-from ignis.storage.base import Claimed, ClaimTicket, SlotRef
+from ignis.storage.base import Claimed, ClaimTicket, HeldClaim, SlotRef
 from ignis.storage.lmdb.context import StoreContext
 from ignis.storage.lmdb.reads import Reads
-from ignis.storage.lmdb.records import _DATA_HEADER, _META, _expired, _new_ref, _unpack_data
+from ignis.storage.lmdb.records import _DATA_HEADER, _HOLD, _HOLD_SUFFIX, _META, _expired, _new_ref, _unpack_data
 
 
 def _available(meta: bytes, max_slots: int, up_to: int | None) -> tuple[int, int, int]:
@@ -103,6 +103,82 @@ class Claims:
         return [_new_ref(Claimed, (_new_ref(SlotRef, (magazine, shard, slot)),
                                    None if raw is None else _unpack_data(raw), False))
                 for slot, raw in raws]
+
+    # ---- an ordered queue's claims (Storage.claim_held): the hold is read and written in the claim's transaction --
+    def _hold_key(self, magazine: str, shard: int) -> bytes:
+        return self._ctx.keys(magazine, shard)[1][:-1] + _HOLD_SUFFIX
+
+    def claim_held(self, magazine: str, shard: int, now_ms_: int, hold_ms: int, count_attempt: bool = True
+                   ) -> HeldClaim:
+        meta_key, prefix = self._ctx.keys(magazine, shard)
+        hold_key = self._hold_key(magazine, shard)
+        meta_db, data_db = self._ctx.meta, self._ctx.data
+        bump = 1 if count_attempt else 0
+
+        def write(txn: Any) -> tuple[int, int, bytes | None]:
+            """(held until, slot claimed (0: none), its record)."""
+            raw_hold = txn.get(hold_key, None, meta_db)
+            until = _HOLD.unpack(raw_hold)[1] if raw_hold is not None else 0
+            meta = txn.get(meta_key, None, meta_db)
+            if meta is None:
+                return 0, 0, None
+            _, load, fire = _META.unpack(meta)
+            if until > now_ms_:
+                return until, 0, None
+            slot = fire
+            if until:  # the hold ended: the same head again, unless it was settled meanwhile
+                raw = txn.get(prefix + b"%d" % slot, None, data_db)
+                if raw is None or _expired(raw, now_ms_):
+                    until = 0
+            if not until:  # the next slot
+                if fire >= load:
+                    if raw_hold is not None:
+                        txn.delete(hold_key, b"", meta_db)
+                    return 0, 0, None
+                slot = fire + 1
+                txn.put(meta_key, _META.pack(0, load, slot), True, True, False, meta_db)
+            key = prefix + b"%d" % slot
+            raw = txn.get(key, None, data_db)
+            if raw is not None and len(raw) >= _DATA_HEADER.size:
+                expire_at, _, attempts = _DATA_HEADER.unpack_from(raw)
+                if expire_at and expire_at <= now_ms_:  # expired unclaimed: a hole made now
+                    txn.delete(key, b"", data_db)
+                    self._ctx.add_holes(txn, magazine, shard, made=1)
+                    raw = None
+                else:
+                    raw = _DATA_HEADER.pack(expire_at, now_ms_, attempts + bump) + raw[_DATA_HEADER.size:]
+                    txn.put(key, raw, True, True, False, data_db)
+            if raw is None:  # a hole (never held: a publish here is one transaction, nothing to await)
+                if raw_hold is not None:
+                    txn.delete(hold_key, b"", meta_db)
+            else:
+                txn.put(hold_key, _HOLD.pack(0, now_ms_ + hold_ms, 0), True, True, False, meta_db)
+            return 0, slot, raw
+
+        until, slot, raw = self._ctx.grouped("claim_held", write)
+        if until:
+            return HeldClaim([], until)
+        if not slot:
+            return HeldClaim([])
+        ref = SlotRef(magazine, shard, slot)
+        return HeldClaim([Claimed(ref, None if raw is None else _unpack_data(raw), False)])
+
+    def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
+        meta_key = self._ctx.keys(magazine, shard)[0]
+        hold_key = self._hold_key(magazine, shard)
+        meta_db = self._ctx.meta
+
+        def write(txn: Any) -> bool:
+            meta = txn.get(meta_key, None, meta_db)
+            if meta is None or _META.unpack(meta)[2] != slot or txn.get(hold_key, None, meta_db) is None:
+                return False
+            if until_ms:
+                txn.put(hold_key, _HOLD.pack(0, until_ms, 0), True, True, False, meta_db)
+            else:
+                txn.delete(hold_key, b"", meta_db)
+            return True
+
+        return self._ctx.grouped("release_hold", write)
 
     def restamp(self, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool = True) -> list[Claimed]:
         bump = 1 if count_attempt else 0
