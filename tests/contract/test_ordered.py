@@ -7,6 +7,7 @@ first again once its hold ends, delayed messages, the spec's immutability, and u
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections import defaultdict
@@ -59,7 +60,7 @@ class OrderCheck:
     def violations(self) -> int:
         """Per key, a handling of a sequence number lower than one handled before (a redelivery of the same
         number is allowed: a failed message comes again before later ones)."""
-        return sum(1 for seen in self.by_key.values() for a, b in zip(seen, seen[1:], strict=False) if b < a)
+        return sum(1 for seen in self.by_key.values() for a, b in itertools.pairwise(seen) if b < a)
 
     def handled(self, key: str) -> list[int]:
         return sorted(set(self.by_key[key]))
