@@ -17,6 +17,7 @@ import pytest
 
 from ignis import Consumer, Ignis, QueueSpec
 from ignis.aio import AsyncConsumer, AsyncIgnis
+from ignis.envelope import now_ms
 from ignis.errors import InvalidSpecError
 from ignis.magazine import Magazine
 from ignis.magazine.ordered import OrderedMagazine
@@ -334,3 +335,30 @@ def test_unordered_queues_are_unchanged(ignis: Ignis) -> None:
     got = q.fire_many(10)
     assert len(got) == 10  # several per shard in flight at once
     q.ack(got)
+
+
+def test_the_store_holds_a_shard_in_the_claims_own_write(ignis: Ignis) -> None:
+    """Storage.claim_held / release_hold themselves (no handle's bookkeeping in between): a second claim of a held
+    shard gets nothing and is told until when; a hold that ended gives the same slot again; a release lets the
+    next slot go; a release of a slot that is not the held head changes nothing."""
+    q = declare(ignis, shards=1)
+    store = q.store
+    for n in range(3):
+        q.publish({"k": "a", "n": n}, key="a")
+    t0 = now_ms()  # (then made-up times after it: the store compares the times it is given)
+    first = store.claim_held("seq", 0, t0, 1000)
+    [claimed] = first.claimed
+    assert first.held_until == 0 and claimed.envelope is not None and claimed.ref.slot == 1
+    blocked = store.claim_held("seq", 0, t0 + 10, 1000)
+    assert blocked.claimed == [] and blocked.held_until == t0 + 1000
+    again = store.claim_held("seq", 0, t0 + 1000, 1000)  # the hold ended: the same head, one more attempt
+    assert [c.ref.slot for c in again.claimed] == [1] and again.claimed[0].envelope.attempts == 2
+    assert store.release_hold("seq", 0, 2) is False  # not the held head
+    assert store.claim_held("seq", 0, t0 + 1500, 1000).held_until == t0 + 2000
+    store.delete([claimed.ref], ids=[claimed.envelope.msg_id])
+    assert store.release_hold("seq", 0, 1) is True
+    nxt = store.claim_held("seq", 0, t0 + 1600, 1000)
+    assert [c.ref.slot for c in nxt.claimed] == [2]
+    assert store.release_hold("seq", 0, 2, until_ms=t0 + 5000) is True  # a backoff: held until then
+    assert store.claim_held("seq", 0, t0 + 4999, 1000).held_until == t0 + 5000
+    assert [c.ref.slot for c in store.claim_held("seq", 0, t0 + 5000, 1000).claimed] == [2]

@@ -61,6 +61,21 @@ def main() -> None:
                 m.ack()
                 out.write(f"acked {m.id}\n")
                 out.flush()
+        elif action == "consume-ordered":  # an ordered queue's consumer: begin (time, payload), handle, ack (time)
+            import time
+
+            idle_until = time.monotonic() + count  # (count: seconds without a message before it stops)
+            while time.monotonic() < idle_until:
+                m = queue.fire(timeout=0.5)
+                if m is None:
+                    continue
+                out.write(f"begin {time.time_ns()} {m.payload} {m.id} {m.attempts}\n")
+                out.flush()
+                time.sleep(float(sys.argv[5]))  # handling
+                m.ack()
+                out.write(f"acked {time.time_ns()} {m.payload} {m.id}\n")
+                out.flush()
+                idle_until = time.monotonic() + count
         else:
             raise SystemExit(f"unknown action {action}")
 
