@@ -167,7 +167,7 @@ class QueueSpec(_Model):
     overflow: Overflow = Overflow.REJECT_PUBLISH
     # Ordered delivery (ignis.magazine.ordered): at most one message of a shard in flight, so messages of a key
     # are handled in publish order. Immutable once set.
-    ordered: bool = False
+    ordered: bool = Field(False, strict=True)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> QueueSpec:
