@@ -284,7 +284,8 @@ FILTER = "filter: '+' must be a whole level (sensors/+/temp) and '#' the whole l
 FILTER_NUL = "filter: NUL is not allowed in a subject filter (nor in a subject)"
 START = "start must be earliest, latest, an RFC 3339 time (2026-11-28T12:00:00Z) or epoch milliseconds"
 
-ORDERED_IMMUTABLE = "ordered is immutable: a queue's in-flight bookkeeping depends on it; create a new IgnisQueue instead"
+ORDERED_IMMUTABLE = ("ordered is immutable: a queue's in-flight bookkeeping depends on it; create a new IgnisQueue "
+                     "instead")
 ORDERED_RULES = "ordered: a subscription or a bounded queue (maxLength/maxBytes) cannot be ordered yet"
 
 INVALID = [
