@@ -65,11 +65,12 @@ def test_crd_names_scope_and_version() -> None:
 def test_printer_columns() -> None:
     (version,) = crd()["spec"]["versions"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Shards", "Concurrency", "Depth", "Oldest", "Sidelined", "Full%", "Delayed", "Ready",
-                             "Reason", "Age"]
+    assert list(columns) == ["Shards", "Concurrency", "Depth", "Oldest", "Sidelined", "Full%", "Delayed", "Ordered",
+                             "Ready", "Reason", "Age"]
     assert columns["Full%"]["jsonPath"] == ".status.fullPercent" and columns["Full%"]["type"] == "integer"
     assert columns["Oldest"]["jsonPath"] == ".status.oldestAgeSeconds" and "priority" not in columns["Oldest"]
     assert columns["Delayed"]["priority"] == 1  # kubectl get -o wide
+    assert columns["Ordered"] == {**columns["Ordered"], "jsonPath": ".spec.ordered", "type": "boolean", "priority": 1}
     assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     assert columns["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}

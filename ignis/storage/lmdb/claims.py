@@ -155,6 +155,19 @@ class Claims:
                 txn.put(hold_key, _HOLD.pack(0, now_ms_ + hold_ms, 0), True, True, False, meta_db)
             return 0, slot, raw
 
+        # A look first, without the write lock every process shares: consumers of other processes look at the shards
+        # this one holds, and a held shard (or a drained one, as in `claim`) needs no write.
+        try:
+            with self._ctx.env.env.begin(None, None, False) as txn:
+                raw_hold, meta = txn.get(hold_key, None, meta_db), txn.get(meta_key, None, meta_db)
+        except lmdb.Error as exc:
+            raise self._ctx.map_error(exc) from None
+        held = _HOLD.unpack(raw_hold)[1] if raw_hold is not None else 0
+        if held > now_ms_:
+            return HeldClaim([], held)
+        if not held and (meta is None or _available(meta, 1, None)[2] <= 0) \
+                and not self._ctx.committing(magazine, shard):
+            return HeldClaim([])
         until, slot, raw = self._ctx.grouped("claim_held", write)
         if until:
             return HeldClaim([], until)
