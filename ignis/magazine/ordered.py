@@ -8,9 +8,12 @@ shard's head until its settle releases the hold (`Storage.release_hold`), or unt
 stays at the head: the queue keeps it held until its retry backoff is over (ignis.queue), so it comes again before
 any later message of its shard.
 
-This handle only chooses where to claim: among the shards with work, those it does not know to be held. A shard
-held by this process is skipped until its settle here unblocks it (and wakes a waiting consumer); a shard held
-elsewhere is looked at again every RECHECK_SECONDS (or when its hold ends, if sooner). A subclass of `Magazine`,
+The held message stays after the shard's fire pointer until it is settled (the settle moves the pointer past it), so
+a shard whose head is held, or waits for its retry, still has work as every watcher sees it: whoever looks once the
+hold ended takes it. This handle only chooses where to claim: among the shards with work, those it does not know to
+be held. A shard held by this process is skipped until its settle here unblocks it (and wakes a waiting consumer);
+a shard held elsewhere is looked at again later and later (RECHECK_SECONDS, doubling, at most RECHECK_MAX_SECONDS,
+never after its hold ends). A subclass of `Magazine`,
 built only for ordered queues, so an unordered queue's claims run exactly the code they ran before.
 """
 
@@ -25,10 +28,13 @@ from ignis.envelope import now_ms
 from ignis.errors import StoreError
 from ignis.magazine.core import Magazine
 from ignis.outage import store_failed
-from ignis.storage.base import Claimed, ClaimInDoubt, ClaimInterrupted, SlotRef, Storage
+from ignis.storage.base import Claimed, ClaimInterrupted, SlotRef, Storage
 
-# How soon a shard held by another process is claimed again (its settle there does not wake this one).
+# How soon a shard held by another process is looked at again (its settle there does not wake this one, and that
+# process claims the shard's next message itself): RECHECK_SECONDS, doubling with each look that finds it still held,
+# at most RECHECK_MAX_SECONDS (and never after its hold ends).
 RECHECK_SECONDS = 0.02
+RECHECK_MAX_SECONDS = 0.5
 
 
 class OrderedMagazine(Magazine):
@@ -38,16 +44,11 @@ class OrderedMagazine(Magazine):
         super().__init__(store, name, **kwargs)
         self.hold_ms = hold_ms
         self._blocked: dict[int, float] = {}  # shard -> when to look again (monotonic): held, as far as we know
+        self._misses: dict[int, int] = {}  # shard -> looks in a row that found it held by another consumer
 
     def _claim_next(self, max_slots: int) -> list[Claimed] | None:
-        """One claim of one slot (an ordered shard gives at most one at a time) on an active shard not known to be
-        held: None when every shard with work is held (or none has work), [] when the picked shard was drained."""
-        if self._in_doubt:
-            resolved = self._resolve_in_doubt()
-            if resolved:
-                for item in resolved:
-                    self._blocked[item.ref.shard] = time.monotonic() + self.hold_ms / 1000
-                return resolved
+        """One claim of one slot (an ordered shard gives one at a time) on an active shard not known to be held:
+        None when every shard with work is held (or none has work), [] when the picked shard was drained."""
         active_shards = self._active_shards
         loads_seen = active_shards.activity.last_load
         if active_shards.pick() is None:  # (refreshes the active set when due)
@@ -59,18 +60,17 @@ class OrderedMagazine(Magazine):
         for shard in candidates:
             try:
                 got = self._store.claim_held(self.name, shard, now_ms(), self.hold_ms, self._count_attempt)
-            except ClaimInDoubt as exc:
-                with self._lock:
-                    self._in_doubt.append(exc.ticket)
-                raise
             except ClaimInterrupted as exc:  # the slot is ours, held: awaited until the store answers
                 blocked[shard] = time.monotonic() + self.hold_ms / 1000
                 self._keep_interrupted(exc)
                 raise
-            if got.held_until:  # held elsewhere (or by a handle of ours that did not say)
+            if got.held_until:  # held by another consumer (another process's, or a handle of ours)
+                misses = self._misses[shard] = self._misses.get(shard, 0) + 1
                 wait = max(got.held_until - now_ms(), 0) / 1000
-                blocked[shard] = time.monotonic() + min(wait, RECHECK_SECONDS)
+                blocked[shard] = time.monotonic() + min(wait, RECHECK_SECONDS * 2 ** min(misses - 1, 6),
+                                                        RECHECK_MAX_SECONDS)
                 continue
+            self._misses.pop(shard, None)
             if not got.claimed:
                 self._drained.tick()
                 blocked.pop(shard, None)
@@ -86,6 +86,7 @@ class OrderedMagazine(Magazine):
         """This process settled the held message of `shard` (or failed it, to come again in `after_seconds`): its
         next message may be claimed; a waiting consumer is woken to claim it."""
         self._blocked[shard] = time.monotonic() + after_seconds
+        self._misses.pop(shard, None)
         if after_seconds <= 0:
             self._active_shards.activity.poke(1)
 

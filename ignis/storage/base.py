@@ -168,8 +168,8 @@ class HeldClaim(NamedTuple):
 
 # An ordered queue's shard hold (Storage.claim_held): the bin of the shard's meta record (Aerospike; on lmdb a
 # record of its own beside it, `{magazine}_SHARD_{n}_HOLD`) holding when the hold of the shard's head ends, epoch
-# ms; 0 or absent = not held. The held slot is always the shard's FIRE_POINTER: nothing is claimed past it while
-# it is held.
+# ms; 0 or absent = not held. The held slot is always the one after the FIRE_POINTER: the fire pointer passes it only
+# when it is settled, so a held shard still has work as every watcher sees it.
 HOLD_UNTIL = "holdUntil"
 
 
@@ -465,18 +465,19 @@ class Storage(Protocol):
     def claim_held(self, magazine: str, shard: int, now_ms: int, hold_ms: int, count_attempt: bool = True
                    ) -> HeldClaim:
         """The claim of an ordered queue (QueueSpec.ordered): at most one slot of a shard in flight, enforced in the
-        claim's own atomic write. A shard whose head is held until a time still to come: nothing (`held_until`
-        says when the hold ends). A hold that ended (its holder crashed or outlived its handler timeout, or a
-        failed delivery's backoff is over): the same slot again, stamped (attempts + 1), held anew. Else the next
-        slot, as `claim` of one, held until now_ms + hold_ms. A held slot found settled (an ack whose hold release
-        did not happen) counts as released: the claim takes the next one. A hole is returned as `claim` returns it,
-        the hold released unless it is awaited (then `release_hold` when it is given up)."""
+        claim's own atomic write. The shard's head is the slot after its fire pointer, which moves past it only when
+        it is settled (`release_hold`). Held until a time still to come: nothing (`held_until` says when the hold
+        ends). Else (no hold, or one that ended: its holder crashed or outlived its handler timeout, or a failed
+        delivery's backoff is over): the head, stamped (attempts + 1), held until now_ms + hold_ms. A head that is a
+        hole, or was settled already (a settle whose release did not happen), is returned as a hole and passed (the
+        fire pointer moves past it), unless it is awaited: that stays held until `release_hold` gives it up."""
         ...
 
     def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
-        """End the hold of `slot` (after its message was settled: an ack, a dead letter; or a hole), or, with
-        `until_ms`, keep the slot held until then and make it the next claim's (a failed delivery's backoff).
-        Only while `slot` is the shard's held head; False if it was not (then nothing changed)."""
+        """After the held `slot` was settled (an ack, a dead letter; or it was a hole): the fire pointer passes it and
+        the hold ends, so the shard's next message may be claimed. With `until_ms` (a failed delivery's backoff):
+        the slot stays the shard's head, held until then, the next claim's. Only while `slot` is the shard's held
+        head; False if it was not (then nothing changed)."""
         ...
 
     @property

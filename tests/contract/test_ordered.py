@@ -362,3 +362,21 @@ def test_the_store_holds_a_shard_in_the_claims_own_write(ignis: Ignis) -> None:
     assert store.release_hold("seq", 0, 2, until_ms=t0 + 5000) is True  # a backoff: held until then
     assert store.claim_held("seq", 0, t0 + 4999, 1000).held_until == t0 + 5000
     assert [c.ref.slot for c in store.claim_held("seq", 0, t0 + 5000, 1000).claimed] == [2]
+
+
+@pytest.mark.parametrize("how", ["crash", "backoff"])
+def test_a_shards_last_message_held_or_failed_still_counts_as_work(ignis: Ignis, how: str) -> None:
+    """The held message stays after its shard's fire pointer until settled, so a consumer that reads the pointers
+    afresh (another process's watcher; here the handle's own active shards, re-read) still sees the shard's work
+    and takes the message once its hold or backoff ends. Fails if a held last message looked drained."""
+    q = declare(ignis, shards=1, handlerTimeoutSeconds=1, retry={"minBackoffSeconds": 0.5, "maxBackoffSeconds": 1})
+    q.publish({"k": "a", "n": 0}, key="a")
+    m = q.fire()
+    if how == "backoff":
+        m.nack("rejected")
+    assert q.stats().depth == 1  # (an ordered queue's held head counts as waiting until it is settled)
+    q.main.invalidate()  # the next fire re-reads the pointers
+    again = q.fire(timeout=10)
+    assert again is not None and again.id == m.id and again.attempts == 2
+    again.ack()
+    assert q.stats().depth == 0 and q.fire() is None

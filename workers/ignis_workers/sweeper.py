@@ -254,13 +254,10 @@ class Sweeper:
                                               {shard: p.fire for shard, p in pointers.items()})
             # shard -> [next slot to examine, fire pointer]
             todo = {}
-            # An ordered queue's shard head (its fire pointer's slot) is held, or settled: never swept, or a later
-            # message would pass it; its claim comes again when its hold ends (ignis.magazine.ordered).
-            head = 1 if kind == "main" and queue.spec.ordered else 0
             for shard in range(source.shards):
                 pos = max(int(stored.get(names.shard_label(shard), 1)), 1)
-                if pos <= pointers[shard].fire - head:
-                    todo[shard] = [pos, pointers[shard].fire - head]
+                if pos <= pointers[shard].fire:
+                    todo[shard] = [pos, pointers[shard].fire]
 
             def rounds(group: dict[int, list[int]], result: MagazineSweep) -> None:
                 while group:

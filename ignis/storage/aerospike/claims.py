@@ -58,13 +58,11 @@ _READ_TOMBSTONE = ops.read(TOMBSTONE)
 _ANSWER_LOST = (ex.TimeoutError, ex.NoResponse)  # sent, maybe applied, no answer
 # An ordered queue's claims (Storage.claim_held): the shard's hold (HOLD_UNTIL, 0 or absent = none) is read and
 # written by the claim's own operate() on the meta record, under a filter expression, so two claimers never both
-# hold a shard; the held slot is the FIRE_POINTER.
+# hold a shard; the held slot is the one after the FIRE_POINTER, which its settle moves past it.
 _HOLD = exp.Cond(exp.BinExists(HOLD_UNTIL), exp.IntBin(HOLD_UNTIL), 0)
 _HELD = exp.GT(_HOLD, 0)
-RECLAIMED = "heldHead"  # expression-read result: the claim took the held head again (its hold had ended)
-_RECLAIM_READ = expr_ops.expression_read(RECLAIMED, _HELD.compile())
-_NEXT_OR_HEAD = expr_ops.expression_write(FIRE_POINTER, exp.Cond(
-    _HELD, exp.IntBin(FIRE_POINTER), arithmetic.Add(exp.IntBin(FIRE_POINTER), 1)).compile())
+HEAD = "heldHead"  # expression-read result: the slot the claim took (the one after the fire pointer)
+_HEAD_READ = expr_ops.expression_read(HEAD, arithmetic.Add(exp.IntBin(FIRE_POINTER), 1).compile())
 
 
 def _stamp_only(now: int) -> list[dict[str, Any]]:
@@ -148,33 +146,25 @@ class Claims:
     def claim_held(self, magazine: str, shard: int, now_ms_: int, hold_ms: int, count_attempt: bool = True
                    ) -> HeldClaim:
         key = self._ctx.meta_key(magazine, shard)
-        # Claimable: a hold that has ended (the head again), or no hold and a slot left (the next one).
-        guard = exp.Or(exp.And(_HELD, exp.LE(_HOLD, now_ms_)),
-                       exp.And(exp.Not(_HELD), exp.LT(exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER))))
+        # Claimable: no hold, or one that ended, and a slot after the fire pointer.
+        guard = exp.And(exp.LE(_HOLD, now_ms_), exp.LT(exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER)))
         policy = {**self._ctx.update, "expressions": guard.compile()}
-        for _ in range(2):  # a second claim when the held head turned out settled (its release did not happen)
-            token = f"{self._ctx.shared.claim_prefix}{next(self._ctx.shared.claim_seq)}"
-            operations = [_RECLAIM_READ, _NEXT_OR_HEAD, ops.write(HOLD_UNTIL, now_ms_ + hold_ms),
-                          ops.read(FIRE_POINTER), ops.write(LAST_CLAIM, token)]
+        operations = [_HEAD_READ, ops.write(HOLD_UNTIL, now_ms_ + hold_ms)]
+        try:
             try:
-                try:
-                    _, _, got = self._ctx.call("claim", self._ctx.client.operate, key, operations, None, policy,
-                                               idempotent=False)
-                except MISSING:  # no meta record, nothing left, or held: tell which
-                    return self._not_claimable(key, now_ms_)
-            except ex.AerospikeError as exc:
-                error = self._ctx.fail(exc, "claim", self._ctx.meta_set)
-                if is_transient(exc, True) and (error_field(exc, "in_doubt", False) or isinstance(exc, _ANSWER_LOST)):
-                    raise ClaimInDoubt(str(error), ClaimTicket(magazine, shard, True, token, count_attempt)) from None
-                raise error from None
-            slot = int(got[FIRE_POINTER])
-            item = self._stamp_slots("claim", [SlotRef(magazine, shard, slot)], now_ms_, count_attempt)[0]
-            if item.envelope is not None or item.awaiting:  # (an awaited slot stays held until it is given up)
-                return HeldClaim([item])
-            self.release_hold(magazine, shard, slot)  # settled, or sealed: a hole for good
-            if not got.get(RECLAIMED):
-                return HeldClaim([item])
-        return HeldClaim([])
+                # Not retried blindly (a hold it took and did not hear of ends by itself: hold_ms), nor resolved: an
+                # answer lost is an outage, and the message comes again when the hold ends.
+                _, _, got = self._ctx.call("claim", self._ctx.client.operate, key, operations, None, policy,
+                                           idempotent=False)
+            except MISSING:  # no meta record, nothing left, or held: tell which
+                return self._not_claimable(key, now_ms_)
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "claim", self._ctx.meta_set) from None
+        slot = int(got[HEAD])
+        item = self._stamp_slots("claim", [SlotRef(magazine, shard, slot)], now_ms_, count_attempt)[0]
+        if item.envelope is None and not item.awaiting:  # settled or sealed: passed (an awaited one stays held)
+            self.release_hold(magazine, shard, slot)
+        return HeldClaim([item])
 
     def _not_claimable(self, key: tuple[str, str, str], now_ms_: int) -> HeldClaim:
         """Why a claim of an ordered shard took nothing: held (until when), or drained."""
@@ -188,10 +178,13 @@ class Claims:
         return HeldClaim([], until if until > now_ms_ else 0)
 
     def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
-        guard = exp.And(exp.Eq(exp.IntBin(FIRE_POINTER), slot), _HELD).compile()
+        guard = exp.And(exp.Eq(exp.IntBin(FIRE_POINTER), slot - 1), _HELD).compile()
+        # settled: the fire pointer passes the slot; failed: held until then, the slot still the next claim's
+        operations = [ops.write(HOLD_UNTIL, until_ms)] if until_ms else [ops.write(HOLD_UNTIL, 0),
+                                                                         ops.write(FIRE_POINTER, slot)]
         try:
-            self._ctx.call("release_hold", self._ctx.client.operate, self._ctx.meta_key(magazine, shard),
-                           [ops.write(HOLD_UNTIL, until_ms)], None, {**self._ctx.update, "expressions": guard})
+            self._ctx.call("release_hold", self._ctx.client.operate, self._ctx.meta_key(magazine, shard), operations,
+                           None, {**self._ctx.update, "expressions": guard})
         except MISSING:
             return False
         except ex.AerospikeError as exc:

@@ -114,29 +114,32 @@ class Claims:
         hold_key = self._hold_key(magazine, shard)
         meta_db, data_db = self._ctx.meta, self._ctx.data
         bump = 1 if count_attempt else 0
+        # A look first, without the write lock every process shares: consumers of other processes look at the shards
+        # this one holds, and a held shard (or a drained one, as in `claim`) needs no write.
+        try:
+            with self._ctx.env.env.begin(None, None, False) as txn:
+                raw_hold, meta = txn.get(hold_key, None, meta_db), txn.get(meta_key, None, meta_db)
+        except lmdb.Error as exc:
+            raise self._ctx.map_error(exc) from None
+        held = _HOLD.unpack(raw_hold)[1] if raw_hold is not None else 0
+        if held > now_ms_:
+            return HeldClaim([], held)
+        if (meta is None or _available(meta, 1, None)[2] <= 0) and not self._ctx.committing(magazine, shard):
+            return HeldClaim([])
 
         def write(txn: Any) -> tuple[int, int, bytes | None]:
             """(held until, slot claimed (0: none), its record)."""
             raw_hold = txn.get(hold_key, None, meta_db)
             until = _HOLD.unpack(raw_hold)[1] if raw_hold is not None else 0
+            if until > now_ms_:
+                return until, 0, None
             meta = txn.get(meta_key, None, meta_db)
             if meta is None:
                 return 0, 0, None
             _, load, fire = _META.unpack(meta)
-            if until > now_ms_:
-                return until, 0, None
-            slot = fire
-            if until:  # the hold ended: the same head again, unless it was settled meanwhile
-                raw = txn.get(prefix + b"%d" % slot, None, data_db)
-                if raw is None or _expired(raw, now_ms_):
-                    until = 0
-            if not until:  # the next slot
-                if fire >= load:
-                    if raw_hold is not None:
-                        txn.delete(hold_key, b"", meta_db)
-                    return 0, 0, None
-                slot = fire + 1
-                txn.put(meta_key, _META.pack(0, load, slot), True, True, False, meta_db)
+            if fire >= load:
+                return 0, 0, None
+            slot = fire + 1  # the head: held until its settle moves the fire pointer past it
             key = prefix + b"%d" % slot
             raw = txn.get(key, None, data_db)
             if raw is not None and len(raw) >= _DATA_HEADER.size:
@@ -148,26 +151,14 @@ class Claims:
                 else:
                     raw = _DATA_HEADER.pack(expire_at, now_ms_, attempts + bump) + raw[_DATA_HEADER.size:]
                     txn.put(key, raw, True, True, False, data_db)
-            if raw is None:  # a hole (never held: a publish here is one transaction, nothing to await)
+            if raw is None:  # a hole (or the head settled, its hold never released): passed, not held
+                txn.put(meta_key, _META.pack(0, load, slot), True, True, False, meta_db)
                 if raw_hold is not None:
                     txn.delete(hold_key, b"", meta_db)
             else:
                 txn.put(hold_key, _HOLD.pack(0, now_ms_ + hold_ms, 0), True, True, False, meta_db)
             return 0, slot, raw
 
-        # A look first, without the write lock every process shares: consumers of other processes look at the shards
-        # this one holds, and a held shard (or a drained one, as in `claim`) needs no write.
-        try:
-            with self._ctx.env.env.begin(None, None, False) as txn:
-                raw_hold, meta = txn.get(hold_key, None, meta_db), txn.get(meta_key, None, meta_db)
-        except lmdb.Error as exc:
-            raise self._ctx.map_error(exc) from None
-        held = _HOLD.unpack(raw_hold)[1] if raw_hold is not None else 0
-        if held > now_ms_:
-            return HeldClaim([], held)
-        if not held and (meta is None or _available(meta, 1, None)[2] <= 0) \
-                and not self._ctx.committing(magazine, shard):
-            return HeldClaim([])
         until, slot, raw = self._ctx.grouped("claim_held", write)
         if until:
             return HeldClaim([], until)
@@ -183,11 +174,13 @@ class Claims:
 
         def write(txn: Any) -> bool:
             meta = txn.get(meta_key, None, meta_db)
-            if meta is None or _META.unpack(meta)[2] != slot or txn.get(hold_key, None, meta_db) is None:
+            if meta is None or _META.unpack(meta)[2] != slot - 1 or txn.get(hold_key, None, meta_db) is None:
                 return False
-            if until_ms:
+            if until_ms:  # held until then, its slot the next claim's
                 txn.put(hold_key, _HOLD.pack(0, until_ms, 0), True, True, False, meta_db)
-            else:
+            else:  # settled: the fire pointer passes it
+                _, load, _ = _META.unpack(meta)
+                txn.put(meta_key, _META.pack(0, load, slot), True, True, False, meta_db)
                 txn.delete(hold_key, b"", meta_db)
             return True
 
