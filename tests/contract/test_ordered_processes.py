@@ -12,6 +12,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from support.ordering import order_violations
+
 from ignis import QueueSpec
 
 WORKER = str(Path(__file__).resolve().parent.parent / "support" / "proc_worker.py")
@@ -21,20 +23,6 @@ KEYS, PER_KEY = 40, 12
 def spawn(url: str, handle_seconds: float) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, WORKER, "consume-ordered", url, "seq", "4", str(handle_seconds)],
                             stdout=subprocess.PIPE, text=True)
-
-
-def order_violations(begins: list[tuple[int, str, int]], acks: dict[tuple[str, int], list[int]]) -> list[str]:
-    """Per key, each handling (begin time, key, n) in time order: a begin of n whose n-1 was not acked before it
-    (a later message passing an unsettled earlier one), or a begin of a lower n than one begun before."""
-    problems = []
-    highest: dict[str, int] = defaultdict(lambda: -1)
-    for at, key, n in sorted(begins):
-        if n < highest[key]:
-            problems.append(f"{key}: {n} handled after {highest[key]}")
-        if n > 0 and not any(acked < at for acked in acks.get((key, n - 1), ())):
-            problems.append(f"{key}: {n} begun before {n - 1} was acked")
-        highest[key] = max(highest[key], n)
-    return problems
 
 
 def test_sigkilled_consumer_breaks_no_per_key_order(backend) -> None:
