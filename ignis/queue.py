@@ -291,7 +291,8 @@ class Queue(QueuePublishing, SubscriptionSide):
         """Hand claimed, unsettled messages back at once (to main's tail: copy, then delete, as every move),
         without waiting for the sweeper: a consumer that stops or is cancelled before it settled them.
         `delivered=False`: they never reached user code (prefetched), so their claim's attempt is not counted.
-        Returns how many went back; a failed copy leaves them to the sweeper (unsettled)."""
+        Returns how many went back; a failed copy leaves them to the sweeper (unsettled). An ordered queue's stay
+        their shards' heads instead, claimable again at once (their attempt stays counted)."""
         todo = [m for m in messages if not m._settled]
         if not todo:
             return 0
@@ -352,11 +353,11 @@ class Queue(QueuePublishing, SubscriptionSide):
         """Give failed messages up, with a reason: with `delay`, or on a queue with a retry policy, each is
         delivered again after that wait (ignis.delay); else moved to the sideline. Past maxDeliveries they go to
         the dead letters either way. Messages whose copy failed stay unsettled (and stored): nack them again, or
-        leave them to the sweeper."""
+        leave them to the sweeper. On an ordered queue a failed message is never sidelined: it stays its shard's
+        head, delivered again after that wait (at once without one), before any later message of its shard."""
         _check_unsettled(messages)
-        if self.ordered and reason != UNREADABLE:  # kept at the head of its shard: see retry
-            return self.retry(messages, reason, None if delay is None else self.delay_seconds(delay))
-        if reason != UNREADABLE and (delay is not None or self.spec.retry is not None):
+        # (an ordered queue's failed message always comes again, at its shard's head: see retry)
+        if reason != UNREADABLE and (self.ordered or delay is not None or self.spec.retry is not None):
             return self.retry(messages, reason, None if delay is None else self.delay_seconds(delay))
         return self.transfer(messages, reason)
 
