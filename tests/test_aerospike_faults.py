@@ -525,12 +525,15 @@ def test_a_cluster_losing_a_node_keeps_an_ordered_queues_keys_in_order() -> None
 
     procs = [consumer() for _ in range(3)]
     events: list[list[str]] = []
+    victim: list[list[str]] = []  # the first consumer's own lines
     lock = threading.Lock()
 
     def read(p: subprocess.Popen[str]) -> None:
         for line in p.stdout:  # type: ignore[union-attr]
             with lock:
                 events.append(line.split())
+                if p is procs[0]:
+                    victim.append(line.split())
 
     readers = [threading.Thread(target=read, args=(p,), daemon=True) for p in procs]
     for r in readers:
@@ -541,7 +544,10 @@ def test_a_cluster_losing_a_node_keeps_an_ordered_queues_keys_in_order() -> None
     node = Node.find(*nodes[2])
     assert node is not None, f"cannot control {nodes[2]}"
     node.kill()
-    procs[0].send_signal(signal.SIGKILL)  # a consumer dies too, holding whatever it held
+    while time.monotonic() < deadline and not (victim and victim[-1][0] == "begin"):
+        time.sleep(0.001)
+    procs[0].send_signal(signal.SIGKILL)  # a consumer dies too, holding the message it had begun
+    held = victim[-1][3]
     time.sleep(5)
     node.start()
     settle(nodes)
@@ -553,6 +559,7 @@ def test_a_cluster_losing_a_node_keeps_an_ordered_queues_keys_in_order() -> None
     begins = [(int(e[1]), *e[2].split(":")) for e in events if e[0] == "begin"]
     begins = [(at, key, int(n)) for at, key, n in begins]
     assert order_violations(begins) == []
+    assert any(e[0] == "begin" and e[3] == held and int(e[4]) > 1 for e in events)  # it came again
     assert {(key, n) for _, key, n in begins} == {(f"k{k}", n) for k in range(keys) for n in range(per_key)}
     with Ignis(url) as ignis:
         stats = ignis.queue("seq").stats(in_flight=True)
