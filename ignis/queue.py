@@ -341,12 +341,13 @@ class Queue(QueuePublishing, SubscriptionSide):
     def ack(self, messages: Sequence[Message]) -> None:
         """Acknowledge (delete) messages in one batch."""
         _check_unsettled(messages)
-        self.store.delete([m.ref for m in messages], ids=_ids(messages, self.store))
+        if self.ordered:  # and their shards' holds released
+            self._settle_held(messages)
+        else:
+            self.store.delete([m.ref for m in messages], ids=_ids(messages, self.store))
         for m in messages:
             m._settled = True
         self._acked.inc(len(messages))
-        if self.ordered:
-            self._release_holds(messages)
 
     def nack(self, messages: Sequence[Message], reason: str = NACKED,
              delay: float | timedelta | None = None) -> Transfer:
@@ -409,12 +410,13 @@ class Queue(QueuePublishing, SubscriptionSide):
     def drop(self, messages: Sequence[Message]) -> None:
         """Delete without sidelining: the handler raised an exception declared ignorable."""
         _check_unsettled(messages)
-        self.store.delete([m.ref for m in messages], ids=_ids(messages, self.store))
+        if self.ordered:
+            self._settle_held(messages)
+        else:
+            self.store.delete([m.ref for m in messages], ids=_ids(messages, self.store))
         for m in messages:
             m._settled = True
         IGNORED.labels(self.name).inc(len(messages))
-        if self.ordered:
-            self._release_holds(messages)
 
     # ---- sideline / dead letter --------------------------------------------------------------------
     def _divert(self, claimed: Sequence[Claimed]) -> None:
@@ -455,24 +457,22 @@ class Queue(QueuePublishing, SubscriptionSide):
             counts[target.kind] = len(group)
             moved.extend(group)
         if moved:
-            self.store.delete([m.ref for m in moved], ids=_ids(moved, self.store))  # after the copy landed
+            if self.ordered:  # after the copy landed
+                self._settle_held(moved)
+            else:
+                self.store.delete([m.ref for m in moved], ids=_ids(moved, self.store))  # after the copy landed
             for m in moved:
                 m._settled = True
-            if self.ordered:
-                self._release_holds(moved)
         return Transfer(counts["sideline"], counts["dead"], len(messages) - len(moved))
 
     # ---- an ordered queue's holds (ignis.magazine.ordered) ---------------------------------------------------
-    def _release_holds(self, messages: Sequence[Message]) -> None:
-        """After their settle (an ack, a drop, a move out of main): the holds of their shards end, so each shard's
-        next message may be delivered. Released only after the settle: a crash between leaves the hold, which
-        ends by itself (QueueSpec.hold_ms), and a claim that finds the held message settled takes the next one.
-        A failed release is logged, not raised (the settle is done): the hold then ends by itself."""
+    def _settle_held(self, messages: Sequence[Message]) -> None:
+        """The settle of an ordered queue's messages leaving main (an ack, a drop, a move out): their records deleted
+        and their shards' holds released (Storage.settle_held: one transaction on lmdb; on Aerospike the release
+        after the delete, and a failed one raises, so the settle is made again), so each shard's next message may
+        be delivered."""
+        self.store.settle_held([m.ref for m in messages], _ids(messages, self.store))
         for m in messages:
-            try:
-                self.store.release_hold(self.name, m.ref.shard, m.ref.slot)
-            except IgnisError as exc:
-                store_failed(f"release the hold of {m.ref} in {self.name} (its shard waits for the hold's end)", exc)
             self.main.unblock(m.ref.shard)  # type: ignore[attr-defined]
 
     def _hold_again(self, messages: Sequence[Message], waits: Sequence[float]) -> None:

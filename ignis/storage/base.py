@@ -480,6 +480,14 @@ class Storage(Protocol):
         head; False if it was not (then nothing changed)."""
         ...
 
+    def settle_held(self, refs: Sequence[SlotRef], ids: Sequence[str | None] | None = None) -> int:
+        """An ordered queue's settle (an ack, a drop, a move out of main) of held heads: `delete` them, then
+        `release_hold` each, in one transaction where the store can (lmdb). Elsewhere (Aerospike: two records) the
+        deletes first, then the releases: a crash between leaves a hold that ends by itself, and the claim that
+        then finds its head settled passes it; a failed release raises (settle again: the delete is done, the
+        release is not). Returns how many records were present."""
+        ...
+
     @property
     def write_grace_ms(self) -> int:
         """How long after its slot was allocated a publish's record may still land: the producer's whole

@@ -21,6 +21,7 @@ from ignis.envelope import now_ms
 from ignis.errors import InvalidSpecError
 from ignis.magazine import Magazine
 from ignis.magazine.ordered import OrderedMagazine
+from ignis.storage.base import HeldClaim
 
 
 def declare(ignis: Ignis, name: str = "seq", **fields: Any):
@@ -362,6 +363,15 @@ def test_the_store_holds_a_shard_in_the_claims_own_write(ignis: Ignis) -> None:
     assert store.release_hold("seq", 0, 2, until_ms=t0 + 5000) is True  # a backoff: held until then
     assert store.claim_held("seq", 0, t0 + 4999, 1000).held_until == t0 + 5000
     assert [c.ref.slot for c in store.claim_held("seq", 0, t0 + 5000, 1000).claimed] == [2]
+    # the settle of a held head: its record deleted and its hold released (lmdb: one transaction)
+    head = nxt.claimed[0]
+    assert store.settle_held([head.ref], [head.envelope.msg_id]) == 1
+    assert store.read([head.ref]) == [None]
+    last = store.claim_held("seq", 0, t0 + 5001, 1000)
+    assert [c.ref.slot for c in last.claimed] == [3] and last.claimed[0].envelope.attempts == 1
+    assert store.settle_held([last.claimed[0].ref], [last.claimed[0].envelope.msg_id]) == 1
+    assert store.claim_held("seq", 0, t0 + 5002, 1000) == HeldClaim([])  # drained: nothing held, nothing left
+    assert store.pointers("seq", 1)[0].fire == 3
 
 
 @pytest.mark.parametrize("how", ["crash", "backoff"])

@@ -167,24 +167,34 @@ class Claims:
         ref = SlotRef(magazine, shard, slot)
         return HeldClaim([Claimed(ref, None if raw is None else _unpack_data(raw), False)])
 
-    def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
-        meta_key = self._ctx.keys(magazine, shard)[0]
-        hold_key = self._hold_key(magazine, shard)
+    def _release(self, txn: Any, magazine: str, shard: int, slot: int, until_ms: int) -> bool:
+        """release_hold, inside a write transaction."""
+        meta_key, hold_key = self._ctx.keys(magazine, shard)[0], self._hold_key(magazine, shard)
         meta_db = self._ctx.meta
+        meta = txn.get(meta_key, None, meta_db)
+        if meta is None or _META.unpack(meta)[2] != slot - 1 or txn.get(hold_key, None, meta_db) is None:
+            return False
+        if until_ms:  # held until then, its slot the next claim's
+            txn.put(hold_key, _HOLD.pack(0, until_ms, 0), True, True, False, meta_db)
+        else:  # settled: the fire pointer passes it
+            txn.put(meta_key, _META.pack(0, _META.unpack(meta)[1], slot), True, True, False, meta_db)
+            txn.delete(hold_key, b"", meta_db)
+        return True
 
-        def write(txn: Any) -> bool:
-            meta = txn.get(meta_key, None, meta_db)
-            if meta is None or _META.unpack(meta)[2] != slot - 1 or txn.get(hold_key, None, meta_db) is None:
-                return False
-            if until_ms:  # held until then, its slot the next claim's
-                txn.put(hold_key, _HOLD.pack(0, until_ms, 0), True, True, False, meta_db)
-            else:  # settled: the fire pointer passes it
-                _, load, _ = _META.unpack(meta)
-                txn.put(meta_key, _META.pack(0, load, slot), True, True, False, meta_db)
-                txn.delete(hold_key, b"", meta_db)
-            return True
+    def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
+        return self._ctx.grouped("release_hold", lambda txn: self._release(txn, magazine, shard, slot, until_ms))
 
-        return self._ctx.grouped("release_hold", write)
+    def settle_held(self, refs: Sequence[SlotRef], ids: Sequence[str | None] | None = None) -> int:
+        data_db, data_key = self._ctx.data, self._ctx.data_key
+
+        def write(txn: Any) -> int:  # the deletes and the releases in one transaction
+            present = 0
+            for ref in refs:
+                present += txn.delete(data_key(ref), b"", data_db)
+                self._release(txn, ref.magazine, ref.shard, ref.slot, 0)
+            return present
+
+        return self._ctx.grouped("settle_held", write)
 
     def restamp(self, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool = True) -> list[Claimed]:
         bump = 1 if count_attempt else 0

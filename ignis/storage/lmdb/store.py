@@ -242,6 +242,9 @@ class LmdbStore:
     def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
         return self._claims.release_hold(magazine, shard, slot, until_ms)
 
+    def settle_held(self, refs: Sequence[SlotRef], ids: Sequence[str | None] | None = None) -> int:
+        return self._claims.settle_held(refs, ids)
+
     def resolve_claim(self, ticket: ClaimTicket, now_ms: int) -> list[Claimed] | None:
         return self._claims.resolve_claim(ticket, now_ms)
 
