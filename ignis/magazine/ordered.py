@@ -33,8 +33,8 @@ from ignis.storage.base import Claimed, ClaimInterrupted, SlotRef, Storage
 # How soon a shard held by another process is looked at again (its settle there does not wake this one, and that
 # process claims the shard's next message itself): RECHECK_SECONDS, doubling with each look that finds it still held,
 # at most RECHECK_MAX_SECONDS (and never after its hold ends).
-RECHECK_SECONDS = 0.02
-RECHECK_MAX_SECONDS = 0.5
+RECHECK_SECONDS = 0.05
+RECHECK_MAX_SECONDS = 2.0
 
 
 class OrderedMagazine(Magazine):
