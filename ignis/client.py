@@ -10,7 +10,7 @@ from ignis.delay import stop_mover
 from ignis.errors import InvalidInputError, InvalidSpecError, QueueInactive, QueueNotFound, TopicNotFound
 from ignis.queue import Queue, QueueStats
 from ignis.settings import IgnisSettings, load_settings
-from ignis.spec import QueueSpec
+from ignis.spec import QueueSpec, ordered_change
 from ignis.storage import Storage, open_store_waiting
 from ignis.storage.base import QueueRecord, client_view
 from ignis.topics.spec import TopicSpec
@@ -88,6 +88,8 @@ class Ignis:
                                     f"has {stored_shards})"])
         if current is None:
             check_names(store, spec.name, "queue")
+        elif (problem := ordered_change(spec.name, spec.ordered, current.bins)) is not None:
+            raise InvalidSpecError([problem])
         prepare_subscription(store, spec, current)  # (a subscription's cursor first: consumers find it set)
         store.register_client(store.client_id)  # so a sweeper finds this client's queue set
         created = store.apply_queue(spec.name, spec.config_bins(), spec.record_ttl_seconds)

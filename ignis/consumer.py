@@ -385,7 +385,8 @@ class Consumer:
             if messages is None:
                 continue
             now = time.monotonic()
-            if not batch or now >= linger_deadline or stop.is_set():
+            # (an ordered queue's batch does not linger: the shards it waits for are held, by it or by others)
+            if not batch or now >= linger_deadline or stop.is_set() or queue.ordered:
                 break
             queue.main.wait_for_work(seen, min(LINGER_POLL_SECONDS, linger_deadline - now))
         if batch:

@@ -34,6 +34,7 @@ from ignis.figures import QueueStats
 from ignis.logs import one_line
 from ignis.magazine import Magazine
 from ignis.magazine.bounded import BoundedMagazine
+from ignis.magazine.ordered import OrderedMagazine
 from ignis.metrics import (
     ACKED,
     DEAD_LETTERED,
@@ -48,6 +49,7 @@ from ignis.metrics import (
     SIDELINE_REFUSED,
     SIDELINED,
 )
+from ignis.outage import store_failed
 from ignis.publishing import QueuePublishing
 from ignis.spec import Overflow, QueueSpec
 from ignis.storage.base import Claimed, MessageRef, ShardPointers, SlotRef, Storage  # (MessageRef: re-exported)
@@ -108,6 +110,9 @@ class Message(EnvelopeFields):
         if self._settled:
             raise AlreadySettled(f"message {self.id} ({self.ref}) was already acked or nacked")
         queue, envelope = self.queue, self.envelope
+        if queue.ordered:  # its shard's hold is released too
+            queue.ack((self,))
+            return
         store = queue.store
         store.delete((self.ref,), (envelope.version,),  # (ids as _ids builds them, inlined: one message)
                      ((None if envelope.codec == CODEC_UNREADABLE else envelope.msg_id),) if store.settles_by_id
@@ -170,7 +175,12 @@ class Queue(QueuePublishing, SubscriptionSide):
                             hole_budget=hole_budget, refresh_seconds=refresh_seconds)
 
         limits = shard_limits(spec)
-        if limits is None:
+        self.ordered = spec.ordered
+        if spec.ordered:  # at most one message of a shard in flight (ignis.magazine.ordered)
+            self.main = OrderedMagazine(store, spec.name, hold_ms=spec.hold_ms, queue=spec.name, kind="main",
+                                        shards=spec.shards, ttl_seconds=spec.message_expiry_seconds,
+                                        hole_budget=hole_budget, refresh_seconds=refresh_seconds)
+        elif limits is None:
             self.main = magazine(spec.name, "main", spec.message_expiry_seconds)
         else:  # a bounded queue (ignis.bounds): its publishes allocate within each shard's share of the bound
             bound = ", ".join(f"{what} {value}" for what, value in (("maxLength", spec.max_length),
@@ -281,10 +291,14 @@ class Queue(QueuePublishing, SubscriptionSide):
         """Hand claimed, unsettled messages back at once (to main's tail: copy, then delete, as every move),
         without waiting for the sweeper: a consumer that stops or is cancelled before it settled them.
         `delivered=False`: they never reached user code (prefetched), so their claim's attempt is not counted.
-        Returns how many went back; a failed copy leaves them to the sweeper (unsettled)."""
+        Returns how many went back; a failed copy leaves them to the sweeper (unsettled). An ordered queue's stay
+        their shards' heads instead, claimable again at once (their attempt stays counted)."""
         todo = [m for m in messages if not m._settled]
         if not todo:
             return 0
+        if self.ordered:  # not to main's tail: they stay their shards' heads, claimable again at once
+            self._hold_again(todo, [0.0] * len(todo))
+            return len(todo)
         at = now_ms()
         copies = []
         for m in todo:
@@ -327,7 +341,10 @@ class Queue(QueuePublishing, SubscriptionSide):
     def ack(self, messages: Sequence[Message]) -> None:
         """Acknowledge (delete) messages in one batch."""
         _check_unsettled(messages)
-        self.store.delete([m.ref for m in messages], ids=_ids(messages, self.store))
+        if self.ordered:  # and their shards' holds released
+            self._settle_held(messages)
+        else:
+            self.store.delete([m.ref for m in messages], ids=_ids(messages, self.store))
         for m in messages:
             m._settled = True
         self._acked.inc(len(messages))
@@ -337,9 +354,11 @@ class Queue(QueuePublishing, SubscriptionSide):
         """Give failed messages up, with a reason: with `delay`, or on a queue with a retry policy, each is
         delivered again after that wait (ignis.delay); else moved to the sideline. Past maxDeliveries they go to
         the dead letters either way. Messages whose copy failed stay unsettled (and stored): nack them again, or
-        leave them to the sweeper."""
+        leave them to the sweeper. On an ordered queue a failed message is never sidelined: it stays its shard's
+        head, delivered again after that wait (at once without one), before any later message of its shard."""
         _check_unsettled(messages)
-        if reason != UNREADABLE and (delay is not None or self.spec.retry is not None):
+        # (an ordered queue's failed message always comes again, at its shard's head: see retry)
+        if reason != UNREADABLE and (self.ordered or delay is not None or self.spec.retry is not None):
             return self.retry(messages, reason, None if delay is None else self.delay_seconds(delay))
         return self.transfer(messages, reason)
 
@@ -361,6 +380,10 @@ class Queue(QueuePublishing, SubscriptionSide):
         outcome = self.transfer(dead, reason) if dead else Transfer(0, 0, 0)
         if not later:
             return outcome
+        if self.ordered:  # an ordered queue's: stays its shard's head, held until its wait is over
+            self._hold_again(later, [self.retry_wait(m) if wait is None else wait for m in later])
+            RETRIED.labels(self.name, reason).inc(len(later))
+            return Transfer(outcome.sidelined, outcome.dead_lettered, outcome.refused, len(later))
         at = now_ms()
         copies = []
         for m in later:
@@ -387,7 +410,10 @@ class Queue(QueuePublishing, SubscriptionSide):
     def drop(self, messages: Sequence[Message]) -> None:
         """Delete without sidelining: the handler raised an exception declared ignorable."""
         _check_unsettled(messages)
-        self.store.delete([m.ref for m in messages], ids=_ids(messages, self.store))
+        if self.ordered:
+            self._settle_held(messages)
+        else:
+            self.store.delete([m.ref for m in messages], ids=_ids(messages, self.store))
         for m in messages:
             m._settled = True
         IGNORED.labels(self.name).inc(len(messages))
@@ -431,10 +457,38 @@ class Queue(QueuePublishing, SubscriptionSide):
             counts[target.kind] = len(group)
             moved.extend(group)
         if moved:
-            self.store.delete([m.ref for m in moved], ids=_ids(moved, self.store))  # after the copy landed
+            if self.ordered:  # after the copy landed
+                self._settle_held(moved)
+            else:
+                self.store.delete([m.ref for m in moved], ids=_ids(moved, self.store))  # after the copy landed
             for m in moved:
                 m._settled = True
         return Transfer(counts["sideline"], counts["dead"], len(messages) - len(moved))
+
+    # ---- an ordered queue's holds (ignis.magazine.ordered) ---------------------------------------------------
+    def _settle_held(self, messages: Sequence[Message]) -> None:
+        """The settle of an ordered queue's messages leaving main (an ack, a drop, a move out): their records deleted
+        and their shards' holds released (Storage.settle_held: one transaction on lmdb; on Aerospike the release
+        after the delete, and a failed one raises, so the settle is made again), so each shard's next message may
+        be delivered."""
+        self.store.settle_held([m.ref for m in messages], _ids(messages, self.store))
+        for m in messages:
+            self.main.unblock(m.ref.shard)  # type: ignore[attr-defined]
+
+    def _hold_again(self, messages: Sequence[Message], waits: Sequence[float]) -> None:
+        """Failed (or handed back) messages of an ordered queue stay their shards' heads: each held until its wait
+        is over, then delivered again (attempts counted by that claim) before any later message of its shard. A
+        message whose hold had already ended and gone to another claim is left to that claim."""
+        at = now_ms()
+        for m, seconds in zip(messages, waits, strict=True):
+            until = at + max(math.ceil(seconds * 1000), 0)  # (at: claimable at once)
+            try:
+                self.store.release_hold(self.name, m.ref.shard, m.ref.slot, until)
+            except IgnisError as exc:
+                store_failed(f"hold {m.ref} of {self.name} for its next attempt (it comes again when its hold "
+                             "ends)", exc)
+            m._settled = True
+            self.main.unblock(m.ref.shard, seconds)  # type: ignore[attr-defined]
 
     def _drop_head(self, shard: int, count: int) -> int:
         """dropHead (ignis.bounds): make room in a full shard of main by moving its `count` oldest waiting messages

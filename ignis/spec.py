@@ -7,6 +7,7 @@ Every violation becomes one line naming the field, the value and the rule.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -164,9 +165,17 @@ class QueueSpec(_Model):
     max_length: int | None = Field(None, ge=1, le=10**12)
     max_bytes: int | None = Field(None, ge=1, le=10**15)
     overflow: Overflow = Overflow.REJECT_PUBLISH
+    # Ordered delivery (ignis.magazine.ordered): at most one message of a shard in flight, so messages of a key
+    # are handled in publish order. Immutable once set.
+    ordered: bool = Field(False, strict=True)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> QueueSpec:
+        if self.ordered and self.subscribe is not None:
+            raise ValueError("ordered: a subscription (subscribe) cannot be ordered yet; order its topic's "
+                             "consumers with an ordered queue instead")
+        if self.ordered and self.bounded:
+            raise ValueError("ordered: a bounded queue (maxLength/maxBytes) cannot be ordered yet")
         for field, bound in (("maxLength", self.max_length), ("maxBytes", self.max_bytes)):
             if bound is not None and bound < self.shards:
                 raise ValueError(
@@ -197,6 +206,12 @@ class QueueSpec(_Model):
     def effective_handler_timeout_seconds(self) -> float:
         """A handler must finish before the sweeper may re-home its message: cap at sweepDuration / 2."""
         return float(min(self.handler_timeout_seconds, self.sweep_duration_seconds / 2))
+
+    @property
+    def hold_ms(self) -> int:
+        """How long a claim of an ordered queue holds its shard before the message may go to another consumer
+        (a crashed one's): the effective handler timeout."""
+        return round(self.effective_handler_timeout_seconds * 1000)
 
     @property
     def record_ttl_seconds(self) -> int:
@@ -273,6 +288,8 @@ class QueueSpec(_Model):
             # only for a bounded queue (ignis.bounds); 0 = no bound of that kind
             **({"maxLength": self.max_length or 0, "maxBytes": self.max_bytes or 0, "overflow": self.overflow.value}
                if self.bounded else {}),
+            # only for an ordered queue: records of other queues keep their layout
+            **({"ordered": 1} if self.ordered else {}),
         }
 
     @classmethod
@@ -315,8 +332,19 @@ class QueueSpec(_Model):
             "maxLength": int(bins.get("maxLength") or 0) or None,
             "maxBytes": int(bins.get("maxBytes") or 0) or None,
             "overflow": bins.get("overflow") or None,
+            "ordered": bool(bins.get("ordered")) or None,
         }
         return cls.build(f"stored record {name!r}", **{k: v for k, v in fields.items() if v is not None})
+
+
+def ordered_change(name: str, ordered: bool, bins: Mapping[str, Any]) -> str | None:
+    """The problem with declaring queue `name` with `ordered` over its stored record's `bins`, or None: ordered is
+    immutable once the queue exists (its in-flight bookkeeping, the shards' holds, depends on it)."""
+    stored = bool(bins.get("ordered"))
+    if stored == ordered:
+        return None
+    return (f"ordered={str(ordered).lower()}: ordered is immutable (queue {name!r} was created with "
+            f"ordered={str(stored).lower()}); create a new queue to change it")
 
 
 def _describe(exc: ValidationError) -> list[str]:

@@ -42,6 +42,7 @@ from typing import Any
 
 import psutil
 import pytest
+from support.ordering import order_violations
 from support.server_control import Node, parse_hosts, restart_loses_data, settle
 
 from ignis import Ignis, QueueSpec, TopicSpec
@@ -500,3 +501,70 @@ def test_a_cluster_losing_a_node_twice_strands_no_subscriptions_message() -> Non
     for sub, figures in report["subscriptions"].items():
         assert figures["confirmed"] > 0, sub
         _check(figures)
+
+
+def test_a_cluster_losing_a_node_keeps_an_ordered_queues_keys_in_order() -> None:
+    """Issue 49: an ordered queue on the 3-node cluster, consumed by three processes while one node is SIGKILLed and
+    restarted and one consumer is SIGKILLed holding messages: per key no message is handled after a later one, every
+    message is handled, and the queue drains (the dead consumer's messages come again once their holds end)."""
+    nodes, url = _cluster()
+    run_id = uuid.uuid4().hex[:8]
+    url = f"{url}?farm=f{run_id}&client=c{run_id}"
+    keys, per_key = 30, 20
+    with Ignis(url) as ignis:
+        ignis.apply(QueueSpec.build(name="seq", handlerType="seq", shards=16, ordered=True, handlerTimeoutSeconds=2))
+        q = ignis.queue("seq")
+        for n in range(per_key):
+            for k in range(keys):
+                q.publish(f"k{k}:{n}", key=f"k{k}")
+    worker = str(HERE / "support" / "proc_worker.py")
+
+    def consumer() -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, worker, "consume-ordered", url, "seq", "10", "0.01"],
+                                stdout=subprocess.PIPE, text=True)
+
+    procs = [consumer() for _ in range(3)]
+    events: list[list[str]] = []
+    victim: list[list[str]] = []  # the first consumer's own lines
+    lock = threading.Lock()
+
+    def read(p: subprocess.Popen[str]) -> None:
+        for line in p.stdout:  # type: ignore[union-attr]
+            with lock:
+                events.append(line.split())
+                if p is procs[0]:
+                    victim.append(line.split())
+
+    readers = [threading.Thread(target=read, args=(p,), daemon=True) for p in procs]
+    for r in readers:
+        r.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and sum(e[0] == "acked" for e in list(events)) < keys * per_key // 5:
+        time.sleep(0.1)
+    node = Node.find(*nodes[2])
+    assert node is not None, f"cannot control {nodes[2]}"
+    node.kill()
+    while time.monotonic() < deadline and not (victim and victim[-1][0] == "begin"):
+        time.sleep(0.001)
+    procs[0].send_signal(signal.SIGKILL)  # a consumer dies too, holding the message it had begun
+    held = victim[-1][3]
+    time.sleep(5)
+    node.start()
+    settle(nodes)
+    for p in procs[1:]:
+        p.wait(timeout=300)
+        assert p.returncode == 0
+    for r in readers:
+        r.join(10)
+    begins = [(int(e[1]), *e[2].split(":")) for e in events if e[0] == "begin"]
+    begins = [(at, key, int(n)) for at, key, n in begins]
+    assert order_violations(begins) == []
+    assert any(e[0] == "begin" and e[3] == held and int(e[4]) > 1 for e in events)  # it came again
+    assert {(key, n) for _, key, n in begins} == {(f"k{k}", n) for k in range(keys) for n in range(per_key)}
+    with Ignis(url) as ignis:
+        stats = ignis.queue("seq").stats(in_flight=True)
+        assert (stats.depth, stats.sidelined, stats.dead) == (0, 0, 0), stats
+        namespace = url.split("?")[0].rsplit("/", 1)[1]
+        for set_name in (f"c{run_id}_data_set", f"c{run_id}_meta_set", f"f{run_id}_c{run_id}_ignis_queues",
+                         f"f{run_id}_ignis_system"):
+            ignis.store.client.truncate(namespace, set_name, 0)  # type: ignore[attr-defined]

@@ -170,6 +170,20 @@ class ClaimInterrupted(StoreUnavailable):
         self.claimed = list(claimed)
 
 
+class HeldClaim(NamedTuple):
+    """What a claim of an ordered queue's shard got (`Storage.claim_held`)."""
+
+    claimed: list[Claimed]  # the shard's head, now held by the caller ([] when drained or held)
+    held_until: int = 0  # > 0: another claim holds the shard until then (epoch ms), so nothing was claimed
+
+
+# An ordered queue's shard hold (Storage.claim_held): the bin of the shard's meta record (Aerospike; on lmdb a
+# record of its own beside it, `{magazine}_SHARD_{n}_HOLD`) holding when the hold of the shard's head ends, epoch
+# ms; 0 or absent = not held. The held slot is always the one after the FIRE_POINTER: the fire pointer passes it only
+# when it is settled, so a held shard still has work as every watcher sees it.
+HOLD_UNTIL = "holdUntil"
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimTicket:
     """A claim whose answer was lost (the store may or may not have applied it): what its claimer needs to
@@ -464,6 +478,32 @@ class Storage(Protocol):
         return it. Empty list = shard drained. A missing record is a hole, `awaiting` when its write may
         still be in flight (see Claimed). `up_to`: claim no slot above this one (the fire pointer never
         passes it; empty list once it is reached), e.g. to take exactly what a shard held at some moment."""
+        ...
+
+    def claim_held(self, magazine: str, shard: int, now_ms: int, hold_ms: int, count_attempt: bool = True
+                   ) -> HeldClaim:
+        """The claim of an ordered queue (QueueSpec.ordered): at most one slot of a shard in flight, enforced in the
+        claim's own atomic write. The shard's head is the slot after its fire pointer, which moves past it only when
+        it is settled (`release_hold`). Held until a time still to come: nothing (`held_until` says when the hold
+        ends). Else (no hold, or one that ended: its holder crashed or outlived its handler timeout, or a failed
+        delivery's backoff is over): the head, stamped (attempts + 1), held until now_ms + hold_ms. A head that is a
+        hole, or was settled already (a settle whose release did not happen), is returned as a hole and passed (the
+        fire pointer moves past it), unless it is awaited: that stays held until `release_hold` gives it up."""
+        ...
+
+    def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
+        """After the held `slot` was settled (an ack, a dead letter; or it was a hole): the fire pointer passes it and
+        the hold ends, so the shard's next message may be claimed. With `until_ms` (a failed delivery's backoff):
+        the slot stays the shard's head, held until then, the next claim's. Only while `slot` is the shard's held
+        head; False if it was not (then nothing changed)."""
+        ...
+
+    def settle_held(self, refs: Sequence[SlotRef], ids: Sequence[str | None] | None = None) -> int:
+        """An ordered queue's settle (an ack, a drop, a move out of main) of held heads: `delete` them, then
+        `release_hold` each, in one transaction where the store can (lmdb). Elsewhere (Aerospike: two records) the
+        deletes first, then the releases: a crash between leaves a hold that ends by itself, and the claim that
+        then finds its head settled passes it; a failed release raises (settle again: the delete is done, the
+        release is not). Returns how many records were present."""
         ...
 
     @property

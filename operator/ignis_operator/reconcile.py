@@ -20,7 +20,7 @@ from typing import Any
 from ignis import names
 from ignis.errors import InvalidInputError, InvalidSpecError
 from ignis.queue import Queue
-from ignis.spec import API_VERSION, KIND, DeletionPolicy, QueueSpec
+from ignis.spec import API_VERSION, KIND, DeletionPolicy, QueueSpec, ordered_change
 from ignis.storage.base import Storage, client_view
 from ignis.topics.subscriptions import prepare as prepare_subscription
 
@@ -139,6 +139,9 @@ def sync_queue(store: Storage, spec: QueueSpec, owner: Owner, *, default_client_
                                            owner)
         if refused is not None:
             return refused
+        problem = ordered_change(spec.name, spec.ordered, current.bins)
+        if problem is not None:
+            return SyncResult(spec.name, client_id, False, INVALID_SPEC, problem)
     if spec.subscribe is not None and s.get_topic(spec.subscribe.topic) is None:
         return SyncResult(spec.name, client_id, False, TOPIC_NOT_FOUND,
                           f"topic {spec.subscribe.topic!r} does not exist in clientId {client_id!r} (yet): apply its "

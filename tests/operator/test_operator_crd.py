@@ -65,11 +65,12 @@ def test_crd_names_scope_and_version() -> None:
 def test_printer_columns() -> None:
     (version,) = crd()["spec"]["versions"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Shards", "Concurrency", "Depth", "Oldest", "Sidelined", "Full%", "Delayed", "Ready",
-                             "Reason", "Age"]
+    assert list(columns) == ["Shards", "Concurrency", "Depth", "Oldest", "Sidelined", "Full%", "Delayed", "Ordered",
+                             "Ready", "Reason", "Age"]
     assert columns["Full%"]["jsonPath"] == ".status.fullPercent" and columns["Full%"]["type"] == "integer"
     assert columns["Oldest"]["jsonPath"] == ".status.oldestAgeSeconds" and "priority" not in columns["Oldest"]
     assert columns["Delayed"]["priority"] == 1  # kubectl get -o wide
+    assert columns["Ordered"] == {**columns["Ordered"], "jsonPath": ".spec.ordered", "type": "boolean", "priority": 1}
     assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     assert columns["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
@@ -222,6 +223,9 @@ def test_every_example_is_admitted_and_valid_for_queue_spec(path: Path) -> None:
 
 VALID = [
     ("minimal", manifest(), None),
+    ("ordered", manifest(ordered=True), None),
+    ("ordered kept", manifest(ordered=True, shards=64), manifest(ordered=True)),
+    ("ordered false, as the default", manifest(ordered=False), manifest()),
     ("limits at their maximum", manifest(shards=512, queueExpirySeconds=31536000, messageExpirySeconds=31536000,
                                          concurrency=100, sweepDurationSeconds=18000, maxDeliveries=1000,
                                          handlerTimeoutSeconds=1800, clientId="a" * 40, handlerType="h" * 100,
@@ -281,7 +285,16 @@ FILTER = "filter: '+' must be a whole level (sensors/+/temp) and '#' the whole l
 FILTER_NUL = "filter: NUL is not allowed in a subject filter (nor in a subject)"
 START = "start must be earliest, latest, an RFC 3339 time (2026-11-28T12:00:00Z) or epoch milliseconds"
 
+ORDERED_IMMUTABLE = ("ordered is immutable: a queue's in-flight bookkeeping depends on it; create a new IgnisQueue "
+                     "instead")
+ORDERED_RULES = "ordered: a subscription or a bounded queue (maxLength/maxBytes) cannot be ordered yet"
+
 INVALID = [
+    ("ordered turned on", manifest(ordered=True), manifest(), [("spec", ORDERED_IMMUTABLE)]),
+    ("ordered turned off", manifest(ordered=False), manifest(ordered=True), [("spec", ORDERED_IMMUTABLE)]),
+    ("ordered left out of an ordered queue", manifest(), manifest(ordered=True), [("spec", ORDERED_IMMUTABLE)]),
+    ("ordered and bounded", manifest(ordered=True, maxLength=100), None, [("spec", ORDERED_RULES)]),
+    ("ordered as a string", manifest(ordered="yes"), None, [("spec.ordered", "'yes' is not of type 'boolean'")]),
     ("maxLength zero", manifest(shards=1, maxLength=0), None, [("spec.maxLength", "0 is less than the minimum of 1")]),
     ("maxLength negative", manifest(shards=1, maxLength=-5), None,
      [("spec.maxLength", "-5 is less than the minimum of 1")]),

@@ -110,6 +110,16 @@ def test_shards_never_shrink_even_when_the_store_has_more(store: Storage) -> Non
     assert records(store)["orders"]["shards"] == 16  # nothing written
 
 
+def test_ordered_is_immutable_in_the_store(store: Storage) -> None:
+    assert sync_queue(store, spec(ordered=True), OLD).ready
+    assert records(store)["orders"]["ordered"] == 1
+    result = sync_queue(store, spec(ordered=False, concurrency=5), OLD)
+    assert (result.ready, result.reason) == (False, INVALID_SPEC)
+    assert "ordered=false: ordered is immutable" in result.message
+    assert records(store)["orders"]["concurrency"] == 1  # nothing written
+    assert sync_queue(store, spec(ordered=True, concurrency=5), OLD).ready
+
+
 def test_conflict_older_claim_wins(store: Storage) -> None:
     assert sync_queue(store, spec(), OLD).ready
     loser = sync_queue(store, spec(concurrency=9), NEW)

@@ -26,7 +26,7 @@ OTHER_CLIENTS = ("other-app", "other", "billing", "alpha", "shop", "newcomer")
 
 def emulated_backend(request: pytest.FixtureRequest, run: str, make: Callable[..., Any]) -> Iterator[Any]:
     """A fresh emulated cluster per test; every store opened in this process during the test reaches it."""
-    if request.module.__name__.endswith("test_processes"):
+    if request.module.__name__.endswith(("test_processes", "test_ordered_processes")):
         pytest.skip(EMULATOR_IN_PROCESS)
     server = EmulatedServer()
     monkeypatch = request.getfixturevalue("monkeypatch")

@@ -61,6 +61,32 @@ def main() -> None:
                 m.ack()
                 out.write(f"acked {m.id}\n")
                 out.flush()
+        elif action == "consume-ordered":  # an ordered queue's consumer: begin (time, payload), handle, ack (time)
+            import time
+
+            idle_until = time.monotonic() + count  # (count: seconds without a message before it stops)
+            from ignis.errors import StoreError
+
+            while time.monotonic() < idle_until:
+                try:
+                    m = queue.fire(timeout=0.5)
+                except StoreError:  # a store outage (a node down): again in a moment
+                    time.sleep(0.5)
+                    idle_until = time.monotonic() + count
+                    continue
+                if m is None:
+                    continue
+                out.write(f"begin {time.time_ns()} {m.payload} {m.id} {m.attempts}\n")
+                out.flush()
+                time.sleep(float(sys.argv[5]))  # handling
+                try:
+                    m.ack()
+                except StoreError:  # not acked (or not known to be): it comes again
+                    out.write(f"ackfailed {time.time_ns()} {m.payload} {m.id}\n")
+                else:
+                    out.write(f"acked {time.time_ns()} {m.payload} {m.id}\n")
+                out.flush()
+                idle_until = time.monotonic() + count
         else:
             raise SystemExit(f"unknown action {action}")
 

@@ -645,3 +645,28 @@ def test_the_slot_budget_is_at_least_one_window(store, declare, clock):
     s.close()
     assert report.main.moved == 600
     assert counted.most == 200  # one shard's window at a time: a window is read whole
+
+
+def test_ordered_queue_head_is_never_swept(store, declare, clock):
+    """An ordered queue's held head stays where it is however old its claim (sweeping it would let a later message
+    of its shard pass it: its claim comes again when its hold ends); what lies below the head is swept as ever.
+    Fails if the sweep reached the fire pointer's slot of an ordered shard."""
+    q = declare("ordered-q", ordered=True)
+    q.publish_many([b"m%d" % i for i in range(3)])
+    first = q.fire()
+    assert first is not None and first.payload == b"m0"
+    clock.advance(SWEEP_S + 1)
+    s = sweeper(store, clock)
+    report = s.sweep_queue(store.client_id, q.name)
+    assert report.ok and report.main.moved == 0
+    assert present(store, q.name) == [1, 2, 3]
+    assert q.sideline.pending() == 0
+    first.ack()
+    second = q.fire()
+    assert second is not None and second.payload == b"m1"
+    # An unordered queue's claim as old is swept (the same sweeper, the same clock): the rule is the ordered one's.
+    plain = declare("plain-q")
+    plain.publish_many([b"p0"])
+    assert plain.fire() is not None
+    clock.advance(SWEEP_S + 1)
+    assert s.sweep_queue(store.client_id, plain.name).main.moved == 1

@@ -30,7 +30,17 @@ from ignis.storage.aerospike.context import (
     AerospikeContext,
 )
 from ignis.storage.aerospike.errors import error_field, is_transient
-from ignis.storage.base import FIRE_POINTER, LOAD_POINTER, Claimed, ClaimInDoubt, ClaimInterrupted, ClaimTicket, SlotRef
+from ignis.storage.base import (
+    FIRE_POINTER,
+    HOLD_UNTIL,
+    LOAD_POINTER,
+    Claimed,
+    ClaimInDoubt,
+    ClaimInterrupted,
+    ClaimTicket,
+    HeldClaim,
+    SlotRef,
+)
 
 CLAIM_FROM = "claimFrom"  # expression-read result: the fire pointer before the claim
 # Every claim leaves its token (and, for a claim of several slots, the fire pointer before it) on the meta
@@ -46,6 +56,13 @@ _CLAIM_ONE = [ops.increment(FIRE_POINTER, 1), ops.read(FIRE_POINTER)]
 _READ_STAMPED = [*READ_ENVELOPE, ops.read(PURGED)]
 _READ_TOMBSTONE = ops.read(TOMBSTONE)
 _ANSWER_LOST = (ex.TimeoutError, ex.NoResponse)  # sent, maybe applied, no answer
+# An ordered queue's claims (Storage.claim_held): the shard's hold (HOLD_UNTIL, 0 or absent = none) is read and
+# written by the claim's own operate() on the meta record, under a filter expression, so two claimers never both
+# hold a shard; the held slot is the one after the FIRE_POINTER, which its settle moves past it.
+_HOLD = exp.Cond(exp.BinExists(HOLD_UNTIL), exp.IntBin(HOLD_UNTIL), 0)
+_HELD = exp.GT(_HOLD, 0)
+HEAD = "heldHead"  # expression-read result: the slot the claim took (the one after the fire pointer)
+_HEAD_READ = expr_ops.expression_read(HEAD, arithmetic.Add(exp.IntBin(FIRE_POINTER), 1).compile())
 
 
 def _stamp_only(now: int) -> list[dict[str, Any]]:
@@ -125,6 +142,54 @@ class Claims:
                 raise ClaimInDoubt(str(error), ticket) from None
             raise error from None
         return self._claimed(magazine, shard, max_slots == 1 and up_to is None, got, before, now_ms_, count_attempt)
+
+    def claim_held(self, magazine: str, shard: int, now_ms_: int, hold_ms: int, count_attempt: bool = True
+                   ) -> HeldClaim:
+        key = self._ctx.meta_key(magazine, shard)
+        # Claimable: no hold, or one that ended, and a slot after the fire pointer.
+        guard = exp.And(exp.LE(_HOLD, now_ms_), exp.LT(exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER)))
+        policy = {**self._ctx.update, "expressions": guard.compile()}
+        operations = [_HEAD_READ, ops.write(HOLD_UNTIL, now_ms_ + hold_ms)]
+        try:
+            try:
+                # Not retried blindly (a hold it took and did not hear of ends by itself: hold_ms), nor resolved: an
+                # answer lost is an outage, and the message comes again when the hold ends.
+                _, _, got = self._ctx.call("claim", self._ctx.client.operate, key, operations, None, policy,
+                                           idempotent=False)
+            except MISSING:  # no meta record, nothing left, or held: tell which
+                return self._not_claimable(key, now_ms_)
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "claim", self._ctx.meta_set) from None
+        slot = int(got[HEAD])
+        item = self._stamp_slots("claim", [SlotRef(magazine, shard, slot)], now_ms_, count_attempt)[0]
+        if item.envelope is None and not item.awaiting:  # settled or sealed: passed (an awaited one stays held)
+            self.release_hold(magazine, shard, slot)
+        return HeldClaim([item])
+
+    def _not_claimable(self, key: tuple[str, str, str], now_ms_: int) -> HeldClaim:
+        """Why a claim of an ordered shard took nothing: held (until when), or drained."""
+        try:
+            _, _, bins = self._ctx.call("claim", self._ctx.client.get, key)
+        except ex.RecordNotFound:
+            return HeldClaim([])
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "claim", self._ctx.meta_set) from None
+        until = int(bins.get(HOLD_UNTIL) or 0)
+        return HeldClaim([], until if until > now_ms_ else 0)
+
+    def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
+        guard = exp.And(exp.Eq(exp.IntBin(FIRE_POINTER), slot - 1), _HELD).compile()
+        # settled: the fire pointer passes the slot; failed: held until then, the slot still the next claim's
+        operations = [ops.write(HOLD_UNTIL, until_ms)] if until_ms else [ops.write(HOLD_UNTIL, 0),
+                                                                         ops.write(FIRE_POINTER, slot)]
+        try:
+            self._ctx.call("release_hold", self._ctx.client.operate, self._ctx.meta_key(magazine, shard), operations,
+                           None, {**self._ctx.update, "expressions": guard})
+        except MISSING:
+            return False
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "release_hold", self._ctx.meta_set) from None
+        return True
 
     def resolve_claim(self, ticket: ClaimTicket, now_ms_: int) -> list[Claimed] | None:
         got = applied_claim(self._ctx, ticket)

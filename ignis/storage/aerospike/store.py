@@ -39,6 +39,7 @@ from ignis.storage.base import (
     ClaimTicket,
     CursorClaim,
     DelayState,
+    HeldClaim,
     LeaseRecord,
     MagazineKind,
     Move,
@@ -254,6 +255,19 @@ class AerospikeStore:
     def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True,
               up_to: int | None = None) -> list[Claimed]:
         return self._claims.claim(magazine, shard, max_slots, now_ms_, count_attempt, up_to)
+
+    def claim_held(self, magazine: str, shard: int, now_ms_: int, hold_ms: int, count_attempt: bool = True
+                   ) -> HeldClaim:
+        return self._claims.claim_held(magazine, shard, now_ms_, hold_ms, count_attempt)
+
+    def settle_held(self, refs: Sequence[SlotRef], ids: Sequence[str | None] | None = None) -> int:
+        present = self._reads.delete(refs, None, ids)  # the records first (two records: see Storage.settle_held)
+        for ref in refs:
+            self._claims.release_hold(ref.magazine, ref.shard, ref.slot)
+        return present
+
+    def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
+        return self._claims.release_hold(magazine, shard, slot, until_ms)
 
     def resolve_claim(self, ticket: ClaimTicket, now_ms_: int) -> list[Claimed] | None:
         if names.cursor_topic(ticket.magazine) is not None:  # a subscription's claim through its cursor

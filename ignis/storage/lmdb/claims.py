@@ -17,17 +17,20 @@ from typing import Any
 import lmdb
 
 from ignis.envelope import Envelope
-from ignis.storage.base import Claimed, ClaimTicket, SlotRef
+from ignis.storage.base import Claimed, ClaimTicket, HeldClaim, SlotRef
 from ignis.storage.lmdb.context import StoreContext
 from ignis.storage.lmdb.reads import Reads
 from ignis.storage.lmdb.records import (
     _DATA_HEADER,
+    _HOLD_SUFFIX,
     _expired,
     _new_ref,
     _pack_data_header,
+    _pack_hold,
     _pack_meta,
     _unpack_data,
     _unpack_data_header,
+    _unpack_hold,
     _unpack_meta,
 )
 
@@ -119,6 +122,98 @@ class Claims:
         return [_new_ref(Claimed, (_new_ref(SlotRef, (magazine, shard, slot)),
                                    None if raw is None else _unpack_data(raw), False))
                 for slot, raw in raws]
+
+    # ---- an ordered queue's claims (Storage.claim_held): the hold is read and written in the claim's transaction --
+    def _hold_key(self, magazine: str, shard: int) -> bytes:
+        return self._ctx.keys(magazine, shard)[1][:-1] + _HOLD_SUFFIX
+
+    def claim_held(self, magazine: str, shard: int, now_ms_: int, hold_ms: int, count_attempt: bool = True
+                   ) -> HeldClaim:
+        meta_key, prefix = self._ctx.keys(magazine, shard)
+        hold_key = self._hold_key(magazine, shard)
+        meta_db, data_db = self._ctx.meta, self._ctx.data
+        bump = 1 if count_attempt else 0
+        # A look first, without the write lock every process shares: consumers of other processes look at the shards
+        # this one holds, and a held shard (or a drained one, as in `claim`) needs no write.
+        try:
+            with self._ctx.env.env.begin(None, None, False) as txn:
+                raw_hold, meta = txn.get(hold_key, None, meta_db), txn.get(meta_key, None, meta_db)
+        except lmdb.Error as exc:
+            raise self._ctx.map_error(exc) from None
+        held = _unpack_hold(raw_hold)[1] if raw_hold is not None else 0
+        if held > now_ms_:
+            return HeldClaim([], held)
+        if (meta is None or _available(meta, 1, None)[2] <= 0) and not self._ctx.committing(magazine, shard):
+            return HeldClaim([])
+
+        def write(txn: Any) -> tuple[int, int, bytes | None]:
+            """(held until, slot claimed (0: none), its record)."""
+            raw_hold = txn.get(hold_key, None, meta_db)
+            until = _unpack_hold(raw_hold)[1] if raw_hold is not None else 0
+            if until > now_ms_:
+                return until, 0, None
+            meta = txn.get(meta_key, None, meta_db)
+            if meta is None:
+                return 0, 0, None
+            _, load, fire = _unpack_meta(meta)
+            if fire >= load:
+                return 0, 0, None
+            slot = fire + 1  # the head: held until its settle moves the fire pointer past it
+            key = prefix + b"%d" % slot
+            raw = txn.get(key, None, data_db)
+            if raw is not None and len(raw) >= _DATA_HEADER.size:
+                expire_at, _, attempts = _unpack_data_header(raw)
+                if expire_at and expire_at <= now_ms_:  # expired unclaimed: a hole made now
+                    txn.delete(key, b"", data_db)
+                    self._ctx.add_holes(txn, magazine, shard, made=1)
+                    raw = None
+                else:
+                    raw = _pack_data_header(expire_at, now_ms_, attempts + bump) + raw[_DATA_HEADER.size:]
+                    txn.put(key, raw, True, True, False, data_db)
+            if raw is None:  # a hole (or the head settled, its hold never released): passed, not held
+                txn.put(meta_key, _pack_meta(0, load, slot), True, True, False, meta_db)
+                if raw_hold is not None:
+                    txn.delete(hold_key, b"", meta_db)
+            else:
+                txn.put(hold_key, _pack_hold(0, now_ms_ + hold_ms, 0), True, True, False, meta_db)
+            return 0, slot, raw
+
+        until, slot, raw = self._ctx.grouped("claim_held", write)
+        if until:
+            return HeldClaim([], until)
+        if not slot:
+            return HeldClaim([])
+        ref = SlotRef(magazine, shard, slot)
+        return HeldClaim([Claimed(ref, None if raw is None else _unpack_data(raw), False)])
+
+    def _release(self, txn: Any, magazine: str, shard: int, slot: int, until_ms: int) -> bool:
+        """release_hold, inside a write transaction."""
+        meta_key, hold_key = self._ctx.keys(magazine, shard)[0], self._hold_key(magazine, shard)
+        meta_db = self._ctx.meta
+        meta = txn.get(meta_key, None, meta_db)
+        if meta is None or _unpack_meta(meta)[2] != slot - 1 or txn.get(hold_key, None, meta_db) is None:
+            return False
+        if until_ms:  # held until then, its slot the next claim's
+            txn.put(hold_key, _pack_hold(0, until_ms, 0), True, True, False, meta_db)
+        else:  # settled: the fire pointer passes it
+            txn.put(meta_key, _pack_meta(0, _unpack_meta(meta)[1], slot), True, True, False, meta_db)
+            txn.delete(hold_key, b"", meta_db)
+        return True
+
+    def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
+        return self._ctx.grouped("release_hold", lambda txn: self._release(txn, magazine, shard, slot, until_ms))
+
+    def settle_held(self, refs: Sequence[SlotRef], ids: Sequence[str | None] | None = None) -> int:
+        data_db, data_key = self._ctx.data, self._ctx.data_key
+
+        def write(txn: Any) -> int:  # the deletes and the releases in one transaction
+            present = 0
+            for ref in refs:
+                present += txn.delete(data_key(ref), b"", data_db)
+                self._release(txn, ref.magazine, ref.shard, ref.slot, 0)
+            return present
+
+        return self._ctx.grouped("settle_held", write)
 
     def restamp(self, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool = True) -> list[Claimed]:
         bump = 1 if count_attempt else 0

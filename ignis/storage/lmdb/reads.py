@@ -19,10 +19,11 @@ import lmdb
 from ignis import names
 from ignis.bounds import LOAD_BYTES
 from ignis.envelope import Envelope, now_ms
-from ignis.storage.base import FIRE_POINTER, HOLES, HOLES_CLAIMED, LOAD_POINTER, ShardPointers, SlotRef
+from ignis.storage.base import FIRE_POINTER, HOLD_UNTIL, HOLES, HOLES_CLAIMED, LOAD_POINTER, ShardPointers, SlotRef
 from ignis.storage.lmdb.context import StoreContext, _delete_keys
 from ignis.storage.lmdb.records import (
     _DATA_HEADER,
+    _HOLD_SUFFIX,
     _HOLES_SUFFIX,
     _META,
     _expired,
@@ -191,6 +192,8 @@ class Reads:
                 expire_at, first, second = _unpack_meta(raw)
                 if key.encode().endswith(_HOLES_SUFFIX):
                     return expire_at, {HOLES: first, HOLES_CLAIMED: second}
+                if key.encode().endswith(_HOLD_SUFFIX):  # an ordered queue's shard hold
+                    return expire_at, {HOLD_UNTIL: first}
                 if key.encode().endswith(b"_BYTES"):  # a bounded shard's (ignis.bounds)
                     return expire_at, {LOAD_BYTES: first}
                 return expire_at, {LOAD_POINTER: first, FIRE_POINTER: second}

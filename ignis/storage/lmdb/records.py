@@ -45,6 +45,10 @@ _META = struct.Struct(">QQQ")  # shard meta records: expire-at, LOAD_POINTER, FI
 # (`{magazine}_SHARD_{n}_HOLES`, same shape, expire-at 0), so the hot paths keep reading 24 bytes.
 _HOLES = _META
 _HOLES_SUFFIX = b"_HOLES"
+# An ordered queue's shard hold (Storage.claim_held, base.HOLD_UNTIL): `{magazine}_SHARD_{n}_HOLD`, same shape
+# (expire-at 0, holdUntil, 0), written in the claim's and the release's own transactions.
+_HOLD = _META
+_HOLD_SUFFIX = b"_HOLD"
 _new_ref = tuple.__new__  # builds SlotRef / Claimed NamedTuples without their slower generated __init__
 _PACK = msgpack.Packer(use_bin_type=True).pack
 EPOCH_KEY = b"sweeperEpoch"
@@ -80,6 +84,7 @@ _DATA = struct.Struct(">QQIBQBBH")
 # builds a bound method on every call, a visible share of a publish, claim or ack. The other modules call these.
 _pack_meta, _unpack_meta = _META.pack, _META.unpack
 _pack_holes, _unpack_holes = _HOLES.pack, _HOLES.unpack
+_pack_hold, _unpack_hold = _HOLD.pack, _HOLD.unpack
 _unpack_header = _HEADER.unpack_from
 _pack_data_header, _unpack_data_header = _DATA_HEADER.pack, _DATA_HEADER.unpack_from
 _unpack_data_head = _DATA.unpack_from
