@@ -597,18 +597,27 @@ class HeldSlots:
         return result
 
 
-def test_a_pass_over_a_big_backlog_holds_a_bounded_number_of_slots_whatever_the_shards(store, declare, clock):
-    """Memory bounded whatever the backlog (issue 49): a round used to read a window of batch_size slots of
-    every shard of its group before moving any, so a pass held shards x batch_size envelopes at once."""
-    q = declare(shards=16)
-    q.publish_many([b"m%d" % i for i in range(16 * 300)])
-    assert len(q.fire_many(16 * 300)) == 16 * 300  # a crashed consumer's claims, 300 in each shard
+def sweep_abandoned(store, declare, clock, shards: int, per_shard: int, **sweeper: int):
+    """A crashed consumer's claims, `per_shard` in each of `shards` shards, swept once through a HeldSlots count by
+    a Sweeper of these settings: (the queue, the report, the counts)."""
+    q = declare(shards=shards)
+    q.publish_many([b"m%d" % i for i in range(shards * per_shard)])
+    assert len(q.fire_many(shards * per_shard)) == shards * per_shard
     clock.advance(SWEEP_S + 1)
     counted = HeldSlots(store)
     epoch = store.next_epoch()
-    s = Sweeper(counted, epoch_source=lambda: epoch, clock=clock, threads=4, batch_size=100, slots_in_memory=250)
-    report = s.sweep_queue(store.client_id, q.name)
-    s.close()
+    s = Sweeper(counted, epoch_source=lambda: epoch, clock=clock, **sweeper)
+    try:
+        return q, s.sweep_queue(store.client_id, q.name), counted
+    finally:
+        s.close()
+
+
+def test_a_pass_over_a_big_backlog_holds_a_bounded_number_of_slots_whatever_the_shards(store, declare, clock):
+    """Memory bounded whatever the backlog (issue 49): a round used to read a window of batch_size slots of
+    every shard of its group before moving any, so a pass held shards x batch_size envelopes at once."""
+    q, report, counted = sweep_abandoned(store, declare, clock, 16, 300, threads=4, batch_size=100,
+                                         slots_in_memory=250)
     assert (report.main.moved, report.main.examined) == (16 * 300, 16 * 300)
     assert q.sideline.pending() == 16 * 300
     assert counted.peeked >= 16 * 300
@@ -620,29 +629,15 @@ def test_a_big_backlog_is_swept_by_no_more_threads_than_the_slot_budget_lets_hol
     """Memory bounded whatever the backlog (issue 49): a magazine's shard groups grew with its backlog, up to a
     thread per shard, each waiting for the slot budget, and every thread keeps a malloc arena of its own."""
     monkeypatch.setattr(sweeper_module, "SHARD_GROUP_MIN_SLOTS", 100)  # (16 groups for this backlog, else)
-    q = declare(shards=16)
-    q.publish_many([b"m%d" % i for i in range(16 * 300)])
-    assert len(q.fire_many(16 * 300)) == 16 * 300
-    clock.advance(SWEEP_S + 1)
-    counted = HeldSlots(store)
-    epoch = store.next_epoch()
-    s = Sweeper(counted, epoch_source=lambda: epoch, clock=clock, threads=16, batch_size=100, slots_in_memory=250)
-    report = s.sweep_queue(store.client_id, q.name)
-    s.close()
+    _, report, counted = sweep_abandoned(store, declare, clock, 16, 300, threads=16, batch_size=100,
+                                         slots_in_memory=250)
     assert (report.main.moved, report.main.examined) == (16 * 300, 16 * 300)
     assert 1 <= len(counted.threads) <= 2  # 250 // 100 windows at once: 2 groups (16 before)
 
 
 def test_the_slot_budget_is_at_least_one_window(store, declare, clock):
-    q = declare(shards=2)
-    q.publish_many([b"m%d" % i for i in range(600)])
-    q.fire_many(600)
-    clock.advance(SWEEP_S + 1)
-    counted = HeldSlots(store)
-    epoch = store.next_epoch()
-    s = Sweeper(counted, epoch_source=lambda: epoch, clock=clock, threads=1, batch_size=200, slots_in_memory=50)
-    report = s.sweep_queue(store.client_id, q.name)
-    s.close()
+    _, report, counted = sweep_abandoned(store, declare, clock, 2, 300, threads=1, batch_size=200,
+                                         slots_in_memory=50)
     assert report.main.moved == 600
     assert counted.most == 200  # one shard's window at a time: a window is read whole
 
