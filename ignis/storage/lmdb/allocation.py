@@ -16,7 +16,7 @@ from typing import Any
 
 import lmdb
 
-from ignis.bounds import ShardLimit, room
+from ignis.bounds import ShardLimit, estimated_bytes, room
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.storage.base import Placement, SlotRef
 from ignis.storage.lmdb.context import StoreContext
@@ -55,13 +55,13 @@ def _load_within(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, dat
     raw = txn.get(meta_key, None, meta_db)
     _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
     loaded_bytes = 0
+    if limit.length is not None and load - fire >= limit.length:  # (room() for one message, inlined)
+        return 0
     if bytes_key is not None:
         raw = txn.get(bytes_key, None, meta_db)
         loaded_bytes = _unpack_meta(raw)[1] if raw is not None else 0
-        if not room(limit, load, fire, loaded_bytes, (size,)):
+        if estimated_bytes(load, fire, loaded_bytes) + size > limit.bytes:  # type: ignore[operator]
             return 0
-    elif load - fire >= limit.length:  # type: ignore[operator]  # (room(), inlined: a bound of length only)
-        return 0
     load += 1
     txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
     txn.put(meta_key, _pack_meta(0, load, fire), True, True, False, meta_db)
