@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = b"x" * 256
 # (python calls, C calls, bytecodes) of one op, median of many; today's figures in the comments. The release before
 # the hot-path trims of 2026-11-29 (closures per claim and per load, bound methods built per call, the tracing check
-# a call) ran 381 / 925 / 38651 bytecodes (fast) and 1040 / 1605 / 31955 (fsync): over these budgets.
+# a call) ran 381 / 925 / 38651 bytecodes (fast) and 1040 / 1605 / 31955 (fsync): over these budgets but fsync's
+# fire + ack, whose count in the calling thread varies with the group commit's timing as much as that.
 LMDB_BUDGETS: dict[str, dict[str, tuple[int, int, int]]] = {
     "fast": {  # bench/bench_lmdb.py's setting
         "publish": (9, 27, 370),  # 7, 24, 350
@@ -50,7 +51,7 @@ LMDB_BUDGETS: dict[str, dict[str, tuple[int, int, int]]] = {
     },
     "fsync": {  # the default
         "publish": (48, 46, 1035),  # 43, 41, 1022
-        "fire+ack": (66, 73, 1600),  # 59, 66, 1558-1587
+        "fire+ack": (66, 73, 1680),  # 59, 66-68, 1558-1606: with when the group commit's thread takes the write
         "fire_many(100)+ack": (870, 1105, 30500),  # 590-830, 997-1019, 27910-28430
     },
 }
