@@ -222,12 +222,8 @@ class BoundedMagazine(Magazine):
         being written is awaited by this handle's next fires, as any claim's, or found by the sweeper."""
         try:
             claimed = self._store.claim(self.name, shard, count, now, False)
-        except ClaimInDoubt as exc:  # resolved by this handle's next fire; the slots are not lost either way
-            with self._lock:
-                self._in_doubt.append(exc.ticket)
-            raise
-        except ClaimInterrupted as exc:
-            self._keep_interrupted(exc)
+        except (ClaimInDoubt, ClaimInterrupted) as exc:  # the slots are not lost either way
+            self._claim_failed(exc)
             raise
         holes: list[SlotRef] = []
         present = []

@@ -162,12 +162,8 @@ class Magazine(MagazineLoads):
             return None
         try:
             claimed = self._store.claim(self.name, shard, max_slots, now_ms(), self._count_attempt)
-        except ClaimInDoubt as exc:  # the claim's answer was lost: find out what it took before claiming more
-            with self._lock:
-                self._in_doubt.append(exc.ticket)
-            raise
-        except ClaimInterrupted as exc:
-            self._keep_interrupted(exc)
+        except (ClaimInDoubt, ClaimInterrupted) as exc:
+            self._claim_failed(exc)
             raise
         if claimed:
             self._won.tick()
@@ -197,6 +193,15 @@ class Magazine(MagazineLoads):
                 with self._lock:
                     self._in_doubt[:0] = tickets
         return out
+
+    def _claim_failed(self, exc: ClaimInDoubt | ClaimInterrupted) -> None:
+        """After a claim of this handle failed: what it may have taken stays this handle's. In doubt (its answer
+        was lost): resolved by this handle's next fire before it claims more. Interrupted: the slots it took, kept."""
+        if isinstance(exc, ClaimInDoubt):
+            with self._lock:
+                self._in_doubt.append(exc.ticket)
+        else:
+            self._keep_interrupted(exc)
 
     def _keep_interrupted(self, exc: ClaimInterrupted) -> None:
         """The store failed after a claim took its slots: they are still ours. Keep them, awaited, to re-read

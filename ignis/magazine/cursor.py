@@ -65,12 +65,8 @@ class CursorMagazine(Magazine):
             # often enough to vouch for it (a consumer's wake-ups; each recheck was a round trip of an empty claim).
             recheck = time.monotonic() >= active_shards.activity.fresh_until
             result = self._store.claim_cursor(self.name, shard, max_slots, now_ms(), self.only, recheck=recheck)
-        except ClaimInDoubt as exc:  # (as Magazine._claim_next: the slots it may have taken stay this handle's)
-            with self._lock:
-                self._in_doubt.append(exc.ticket)
-            raise
-        except ClaimInterrupted as exc:
-            self._keep_interrupted(exc)
+        except (ClaimInDoubt, ClaimInterrupted) as exc:  # (as Magazine._claim_next)
+            self._claim_failed(exc)
             raise
         if result.expired:
             self._lost(shard, result.expired)

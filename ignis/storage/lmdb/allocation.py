@@ -250,12 +250,8 @@ class Allocation:
                 load = write(txn)
         except lmdb.Error as exc:
             raise ctx.map_error(exc) from None
-        if load:  # rung as load_one rings (see there)
-            bell = ctx.bells.get(magazine, False)
-            if bell is False:
-                bell = ctx.bell_of(magazine)
-            if bell is not None and _monotonic() >= bell.quiet_until:
-                bell.ring(ctx.client_id, magazine, (shard,))
+        if load:
+            ctx.ring(magazine, (shard,))  # (load_one inlines it, with a shortcut while nobody listens)
         return load
 
     def bytes_key(self, magazine: str, shard: int) -> bytes:
