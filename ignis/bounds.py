@@ -51,7 +51,7 @@ from typing import NamedTuple
 
 from ignis.spec import QueueSpec
 
-LOAD_BYTES = "LOAD_BYTES"  # meta record bin (Aerospike) / counter record (lmdb): payload bytes ever loaded
+LOAD_BYTES = "LOAD_BYTES"  # payload bytes ever loaded, in the meta record (an Aerospike bin; lmdb: after the pointers)
 OVERFLOW = "overflow"  # the reason of a message dropHead moved to the dead letters
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ import pytest
 
 from ignis import Ignis, QueueSpec
 from ignis.envelope import Envelope, now_ms
-from ignis.errors import InvalidInputError, StoreFull, StoreUnavailable
+from ignis.errors import InvalidInputError, QueueFull, StoreFull, StoreUnavailable
 from ignis.storage import open_store
 from ignis.storage.lmdb import LmdbStore
 
@@ -308,3 +309,30 @@ def test_a_consumer_in_the_publishers_process_gets_the_message_while_the_publish
         assert returned - began >= flush
         assert got["at"] < began + flush - 0.2, (got["at"] - began, returned - began)
         got["message"].ack()
+
+
+def test_a_shard_bounded_by_bytes_counts_them_in_its_meta_record(tmp_path: Path) -> None:
+    """LOAD_BYTES (ignis.bounds) rides in the shard's meta record, after the pointers (one record a bounded publish
+    reads and writes); a store written when it had a record of its own is read from that record until the next
+    publish moves the count over."""
+    with Ignis(f"lmdb://{tmp_path}?durability=fast") as ignis:
+        ignis.apply(QueueSpec.build(name="b", handlerType="h", shards=1, maxBytes=1000))
+        q = ignis.queue("b")
+        q.publish(b"x" * 100)
+        store = ignis.store
+        assert isinstance(store, LmdbStore)
+        _, meta = store.raw_record("default_meta_set", "b_SHARD_0_METADATA")
+        assert meta == {"LOAD_POINTER": 1, "FIRE_POINTER": 0, "LOAD_BYTES": 100}
+        ctx = store._ctx
+        with ctx.env.env.begin(write=True) as txn:  # as the store before: 5 of 100 bytes, the count on its own
+            txn.put(b"b_SHARD_0_METADATA", struct.pack(">QQQ", 0, 5, 0), db=ctx.meta)
+            txn.put(b"b_SHARD_0_BYTES", struct.pack(">QQQ", 0, 500, 0), db=ctx.meta)
+        assert store.loaded_bytes("b", 1) == [500]
+        stored = 0
+        with pytest.raises(QueueFull):
+            for _ in range(10):
+                q.publish(b"y" * 100)
+                stored += 1
+        assert stored == 5  # the old count was read: 5 waiting of 100 bytes, room for 5 more
+        _, meta = store.raw_record("default_meta_set", "b_SHARD_0_METADATA")
+        assert meta == {"LOAD_POINTER": 10, "FIRE_POINTER": 0, "LOAD_BYTES": 1000}

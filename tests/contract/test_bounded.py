@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -16,6 +17,7 @@ from prometheus_client import REGISTRY
 
 from ignis import Ignis, QueueSpec
 from ignis.bounds import OVERFLOW, ShardLimit, room, shard_limits
+from ignis.delay import move_due
 from ignis.errors import QueueFull
 
 
@@ -144,6 +146,29 @@ def test_publish_many_is_bounded_by_bytes_and_counts_them(ignis: Ignis) -> None:
     with pytest.raises(QueueFull):  # the batch's bytes were counted with its slots
         q.publish(b"z" * 100)
     assert len(q.fire_many(50)) == 20
+
+
+def test_the_byte_count_survives_claims_and_moves(ignis: Ignis) -> None:
+    """A claim, a nack's move back into main and a sweep each rewrite the shard's pointers; the bytes counted so far
+    must stay with them (lmdb keeps LOAD_BYTES in the same record), or the estimate of the waiting bytes drops and the
+    bound lets more in."""
+    q = bounded(ignis, shards=1, maxBytes=1000)  # ten of 100
+    q.publish_many([b"x" * 100] * 5)
+    held = q.fire_many(2)
+    assert len(held) == 2
+    held[0].nack(delay=0)  # due at once: into main again by move_due, a load that is not a publish
+    held[1].ack()
+    moved, deadline = 0, time.monotonic() + 10
+    while not moved and time.monotonic() < deadline:  # (as test_delayed: a due time is a millisecond's)
+        moved = move_due(q.main) or 0
+    assert moved == 1
+    stored = 0
+    with pytest.raises(QueueFull):
+        for _ in range(20):
+            q.publish(b"y" * 100)
+            stored += 1
+    assert stored == 6  # 4 waiting (3 + the nacked one) + 6 = ten of 100 bytes
+    assert q.stats().depth == 10
 
 
 def test_drop_head_moves_the_oldest_to_the_dead_letters(ignis: Ignis) -> None:

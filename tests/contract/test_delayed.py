@@ -222,7 +222,7 @@ def test_lmdb_figures_are_exact_at_every_moment_while_a_mover_runs(backend, igni
             delayed = store._delayed._delay_bins(txn, "snapshot", now_ms())[1].get(DELAYED_COUNT, 0)
             depth = 0
             for shard in range(4):
-                _, load, fire = ctx.meta_get(txn, "snapshot", shard)
+                _, load, fire, _ = ctx.meta_get(txn, "snapshot", shard)
                 depth += load - fire
             return int(delayed) + depth
 

@@ -16,24 +16,29 @@ from typing import Any
 
 import lmdb
 
-from ignis.bounds import ShardLimit, estimated_bytes, room
+from ignis.bounds import ShardLimit, room
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.storage.base import Placement, SlotRef
 from ignis.storage.lmdb.context import StoreContext
 from ignis.storage.lmdb.records import (
     _FORMAT,
-    _META,
+    _META_BYTES,
     _expire_at,
     _new_ref,
     _pack_data,
     _pack_meta,
+    _pack_meta_bytes,
     _pack_new,
     _plain_head,
     _unpack_meta,
+    _unpack_meta_bytes,
 )
 
 _monotonic = time.monotonic
-_BYTES_SUFFIX = b"_BYTES"  # a bounded shard's LOAD_BYTES record (ignis.bounds): same shape as _META, (0, bytes, 0)
+_NO_META = _pack_meta(0, 0, 0)  # a shard's meta record before its first load
+_METADATA_SUFFIX = b"_METADATA"  # (names.meta_key)
+_LEGACY_BYTES_SUFFIX = b"_BYTES"  # LOAD_BYTES's own record, before it moved into the meta record (_load_bytes_in)
+_META_BYTES_SIZE = _META_BYTES.size
 
 
 def _load_into(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_db: Any, txn: Any) -> int:
@@ -41,33 +46,58 @@ def _load_into(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_
     # Positional arguments (get: key, default, db; put: key, value, dupdata, overwrite, append, db): py-lmdb's
     # keyword parsing costs about 0.1 µs a call.
     raw = txn.get(meta_key, None, meta_db)
-    _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
+    if raw is None:
+        raw = _NO_META
+    _, load, fire = _unpack_meta(raw)
     load += 1
     txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
-    txn.put(meta_key, _pack_meta(0, load, fire), True, True, False, meta_db)
+    txn.put(meta_key, _pack_meta(0, load, fire) + raw[24:], True, True, False, meta_db)  # (keeps LOAD_BYTES)
     return load
 
 
 def _load_within(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_db: Any, limit: ShardLimit,
-                 bytes_key: bytes | None, size: int, txn: Any) -> int:
+                 size: int, txn: Any) -> int:
     """_load_into on a bounded shard (ignis.bounds): 0, writing nothing, when the message (of `size` payload bytes)
-    does not fit the shard's share; with a bound of bytes (`bytes_key`), LOAD_BYTES moves with the load pointer."""
+    does not fit the shard's share; with a bound of bytes, LOAD_BYTES (in the meta record) moves with the load
+    pointer."""
     raw = txn.get(meta_key, None, meta_db)
-    _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
-    loaded_bytes = 0
-    if limit.length is not None and load - fire >= limit.length:  # (room() for one message, inlined)
+    if raw is None:
+        raw = _NO_META
+    _, load, fire = _unpack_meta(raw)
+    waiting = load - fire if load > fire else 0
+    if limit.length is not None and waiting >= limit.length:  # (room() for one message, inlined)
         return 0
-    if bytes_key is not None:
-        raw = txn.get(bytes_key, None, meta_db)
-        loaded_bytes = _unpack_meta(raw)[1] if raw is not None else 0
-        if estimated_bytes(load, fire, loaded_bytes) + size > limit.bytes:  # type: ignore[operator]
+    if limit.bytes is None:
+        meta = _pack_meta(0, load + 1, fire) + raw[24:]
+    else:  # (_load_bytes_in and _meta_after, inlined for the common case: two calls are a visible share here)
+        loaded_bytes = _unpack_meta_bytes(raw)[3] if len(raw) == _META_BYTES_SIZE else \
+            _load_bytes_in(txn, raw, meta_key, meta_db)
+        # (estimated_bytes, inlined: the waiting slots x the mean size)
+        if waiting * (loaded_bytes // load if load else 0) + size > limit.bytes:
             return 0
+        meta = _pack_meta_bytes(0, load + 1, fire, loaded_bytes + size)
     load += 1
     txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
-    txn.put(meta_key, _pack_meta(0, load, fire), True, True, False, meta_db)
-    if bytes_key is not None:
-        txn.put(bytes_key, _pack_meta(0, loaded_bytes + size, 0), True, True, False, meta_db)
+    txn.put(meta_key, meta, True, True, False, meta_db)
     return load
+
+
+def _load_bytes_in(txn: Any, raw: bytes, meta_key: bytes, meta_db: Any) -> int:
+    """A bytes-bounded shard's LOAD_BYTES, from its meta record `raw`. One that does not carry it yet: 0, or what a
+    store written before LOAD_BYTES moved into the meta record keeps in a record of its own
+    (`{magazine}_SHARD_{n}_BYTES`; read until the next load writes the count into the meta record, then ignored)."""
+    if len(raw) == _META_BYTES_SIZE:
+        return _unpack_meta_bytes(raw)[3]
+    old = txn.get(meta_key[: -len(_METADATA_SUFFIX)] + _LEGACY_BYTES_SUFFIX, None, meta_db)
+    return _unpack_meta(old)[1] if old is not None else 0
+
+
+def _meta_after(raw: bytes, load: int, fire: int, limit: ShardLimit, loaded_bytes: int) -> bytes:
+    """A bounded shard's meta record after a load: with LOAD_BYTES where the shard is bounded by bytes, else with
+    whatever followed the pointers (`raw`'s)."""
+    if limit.bytes is None:
+        return _pack_meta(0, load, fire) + raw[24:]
+    return _pack_meta_bytes(0, load, fire, loaded_bytes)
 
 
 def _grouped_load(ctx: StoreContext, magazine: str, shard: int, write: Callable[[Any], int]) -> int:
@@ -92,9 +122,9 @@ class Allocation:
             value = _pack_data(envelope, expire_at)
             try:
                 with self._ctx.begin("load", True) as txn:
-                    meta_key, load, fire = self._ctx.meta_get(txn, magazine, shard)
+                    meta_key, load, fire, tail = self._ctx.meta_get(txn, magazine, shard)
                     txn.put(self._ctx.keys(magazine, shard)[1] + b"%d" % (load + 1), value, db=self._ctx.data)
-                    txn.put(meta_key, _pack_meta(0, load + 1, fire), db=self._ctx.meta)
+                    self._ctx.meta_put(txn, meta_key, load + 1, fire, tail)
                     self._ctx.ring_committing(magazine, (shard,))
                 self._ctx.ring(magazine, (shard,), after_committing=True)
                 self._ctx.flush()
@@ -113,10 +143,10 @@ class Allocation:
                         state = shards[shard] = [*self._ctx.meta_get(txn, magazine, shard),
                                                  self._ctx.keys(magazine, shard)[1]]
                     slot = state[1] = state[1] + 1
-                    put(state[3] + b"%d" % slot, value, db=data_db)
+                    put(state[4] + b"%d" % slot, value, db=data_db)
                     refs.append(_new_ref(SlotRef, (magazine, shard, slot)))
-                for key, load, fire, _ in shards.values():
-                    self._ctx.meta_put(txn, key, load, fire)
+                for key, load, fire, tail, _ in shards.values():
+                    self._ctx.meta_put(txn, key, load, fire, tail)
                 self._ctx.ring_committing(magazine, shards)
             self._ctx.ring(magazine, shards, after_committing=True)
             self._ctx.flush()
@@ -142,10 +172,12 @@ class Allocation:
         try:
             with ctx.begin("load", True) as txn:  # (_load_into, inlined)
                 raw = txn.get(meta_key, None, meta_db)
-                _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
+                if raw is None:
+                    raw = _NO_META
+                _, load, fire = _unpack_meta(raw)
                 load += 1
                 txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
-                txn.put(meta_key, _pack_meta(0, load, fire), True, True, False, meta_db)
+                txn.put(meta_key, _pack_meta(0, load, fire) + raw[24:], True, True, False, meta_db)
         except lmdb.Error as exc:
             raise ctx.map_error(exc) from None
         bell = ctx.bells.get(magazine, False)
@@ -159,7 +191,7 @@ class Allocation:
                  ) -> list[range]:
         # Records expire ttl_seconds after loadedAt, which publish sets to now.
         expire_at = batch.loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0
-        data_db, meta_db, pack_meta = self._ctx.data, self._ctx.meta, _META.pack
+        data_db, meta_db = self._ctx.data, self._ctx.meta
         values = _pack_new(batch, expire_at)
         try:
             with self._ctx.begin("load", True) as txn:
@@ -171,11 +203,13 @@ class Allocation:
                 for shard, indices in placement:
                     meta_key, prefix = self._ctx.keys(magazine, shard)
                     raw = txn.get(meta_key, None, meta_db)
-                    _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
+                    if raw is None:
+                        raw = _NO_META
+                    _, load, fire = _unpack_meta(raw)
                     slots = range(load + 1, load + 1 + len(indices))
                     key_format = prefix.replace(b"%", b"%%") + b"%d"  # prefix + slot, as one C call
                     putmulti(zip(map(key_format.__mod__, slots), map(values.__getitem__, indices), strict=True))
-                    txn.put(meta_key, pack_meta(0, slots.stop - 1, fire), True, True, False, meta_db)
+                    txn.put(meta_key, _pack_meta(0, slots.stop - 1, fire) + raw[24:], True, True, False, meta_db)
                     taken.append(slots)
                 self._ctx.ring_committing(magazine, [shard for shard, _ in placement])
             self._ctx.ring(magazine, [shard for shard, _ in placement], after_committing=True)
@@ -201,13 +235,9 @@ class Allocation:
                 for shard, indices in placement:
                     limit = limits[shard]
                     meta_key, prefix = ctx.keys(magazine, shard)
-                    raw = txn.get(meta_key, None, meta_db)
-                    _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
-                    bytes_key = self.bytes_key(magazine, shard) if limit.bytes is not None else None
-                    loaded_bytes = 0
-                    if bytes_key is not None:
-                        raw = txn.get(bytes_key, None, meta_db)
-                        loaded_bytes = _unpack_meta(raw)[1] if raw is not None else 0
+                    raw = txn.get(meta_key, None, meta_db) or _NO_META
+                    _, load, fire = _unpack_meta(raw)
+                    loaded_bytes = 0 if limit.bytes is None else _load_bytes_in(txn, raw, meta_key, meta_db)
                     sizes = list(map(len, map(payloads.__getitem__, indices)))  # (C-level: no bytecode a message)
                     fits = room(limit, load, fire, loaded_bytes, sizes)
                     slots = range(load + 1, load + 1 + fits)
@@ -216,10 +246,8 @@ class Allocation:
                         continue
                     key_format = prefix.replace(b"%", b"%%") + b"%d"  # (as load_new)
                     putmulti(zip(map(key_format.__mod__, slots), map(values.__getitem__, indices[:fits]), strict=True))
-                    txn.put(meta_key, _pack_meta(0, slots.stop - 1, fire), True, True, False, meta_db)
-                    if bytes_key is not None:
-                        txn.put(bytes_key, _pack_meta(0, loaded_bytes + sum(sizes[:fits]), 0), True, True, False,
-                                meta_db)
+                    txn.put(meta_key, _meta_after(raw, slots.stop - 1, fire, limit, loaded_bytes + sum(sizes[:fits])),
+                            True, True, False, meta_db)
                     filled.append(shard)
                 if filled:
                     ctx.ring_committing(magazine, filled)
@@ -239,25 +267,19 @@ class Allocation:
         value = _plain_head(len(raw_id)).pack(loaded_at + ttl_seconds * 1000 if ttl_seconds > 0 else 0, 0, 0,
                                               _FORMAT, loaded_at, 0, 0, len(raw_id), raw_id, len(payload)) + payload
         ctx = self._ctx
-        meta_key, prefix = ctx.keys(magazine, shard)
-        bytes_key = self.bytes_key(magazine, shard) if limit.bytes is not None else None
-        write = functools.partial(_load_within, meta_key, prefix, value, ctx.meta, ctx.data, limit, bytes_key,
-                                  len(payload))
+        meta_key, prefix = ctx.key_cache.get((magazine, shard)) or ctx.keys(magazine, shard)  # (as load_one)
         if ctx.sync:
-            return _grouped_load(ctx, magazine, shard, write)
+            return _grouped_load(ctx, magazine, shard, functools.partial(
+                _load_within, meta_key, prefix, value, ctx.meta, ctx.data, limit, len(payload)))
+        # durability=fast: as load_one's, its own transaction and the ring inlined (the publishers' hot path)
         try:
             with ctx.begin("load", True) as txn:
-                load = write(txn)
+                load = _load_within(meta_key, prefix, value, ctx.meta, ctx.data, limit, len(payload), txn)
         except lmdb.Error as exc:
             raise ctx.map_error(exc) from None
         if load:
             ctx.ring(magazine, (shard,))  # (load_one inlines it, with a shortcut while nobody listens)
         return load
-
-    def bytes_key(self, magazine: str, shard: int) -> bytes:
-        """The record of a bounded shard's LOAD_BYTES (ignis.bounds), beside its meta and holes records (purged with
-        them: same prefix)."""
-        return self._ctx.keys(magazine, shard)[1][:-1] + _BYTES_SUFFIX
 
     def load_bounded(self, magazine: str, shard: int, envelopes: Sequence[Envelope], ttl_seconds: int,
                      limit: ShardLimit) -> list[SlotRef | None]:
@@ -270,23 +292,17 @@ class Allocation:
         packed = [_pack_data(env, expire_at) for env in envelopes]
         ctx = self._ctx
         meta_key, prefix = ctx.keys(magazine, shard)
-        bytes_key = self.bytes_key(magazine, shard) if limit.bytes is not None else None
         try:
             with ctx.begin("load", True) as txn:
-                raw = txn.get(meta_key, None, ctx.meta)
-                _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
-                loaded_bytes = 0
-                if bytes_key is not None:
-                    raw = txn.get(bytes_key, None, ctx.meta)
-                    loaded_bytes = _unpack_meta(raw)[1] if raw is not None else 0
+                raw = txn.get(meta_key, None, ctx.meta) or _NO_META
+                _, load, fire = _unpack_meta(raw)
+                loaded_bytes = 0 if limit.bytes is None else _load_bytes_in(txn, raw, meta_key, ctx.meta)
                 fits = room(limit, load, fire, loaded_bytes, sizes)
                 if fits:
                     for i in range(fits):
                         txn.put(prefix + b"%d" % (load + 1 + i), packed[i], True, True, False, ctx.data)
-                    txn.put(meta_key, _pack_meta(0, load + fits, fire), True, True, False, ctx.meta)
-                    if bytes_key is not None:
-                        txn.put(bytes_key, _pack_meta(0, loaded_bytes + sum(sizes[:fits]), 0), True, True, False,
-                                ctx.meta)
+                    txn.put(meta_key, _meta_after(raw, load + fits, fire, limit, loaded_bytes + sum(sizes[:fits])),
+                            True, True, False, ctx.meta)
                     ctx.ring_committing(magazine, (shard,))
             if fits:
                 ctx.ring(magazine, (shard,), after_committing=True)
@@ -301,8 +317,9 @@ class Allocation:
         def get(txn: Any) -> list[int]:
             out = []
             for shard in range(shards):
-                raw = txn.get(self.bytes_key(magazine, shard), None, self._ctx.meta)
-                out.append(_unpack_meta(raw)[1] if raw is not None else 0)
+                meta_key = self._ctx.keys(magazine, shard)[0]
+                raw = txn.get(meta_key, None, self._ctx.meta)
+                out.append(0 if raw is None else _load_bytes_in(txn, raw, meta_key, self._ctx.meta))
             return out
 
         return self._ctx.read("pointers", get)

@@ -71,7 +71,7 @@ def _claim_in(ctx: StoreContext, magazine: str, shard: int, meta_key: bytes, pre
                 raw = _pack_data_header(expire_at, now_ms_, attempts + bump) + raw[header_size:]
                 put(key, raw, True, True, False, data_db)
         raws.append((slot, raw))
-    put(meta_key, _pack_meta(0, load, fire + count), True, True, False, meta_db)
+    put(meta_key, _pack_meta(0, load, fire + count) + meta[24:], True, True, False, meta_db)  # (+ LOAD_BYTES)
     if expired:  # a message that expired unclaimed: a hole made now (the claimer counts it passed)
         ctx.add_holes(txn, magazine, shard, made=expired)
     return raws
@@ -97,28 +97,27 @@ class Claims:
     def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True,
               up_to: int | None = None) -> list[Claimed]:
         bump = 1 if count_attempt else 0
-        meta_key, prefix = self._ctx.keys(magazine, shard)
-        if self._ctx.sync:  # a look first, without the write lock every process shares: a drained shard waits for
+        ctx = self._ctx
+        meta_key, prefix = ctx.key_cache.get((magazine, shard)) or ctx.keys(magazine, shard)  # (a call saved)
+        if ctx.sync:  # a look first, without the write lock every process shares: a drained shard waits for
             try:      # no other process's flush (with durability=fast the lock is held for microseconds)
-                with self._ctx.env.env.begin(None, None, False) as txn:
-                    meta = txn.get(meta_key, None, self._ctx.meta)
+                with ctx.env.env.begin(None, None, False) as txn:
+                    meta = txn.get(meta_key, None, ctx.meta)
             except lmdb.Error as exc:
-                raise self._ctx.map_error(exc) from None
+                raise ctx.map_error(exc) from None
             drained = meta is None or _available(meta, max_slots, up_to)[2] <= 0
             # Unless a publisher rang before its commit (doorbell): then the write lock waits that commit out.
-            if drained and (up_to is not None or not self._ctx.committing(magazine, shard)):
+            if drained and (up_to is not None or not ctx.committing(magazine, shard)):
                 return []
-
-        if self._ctx.sync:  # handed out before the commit's flush
-            raws = self._ctx.grouped("claim", functools.partial(_claim_in, self._ctx, magazine, shard, meta_key, prefix,
-                                                                max_slots, now_ms_, bump, up_to), early=True)
+            # handed out before the commit's flush
+            raws = ctx.grouped("claim", functools.partial(_claim_in, ctx, magazine, shard, meta_key, prefix,
+                                                          max_slots, now_ms_, bump, up_to), early=True)
         else:  # durability=fast: its own transaction (see StoreContext.grouped), without the indirection: a hot path
             try:
-                with self._ctx.begin("claim", True) as txn:
-                    raws = _claim_in(self._ctx, magazine, shard, meta_key, prefix, max_slots, now_ms_, bump, up_to,
-                                     txn)
+                with ctx.begin("claim", True) as txn:
+                    raws = _claim_in(ctx, magazine, shard, meta_key, prefix, max_slots, now_ms_, bump, up_to, txn)
             except lmdb.Error as exc:
-                raise self._ctx.map_error(exc) from None
+                raise ctx.map_error(exc) from None
         return [_new_ref(Claimed, (_new_ref(SlotRef, (magazine, shard, slot)),
                                    None if raw is None else _unpack_data(raw), False))
                 for slot, raw in raws]
@@ -171,7 +170,7 @@ class Claims:
                     raw = _pack_data_header(expire_at, now_ms_, attempts + bump) + raw[_DATA_HEADER.size:]
                     txn.put(key, raw, True, True, False, data_db)
             if raw is None:  # a hole (or the head settled, its hold never released): passed, not held
-                txn.put(meta_key, _pack_meta(0, load, slot), True, True, False, meta_db)
+                txn.put(meta_key, _pack_meta(0, load, slot) + meta[24:], True, True, False, meta_db)
                 if raw_hold is not None:
                     txn.delete(hold_key, b"", meta_db)
             else:
@@ -196,7 +195,7 @@ class Claims:
         if until_ms:  # held until then, its slot the next claim's
             txn.put(hold_key, _pack_hold(0, until_ms, 0), True, True, False, meta_db)
         else:  # settled: the fire pointer passes it
-            txn.put(meta_key, _pack_meta(0, _unpack_meta(meta)[1], slot), True, True, False, meta_db)
+            txn.put(meta_key, _pack_meta(0, _unpack_meta(meta)[1], slot) + meta[24:], True, True, False, meta_db)
             txn.delete(hold_key, b"", meta_db)
         return True
 

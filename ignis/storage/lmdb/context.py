@@ -11,6 +11,7 @@ delayed) each hold one small shared object, not the whole store, and none of the
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -34,6 +35,7 @@ from ignis.storage.lmdb.records import (
     _unpack_meta,
 )
 
+_monotonic = time.monotonic
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -161,8 +163,10 @@ class StoreContext:
         """A load into a main magazine committed: ring the consumer processes that wait on it (doorbell),
         before the publish's own flush, so they claim it meanwhile. `after_committing`: ring_committing
         rang already, so only the listeners that do not take committing rings."""
-        bell = self.bell_of(magazine)
-        if bell is not None:
+        bell = self.bells.get(magazine, False)
+        if bell is False:
+            bell = self.bell_of(magazine)
+        if bell is not None and _monotonic() >= bell.quiet_until:  # (quiet: nobody else listens, no call)
             bell.ring(self.client_id, magazine, shards, after_committing)
 
     def ring_committing(self, magazine: str, shards: Iterable[int], grouped: bool = False) -> None:
@@ -215,25 +219,29 @@ class StoreContext:
         cache, keys = self.key_cache, self.keys
         return [(cache.get((ref[0], ref[1])) or keys(ref[0], ref[1]))[1] + b"%d" % ref[2] for ref in refs]
 
-    def meta_get(self, txn: Any, magazine: str, shard: int) -> tuple[bytes, int, int]:
+    def meta_get(self, txn: Any, magazine: str, shard: int) -> tuple[bytes, int, int, bytes]:
+        """(meta key, load pointer, fire pointer, the rest of the record: a bounded shard's LOAD_BYTES, which a
+        writer of the pointers keeps: meta_put's `tail`)."""
         key = self.keys(magazine, shard)[0]
         raw = txn.get(key, db=self.meta)
-        _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
-        return key, load, fire
+        if raw is None:
+            return key, 0, 0, b""
+        _, load, fire = _unpack_meta(raw)
+        return key, load, fire, raw[24:]
 
     def load_and_fire(self, txn: Any, magazine: str, shard: int) -> tuple[int, int]:
         """A shard's (load pointer, fire pointer); a subscription's cursor (names.cursor_of) takes its load pointer
         from its topic's meta record and its fire pointer, the subscription's position, from its own."""
         topic = names.cursor_topic(magazine)
         if topic is None:
-            return self.meta_get(txn, magazine, shard)[1:]
+            return self.meta_get(txn, magazine, shard)[1:3]
         raw = txn.get(self.keys(topic, shard)[0], None, self.meta)
         load = _unpack_meta(raw)[1] if raw is not None else 0
         raw = txn.get(self.keys(magazine, shard)[0], None, self.meta)
         return load, _unpack_meta(raw)[2] if raw is not None else 0
 
-    def meta_put(self, txn: Any, key: bytes, load: int, fire: int) -> None:
-        txn.put(key, _pack_meta(0, load, fire), db=self.meta)
+    def meta_put(self, txn: Any, key: bytes, load: int, fire: int, tail: bytes = b"") -> None:
+        txn.put(key, _pack_meta(0, load, fire) + tail, db=self.meta)
 
     def holes_key(self, magazine: str, shard: int) -> bytes:
         return names.data_key_prefix(magazine, shard).encode()[:-1] + _HOLES_SUFFIX

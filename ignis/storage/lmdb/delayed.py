@@ -115,10 +115,10 @@ class DelayedMessages:
                     if state is None:
                         state = shards[shard] = [*ctx.meta_get(txn, queue, shard), ctx.keys(queue, shard)[1]]
                     slot = state[1] = state[1] + 1
-                    txn.put(state[3] + b"%d" % slot, value, db=data_db)
+                    txn.put(state[4] + b"%d" % slot, value, db=data_db)
                     refs.append(_new_ref(SlotRef, (queue, shard, slot)))
-                for meta_key, load, fire, _ in shards.values():
-                    ctx.meta_put(txn, meta_key, load, fire)
+                for meta_key, load, fire, tail, _ in shards.values():
+                    ctx.meta_put(txn, meta_key, load, fire, tail)
                 if gone:
                     key, bins = self._delay_bins(txn, queue, now)
                     bins[DELAYED_COUNT] = max(int(bins.get(DELAYED_COUNT, 0)) - gone, 0)

@@ -68,11 +68,11 @@ class Moves:
                     state = shards[m.shard] = [*self._ctx.meta_get(txn, target, m.shard),
                                                self._ctx.keys(target, m.shard)[1]]
                 state[1] += 1
-                txn.put(state[3] + b"%d" % state[1], value, db=self._ctx.data)
+                txn.put(state[4] + b"%d" % state[1], value, db=self._ctx.data)
                 txn.delete(key, db=self._ctx.data)
                 done.append(True)
-            for meta_key, load, fire, _ in shards.values():
-                self._ctx.meta_put(txn, meta_key, load, fire)
+            for meta_key, load, fire, tail, _ in shards.values():
+                self._ctx.meta_put(txn, meta_key, load, fire, tail)
         if shards:
             self._ctx.ring(target, shards)
         return done

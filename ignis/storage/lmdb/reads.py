@@ -26,6 +26,7 @@ from ignis.storage.lmdb.records import (
     _HOLD_SUFFIX,
     _HOLES_SUFFIX,
     _META,
+    _META_BYTES,
     _expired,
     _unpack,
     _unpack_data,
@@ -33,6 +34,7 @@ from ignis.storage.lmdb.records import (
     _unpack_header,
     _unpack_holes,
     _unpack_meta,
+    _unpack_meta_bytes,
 )
 from ignis.subjects import SubjectFilter
 
@@ -45,7 +47,7 @@ class Reads:
 
     def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
         def read(txn: Any) -> list[tuple[list[int], int]]:
-            get, meta_db, unpack = txn.get, self._ctx.meta, _META.unpack
+            get, meta_db, unpack = txn.get, self._ctx.meta, _unpack_meta
             out = []
             for magazine, shards in magazines:
                 with_work, loaded = [], 0
@@ -188,13 +190,16 @@ class Reads:
                 return None
             if db is self._ctx.data:
                 return _unpack_header(raw)[0], _unpack_data(bytes(raw)).to_bins()
+            if db is self._ctx.meta and key.endswith("_METADATA") and len(raw) == _META_BYTES.size:
+                expire_at, load, fire, load_bytes = _unpack_meta_bytes(raw)  # a shard bounded by bytes
+                return expire_at, {LOAD_POINTER: load, FIRE_POINTER: fire, LOAD_BYTES: load_bytes}
             if db is self._ctx.meta and len(raw) == _META.size:  # (a queue's delay record is a bin map)
                 expire_at, first, second = _unpack_meta(raw)
                 if key.encode().endswith(_HOLES_SUFFIX):
                     return expire_at, {HOLES: first, HOLES_CLAIMED: second}
                 if key.encode().endswith(_HOLD_SUFFIX):  # an ordered queue's shard hold
                     return expire_at, {HOLD_UNTIL: first}
-                if key.encode().endswith(b"_BYTES"):  # a bounded shard's (ignis.bounds)
+                if key.encode().endswith(b"_BYTES"):  # a bounded shard's, as stores before 2026-11-30 kept it
                     return expire_at, {LOAD_BYTES: first}
                 return expire_at, {LOAD_POINTER: first, FIRE_POINTER: second}
             return _unpack_header(raw)[0], _unpack(bytes(raw))

@@ -41,6 +41,11 @@ from ignis.errors import StoreError
 _HEADER = struct.Struct(">Q")  # every record starts with its expire-at, epoch ms (0 = never)
 _DATA_HEADER = struct.Struct(">QQI")  # data records: expire-at, fireTS, attempts
 _META = struct.Struct(">QQQ")  # shard meta records: expire-at, LOAD_POINTER, FIRE_POINTER
+# A shard of a queue bounded by bytes (ignis.bounds) carries its LOAD_BYTES after those, in the same record, so a
+# bounded publish reads and writes one record, as an unbounded one does (a record of its own cost a fifth of a
+# publish: one more B-tree read and write). Readers take the first 24 bytes (`_unpack_meta` is unpack_from);
+# every writer of the pointers keeps what follows them (`+ raw[24:]`, b"" on any other shard).
+_META_BYTES = struct.Struct(">QQQQ")  # expire-at, LOAD_POINTER, FIRE_POINTER, LOAD_BYTES
 # A shard's hole counters (HOLES, HOLES_CLAIMED), in a record of their own beside the meta record
 # (`{magazine}_SHARD_{n}_HOLES`, same shape, expire-at 0), so the hot paths keep reading 24 bytes.
 _HOLES = _META
@@ -82,7 +87,8 @@ _DATA = struct.Struct(">QQIBQBBH")
 # The structs' methods, bound once. CPython 3.11 compiles a method call on a name imported from another module
 # (`_META.unpack(raw)` in claims.py) as an attribute load, as for a module (`math.sqrt`), not as a method call: it
 # builds a bound method on every call, a visible share of a publish, claim or ack. The other modules call these.
-_pack_meta, _unpack_meta = _META.pack, _META.unpack
+_pack_meta, _unpack_meta = _META.pack, _META.unpack_from
+_pack_meta_bytes, _unpack_meta_bytes = _META_BYTES.pack, _META_BYTES.unpack
 _pack_holes, _unpack_holes = _HOLES.pack, _HOLES.unpack
 _pack_hold, _unpack_hold = _HOLD.pack, _HOLD.unpack
 _unpack_header = _HEADER.unpack_from
