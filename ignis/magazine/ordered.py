@@ -56,8 +56,9 @@ class OrderedMagazine(Magazine):
         now = time.monotonic()
         blocked = self._blocked
         candidates = [shard for shard in active_shards.activity.active if blocked.get(shard, 0.0) <= now]
-        random.shuffle(candidates)
-        for shard in candidates:
+        # From a random one on, so consumers spread over the shards (a shuffle: 11 µs a claim, 64 shards)
+        start = int(random.random() * len(candidates))
+        for shard in candidates[start:] + candidates[:start]:
             try:
                 got = self._store.claim_held(self.name, shard, now_ms(), self.hold_ms, self._count_attempt)
             except ClaimInterrupted as exc:  # the slot is ours, held: awaited until the store answers
