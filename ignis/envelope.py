@@ -193,9 +193,9 @@ class Envelope:
         self.history = history
         self.due_at = due_at
         self.subject = subject
-        # The store's version of the record as read (Aerospike: its generation), or None: lets an ack
-        # check in one cheap compare that nobody wrote the record since this handle claimed it.
-        self.version: int | None = None
+        # The store's version of the record as claimed (Aerospike: its generation and last-update time), or None:
+        # lets an ack check on the record's metadata alone that nobody wrote it since this handle claimed it.
+        self.version: Any = None
 
     def to_bins(self) -> dict[str, Any]:
         bins = self.content_bins()

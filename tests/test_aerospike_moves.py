@@ -5,6 +5,7 @@ neither (a publish and a move are each one transaction): its side is in the cont
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ from aerospike_helpers.operations import operations as ops
 from support.races import paused_publish_write
 
 from ignis import Ignis, QueueSpec
-from ignis.envelope import now_ms
+from ignis.envelope import FIRE_TS, MSG_ID, now_ms
 from ignis.errors import StaleEpoch
 from ignis.queue import Queue
 from ignis.storage import SlotRef
@@ -282,23 +283,44 @@ def deletes() -> float:
     return REGISTRY.get_sample_value("ignis_storage_calls_total", {"operation": "delete"}) or 0.0
 
 
-def test_an_ack_tombstones_the_record_as_claimed_and_one_written_since_in_one_call_checked_by_its_id(
+def test_an_ack_tombstones_the_record_as_claimed_in_one_call_and_one_written_since_checked_by_its_id(
         aero: AerospikeStore, queue: Queue) -> None:
     if aero._ctx.durable:
         pytest.skip("durable deletes on Enterprise: no tombstones")
     queue.publish_many([b"a", b"b", b"c"])
     untouched, moved_meanwhile, purged_meanwhile = (queue.fire() for _ in range(3))
     before = deletes()
-    untouched.ack()
+    untouched.ack()  # as stamped (its generation and last-update time): one call, no bin read
     assert deletes() - before == 1 and set(raw(aero, untouched.ref)) == {TOMBSTONE}
-    # A sweeper's move claimed this one since (a write: its generation moved on); the ack still deletes it:
-    # the filter asks for this message's id, not for the generation (which a reused slot can repeat).
+    # A sweeper's move claimed this one since (a write: its generation and time moved on); the ack still deletes
+    # it, in a second call whose filter asks for this message's id (the first, as stamped, is refused).
     aero.client.operate(aero._ctx.data_key(moved_meanwhile.ref), [ops.write(MOVE_EPOCH, 7)])
     before = deletes()
     moved_meanwhile.ack()
-    assert deletes() - before == 1
+    assert deletes() - before == 2
     assert set(raw(aero, moved_meanwhile.ref)) == {TOMBSTONE}
     # Purged since: the purge tombstone stays what it is (a new message may yet be published there).
     aero.purge_magazine("orders")
     purged_meanwhile.ack()
     assert set(raw(aero, purged_meanwhile.ref)) == {"purgedAt"}
+
+
+def test_an_ack_as_stamped_leaves_a_newer_message_that_reached_the_same_generation(aero: AerospikeStore,
+                                                                                   queue: Queue) -> None:
+    """A rollback lost the claimed record and a newer message took its slot (rollback.py), claimed in turn: the same
+    generation as the old claim saw, a later last-update time. The old claim's ack must not settle it."""
+    if aero._ctx.durable:
+        pytest.skip("durable deletes on Enterprise: no tombstones")
+    queue.publish(b"old")
+    held = queue.fire()
+    assert held is not None
+    key = aero._ctx.data_key(held.ref)
+    bins = aero.client.get(key)[2]
+    aero.client.remove(key)  # lost ...
+    time.sleep(0.002)
+    aero.client.put(key, {**bins, MSG_ID: "newer"})  # ... its slot a newer message's ...
+    aero.client.operate(key, [ops.write(FIRE_TS, now_ms())])  # ... which is claimed too
+    assert aero.client.get(key)[1]["gen"] == held.envelope.version[0]
+    held.ack()
+    after = raw(aero, held.ref) or {}
+    assert after.get(MSG_ID) == "newer" and TOMBSTONE not in after

@@ -29,7 +29,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import aerospike
 import msgpack
@@ -49,6 +49,7 @@ AND, OR, NOT = 16, 17, 18
 ADD, SUB, MUL, DIV, MIN, MAX = 20, 21, 22, 23, 50, 51
 VAR, LET, DEF = 124, 125, 126
 REC_KEY, BIN, BIN_EXISTS = 80, 81, 83
+LAST_UPDATE = 66  # META_LAST_UPDATE_TIME: the record's last-update time, ns (the server keeps it to the millisecond)
 COND, END, TRUE, FALSE, AS_VAL, VAL, EXP_UNKNOWN = 123, 150, 151, 152, 128, 200, 0
 CDT_FLAGS = (139, 144)
 RESULT_TYPES = {2: int, 3: str, 4: list, 5: dict, 6: (bytes, bytearray), 7: float}
@@ -71,6 +72,10 @@ class Record:
     gen: int = 1
     void_ms: int = 0  # 0 = never expires; else a whole second (epoch ms), as the server keeps it
     user_key: Any = None  # stored only when written with POLICY_KEY_SEND
+    updated_ms: int = 0  # its last-update time (epoch ms)
+
+    def meta(self) -> _Meta:
+        return _Meta(self.user_key, self.updated_ms)
 
     def expired(self, now: int) -> bool:
         # As the server: void time and clock in whole seconds, expired only once the clock has passed the
@@ -187,6 +192,13 @@ def _check_bins(bins: dict[str, Any]) -> None:
             raise _err(ex.BinNameError, f"bin name {name!r} longer than {MAX_BIN_NAME} characters")
 
 
+class _Meta(NamedTuple):
+    """What an expression reads of a record besides its bins."""
+
+    user_key: Any
+    updated_ms: int | None
+
+
 class _Expr:
     """A compiled expression (list of (op, result type, fixed, child count)) as a tree, evaluated."""
 
@@ -211,15 +223,15 @@ class _Expr:
             raise NotImplementedError("aerospike emulator: trailing items in a compiled expression")
         return tree
 
-    def eval(self, bins: dict[str, Any], key: Any, scope: dict[str, Any] | None = None) -> Any:
+    def eval(self, bins: dict[str, Any], meta: _Meta, scope: dict[str, Any] | None = None) -> Any:
         op, kids = self.op, self.children
         if op == LET:  # definitions in order, each seeing the ones before it; then the body
             inner = dict(scope or {})
             for definition in kids[:-1]:
                 if definition.op != DEF:
                     raise NotImplementedError("aerospike emulator: a let expects definitions, then a body")
-                inner[definition.fixed["val"]] = definition.children[0].eval(bins, key, inner)
-            return kids[-1].eval(bins, key, inner)
+                inner[definition.fixed["val"]] = definition.children[0].eval(bins, meta, inner)
+            return kids[-1].eval(bins, meta, inner)
         if op == VAR:
             name = self.fixed["val"]
             if scope is None or name not in scope:
@@ -244,8 +256,10 @@ class _Expr:
         if op == BIN_EXISTS:
             return self.fixed["bin"] in bins
         if op == REC_KEY:
-            return UNKNOWN if key is None else key
-        values = [k.eval(bins, key, scope) for k in kids] if op != COND else None
+            return UNKNOWN if meta.user_key is None else meta.user_key
+        if op == LAST_UPDATE:
+            return UNKNOWN if meta.updated_ms is None else meta.updated_ms * 1_000_000
+        values = [k.eval(bins, meta, scope) for k in kids] if op != COND else None
         if values is not None and UNKNOWN in values and op not in (AND, OR):
             return UNKNOWN
         if op in (EQ, NE, GT, GE, LT, LE):
@@ -286,12 +300,12 @@ class _Expr:
             return max(values)
         if op == COND:
             for i in range(0, len(kids) - 1, 2):
-                test = kids[i].eval(bins, key, scope)
+                test = kids[i].eval(bins, meta, scope)
                 if test is UNKNOWN:
                     return UNKNOWN
                 if test:
-                    return kids[i + 1].eval(bins, key, scope)
-            return kids[-1].eval(bins, key, scope)
+                    return kids[i + 1].eval(bins, meta, scope)
+            return kids[-1].eval(bins, meta, scope)
         if op == aerospike.OP_MAP_GET_BY_KEY:
             map_key, the_map = values[0], values[-1]
             return_type = self.fixed.get("return_type")
@@ -330,8 +344,8 @@ class _Expr:
         raise NotImplementedError(f"aerospike emulator: expression op {op} is not emulated")
 
 
-def _eval(compiled: list[tuple], bins: dict[str, Any], key: Any) -> Any:
-    return _Expr.parse(compiled).eval(bins, key)
+def _eval(compiled: list[tuple], bins: dict[str, Any], meta: _Meta) -> Any:
+    return _Expr.parse(compiled).eval(bins, meta)
 
 
 def _with_parent_filter(policy: dict | None, parent: dict | None) -> dict | None:
@@ -448,7 +462,8 @@ class EmulatedClient:
     def _out_key(key: tuple) -> tuple:
         return (key[0], key[1], key[2], _digest(key[1], key[2]))
 
-    def _store(self, k: tuple, bins: dict[str, Any], gen: int, void_ms: int, policy: dict) -> Record:
+    def _store(self, k: tuple, bins: dict[str, Any], gen: int, void_ms: int, policy: dict, now: int | None = None
+               ) -> Record:
         _check_bins(bins)
         size = len(msgpack.packb(bins, use_bin_type=True)) + 64 + len(repr(k[2]))
         if size > self.server.max_record_bytes:
@@ -456,7 +471,7 @@ class EmulatedClient:
         send = (policy or {}).get("key", self.config.get("policies", {}).get("write", {}).get("key"))
         existing = self.server.records.get(k)
         user_key = k[2] if send == aerospike.POLICY_KEY_SEND else (existing.user_key if existing else None)
-        record = Record(bins, gen, void_ms, user_key)
+        record = Record(bins, gen, void_ms, user_key, _now_ms() if now is None else now)
         self.server.records[k] = record
         self.server.ghosts.pop(k, None)  # a newer version supersedes a deleted one
         return record
@@ -486,11 +501,11 @@ class EmulatedClient:
             if gen_policy == aerospike.POLICY_GEN_GT and meta.get("gen", 0) <= existing.gen:
                 raise _err(ex.RecordGenerationError, "generation not greater")
             if policy.get("expressions") is not None and \
-                    _eval(policy["expressions"], existing.bins, existing.user_key) is not True:
+                    _eval(policy["expressions"], existing.bins, existing.meta()) is not True:
                 raise _err(ex.FilteredOut, "filtered out")
         replace = exists in (aerospike.POLICY_EXISTS_REPLACE, aerospike.POLICY_EXISTS_CREATE_OR_REPLACE)
         start = {} if existing is None or replace else copy.deepcopy(existing.bins)
-        bins, result = apply(start, existing)
+        bins, result = apply(start, existing, now)
         if not has_write:
             return self._out_key(k), {"gen": existing.gen, "ttl": existing.ttl(now)}, result
         bins = {name: value for name, value in bins.items() if value is not None}
@@ -498,7 +513,7 @@ class EmulatedClient:
             self.server.records.pop(k, None)
             return self._out_key(k), {"gen": 0, "ttl": 0}, result
         void = self._void(meta.get("ttl", policy.get("ttl", 0)), existing, now)
-        record = self._store(k, bins, (existing.gen + 1) if existing else 1, void, policy)
+        record = self._store(k, bins, (existing.gen + 1) if existing else 1, void, policy, now)
         return self._out_key(k), {"gen": record.gen, "ttl": record.ttl(now)}, result
 
     # ---- single-record calls ----------------------------------------------------------------
@@ -507,7 +522,7 @@ class EmulatedClient:
         with self.server.lock:
             fault = self._enter("put")
             _check_bins(bins)
-            self._write(key, meta, policy, lambda start, _: ({**start, **bins}, {}))
+            self._write(key, meta, policy, lambda start, _, __: ({**start, **bins}, {}))
             if fault:
                 raise _err(fault.error, "injected after apply", in_doubt=True)
             return 0
@@ -521,7 +536,7 @@ class EmulatedClient:
             if record is None:
                 raise _err(ex.RecordNotFound, "record not found")
             if (policy or {}).get("expressions") is not None and \
-                    _eval(policy["expressions"], record.bins, record.user_key) is not True:
+                    _eval(policy["expressions"], record.bins, record.meta()) is not True:
                 raise _err(ex.FilteredOut, "filtered out")
             return self._out_key(k), {"gen": record.gen, "ttl": record.ttl(now)}, copy.deepcopy(record.bins)
 
@@ -540,7 +555,7 @@ class EmulatedClient:
         if record is None:
             raise _err(ex.RecordNotFound, "record not found")
         if (policy or {}).get("expressions") is not None and \
-                _eval(policy["expressions"], record.bins, record.user_key) is not True:
+                _eval(policy["expressions"], record.bins, record.meta()) is not True:
             raise _err(ex.FilteredOut, "filtered out")
         del self.server.records[k]
         if durable:
@@ -566,9 +581,11 @@ class EmulatedClient:
         writes = {aerospike.OPERATOR_WRITE, aerospike.OPERATOR_INCR, aerospike.OP_MAP_PUT, aerospike.OP_EXPR_WRITE}
         has_write = any(op["op"] in writes for op in list_)
 
-        def apply(bins: dict[str, Any], existing: Record | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        def apply(bins: dict[str, Any], existing: Record | None, now: int) -> tuple[dict[str, Any], dict[str, Any]]:
             result: dict[str, Any] = {}
-            user_key = existing.user_key if existing else None
+            # As the server: an expression sees the last-update time of the write it is part of (measured, 8.1.2)
+            record_meta = _Meta(existing.user_key if existing else None,
+                                now if has_write else (existing.updated_ms if existing else None))
             for op in list_:
                 code, name = op["op"], op.get("bin")
                 if all_ops and code in writes and code != aerospike.OP_MAP_PUT:
@@ -600,7 +617,7 @@ class EmulatedClient:
                         the_map[op["key"]] = copy.deepcopy(op["val"])
                     result[name] = len(the_map)
                 elif code == aerospike.OP_EXPR_READ:
-                    value = _eval(op["expr"], bins, user_key)
+                    value = _eval(op["expr"], bins, record_meta)
                     if value is UNKNOWN:
                         if not op.get("expr_flags", 0) & aerospike.EXP_READ_EVAL_NO_FAIL:
                             raise _err(ex.OpNotApplicable, "expression read failed")
@@ -620,7 +637,7 @@ class EmulatedClient:
                         if no_fail:
                             continue
                         raise _err(ex.BinNotFound, f"bin {name!r} not found")
-                    value = _eval(op["expr"], bins, user_key)
+                    value = _eval(op["expr"], bins, record_meta)
                     if value is UNKNOWN:
                         if flags & aerospike.EXP_WRITE_EVAL_NO_FAIL:
                             continue
@@ -670,7 +687,7 @@ class EmulatedClient:
                 try:
                     got = self.get_unlocked(record.key)
                     if only is not None and _eval(only, got[2], self._live(self._check_key(record.key),
-                                                                         _now_ms()).user_key) is not True:
+                                                                         _now_ms()).meta()) is not True:
                         record.result = ex.FilteredOut.code
                         continue
                     if bins is not None:
@@ -794,7 +811,7 @@ class EmulatedClient:
                                                              or not where[1](record.bins[where[0]]))):
                     continue
                 if (policy or {}).get("expressions") is not None and \
-                        _eval(policy["expressions"], record.bins, record.user_key) is not True:
+                        _eval(policy["expressions"], record.bins, record.meta()) is not True:
                     continue
                 shown = {b: v for b, v in record.bins.items() if bins is None or b in bins}
                 out.append(((k[0], k[1], record.user_key, _digest(k[1], k[2])),

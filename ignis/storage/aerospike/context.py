@@ -55,6 +55,7 @@ SEALED = "sealedAt"  # with deletedAt: a slot given up as a hole for good; refus
 # tell), so every subscription counts it lost; a seal without it is a publisher's reservation given up (no message).
 LOST = "lostAt"
 PURGED = "purgedAt"  # the one bin a magazine purge leaves; a new message may replace it
+STAMPED_AT = "stampedAt"  # no bin: a claim's expression read of the record's last-update time, as it stamped it (ns)
 ENVELOPE_BINS = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, REASON, HISTORY, FIRE_TS, ATTEMPTS,
                  DUE_AT, SUBJECT)
 BATCH_CHUNK = 5000  # keys per batch call in peeks and purges
@@ -166,8 +167,8 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
         self.never = {**wp, "ttl": aerospike.TTL_NEVER_EXPIRE}
         self.update = {**self.keep, "exists": aerospike.POLICY_EXISTS_UPDATE}
         self.update_live = {**self.update, "expressions": NOT_TOMBSTONED}
-        self.replace_same = {**self.keep, "exists": aerospike.POLICY_EXISTS_REPLACE, "gen": aerospike.POLICY_GEN_EQ}
         self.replace = {**self.keep, "exists": aerospike.POLICY_EXISTS_REPLACE}
+        self.replace_same = {**self.replace, "gen": aerospike.POLICY_GEN_EQ}
         self.replace_live = {**self.replace, "expressions": NOT_TOMBSTONED}
         self.batch = settings.client_config()["policies"]["batch"]  # (a policy given to a call replaces it)
         # A read that decides a topic slot is gone (a claim passes over it, a start or a seek lands past it) consults

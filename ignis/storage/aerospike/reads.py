@@ -35,6 +35,10 @@ _PLACEHOLDER = "\0ignis-message-id\0"
 _ONE = exp.Eq(exp.StrBin(MSG_ID), _PLACEHOLDER).compile()
 _AT = _ONE.index((_VAL, None, {"val": _PLACEHOLDER}, 0))
 _ONE_HEAD, _ONE_TAIL = _ONE[:_AT], _ONE[_AT + 1:]
+# And the settle of a message as its claim stamped it (Envelope.version: the record's last-update time then, ns).
+_AS_STAMPED = exp.Eq(exp.LastUpdateTime(), -1).compile()
+_STAMPED_AT = _AS_STAMPED.index((_VAL, None, {"val": -1}, 0))
+_STAMPED_HEAD, _STAMPED_TAIL = _AS_STAMPED[:_STAMPED_AT], _AS_STAMPED[_STAMPED_AT + 1:]
 
 # What an ack, a delete or a seal leaves in a slot. Not a purge's mark: slot numbering starts afresh
 # after a purge, so a new message may still be written over it.
@@ -182,6 +186,24 @@ class Reads:
         return exp.GT(exp.ListGetByValue(None, aerospike.LIST_RETURN_COUNT, exp.StrBin(MSG_ID), exp.Val(list(ids))),
                       0).compile()
 
+    def _settled_as_stamped(self, key: tuple[str, str, str], version: tuple[int, int]) -> bool:
+        """Tombstone the record if nothing wrote it since the claim's stamp: its generation and last-update time are
+        still the stamp's (`version`, Envelope.version), so it holds the message that claim took, and no id need be
+        read. A check of the record's metadata alone, which the server decides from its index, without reading the
+        record from its device as a filter on a bin makes it (the by-id filter: 0.77x the drain of a generation check
+        at 8 consumers, measured). The time as well as the generation: a newer message in a slot reused after a
+        rollback (rollback.py) can reach the same generation, not in the same millisecond. False: written since (a
+        sweeper's restamp, a move's claim) or gone: the id decides."""
+        generation, stamped_at = version
+        try:
+            self._ctx.call("delete", self._ctx.client.put, key, {TOMBSTONE: now_ms()}, {"gen": generation},
+                           {**self._ctx.replace_same, "expressions": [*_STAMPED_HEAD,
+                                                                      (_VAL, None, {"val": stamped_at}, 0),
+                                                                      *_STAMPED_TAIL]})
+            return True
+        except (*MISSING, ex.RecordGenerationError):
+            return False
+
     def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
                ids: Sequence[str | None] | None = None) -> int:
         if not refs:
@@ -194,7 +216,12 @@ class Reads:
         try:
             if ids is not None:  # (versions: a generation can repeat in a reused slot, so the id decides)
                 if len(refs) == 1:
-                    return int(self.remove_one("delete", self._ctx.data_key(refs[0]), self._this_message(ids[0])))
+                    key = self._ctx.data_key(refs[0])
+                    version = versions[0] if versions else None
+                    if version is not None and version[1] is not None and not self._ctx.durable and \
+                            self._settled_as_stamped(key, version):
+                        return 1
+                    return int(self.remove_one("delete", key, self._this_message(ids[0])))
                 keys = [self._ctx.data_key(ref) for ref in refs]
                 known = [i for i, msg_id in enumerate(ids) if msg_id is not None]
                 if len(known) == len(refs):
@@ -205,17 +232,6 @@ class Reads:
                                          self._these_messages([ids[i] for i in known]))  # type: ignore[misc]
                         if known else 0) + self.remove_many("delete", anything)
             if len(refs) == 1:
-                version = versions[0] if versions else None
-                if version is not None and not self._ctx.durable:
-                    # The record as claimed (same generation): a tombstone without the filter expression,
-                    # which costs the client more than the rest of the call (measured). Written since
-                    # (a sweeper's move claim, a purge): the filtered path decides.
-                    try:
-                        self._ctx.call("delete", self._ctx.client.put, self._ctx.data_key(refs[0]),
-                                       {TOMBSTONE: now_ms()}, {"gen": version}, self._ctx.replace_same)
-                        return 1
-                    except (ex.RecordGenerationError, ex.RecordNotFound):
-                        pass
                 return int(self.remove_one("delete", self._ctx.data_key(refs[0])))
             return self.remove_many("delete", [self._ctx.data_key(ref) for ref in refs])
         except ex.AerospikeError as exc:
