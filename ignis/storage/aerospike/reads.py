@@ -208,13 +208,14 @@ class Reads:
                ids: Sequence[str | None] | None = None) -> int:
         if not refs:
             return 0
-        if ids is not None and any(names.cursor_topic(magazine) is not None for magazine in {ref[0] for ref in refs}):
+        if ids is not None and (names.cursor_topic(refs[0][0]) is not None if len(refs) == 1 else  # (an ack's: one)
+                                any(names.cursor_topic(magazine) is not None for magazine in {ref[0] for ref in refs})):
             # A subscription's claim record holds no message id (topics.py): the live record in a cursor's slot is the
             # claim of the topic's message in the slot of the same number, whichever delivery of it is acked.
             ids = [None if names.cursor_topic(ref[0]) is not None else msg_id for ref, msg_id in zip(refs, ids,
                                                                                                     strict=True)]
         try:
-            if ids is not None:  # (versions: a generation can repeat in a reused slot, so the id decides)
+            if ids is not None:  # (the id decides, unless the record is as its claim stamped it: _settled_as_stamped)
                 if len(refs) == 1:
                     key = self._ctx.data_key(refs[0])
                     version = versions[0] if versions else None
