@@ -42,16 +42,16 @@ _META_BYTES_SIZE = _META_BYTES.size
 
 
 def _load_into(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_db: Any, txn: Any) -> int:
-    """Write one record into the shard's next slot and move its load pointer, in `txn`; the slot."""
+    """Write one record into the shard's next slot and move its load pointer, in `txn`; the slot. An unbounded
+    queue's publish (load_one's), which writes the pointers alone: a LOAD_BYTES left from a byte bound since lifted
+    is dropped, and counted afresh if one is set again (as for a queue bounded once it had messages: ignis.bounds)."""
     # Positional arguments (get: key, default, db; put: key, value, dupdata, overwrite, append, db): py-lmdb's
     # keyword parsing costs about 0.1 µs a call.
     raw = txn.get(meta_key, None, meta_db)
-    if raw is None:
-        raw = _NO_META
-    _, load, fire = _unpack_meta(raw)
+    _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
     load += 1
     txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
-    txn.put(meta_key, _pack_meta(0, load, fire) + raw[24:], True, True, False, meta_db)  # (keeps LOAD_BYTES)
+    txn.put(meta_key, _pack_meta(0, load, fire), True, True, False, meta_db)
     return load
 
 
@@ -172,12 +172,10 @@ class Allocation:
         try:
             with ctx.begin("load", True) as txn:  # (_load_into, inlined)
                 raw = txn.get(meta_key, None, meta_db)
-                if raw is None:
-                    raw = _NO_META
-                _, load, fire = _unpack_meta(raw)
+                _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
                 load += 1
                 txn.put(prefix + b"%d" % load, value, True, True, False, data_db)
-                txn.put(meta_key, _pack_meta(0, load, fire) + raw[24:], True, True, False, meta_db)
+                txn.put(meta_key, _pack_meta(0, load, fire), True, True, False, meta_db)
         except lmdb.Error as exc:
             raise ctx.map_error(exc) from None
         bell = ctx.bells.get(magazine, False)
@@ -203,13 +201,12 @@ class Allocation:
                 for shard, indices in placement:
                     meta_key, prefix = self._ctx.keys(magazine, shard)
                     raw = txn.get(meta_key, None, meta_db)
-                    if raw is None:
-                        raw = _NO_META
-                    _, load, fire = _unpack_meta(raw)
+                    _, load, fire = _unpack_meta(raw) if raw is not None else (0, 0, 0)
                     slots = range(load + 1, load + 1 + len(indices))
                     key_format = prefix.replace(b"%", b"%%") + b"%d"  # prefix + slot, as one C call
                     putmulti(zip(map(key_format.__mod__, slots), map(values.__getitem__, indices), strict=True))
-                    txn.put(meta_key, _pack_meta(0, slots.stop - 1, fire) + raw[24:], True, True, False, meta_db)
+                    # (an unbounded queue's publish_many: the pointers alone, as _load_into writes them)
+                    txn.put(meta_key, _pack_meta(0, slots.stop - 1, fire), True, True, False, meta_db)
                     taken.append(slots)
                 self._ctx.ring_committing(magazine, [shard for shard, _ in placement])
             self._ctx.ring(magazine, [shard for shard, _ in placement], after_committing=True)
