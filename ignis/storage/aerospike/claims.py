@@ -29,6 +29,7 @@ from ignis.storage.aerospike.context import (
     STAMPED_AT,
     TOMBSTONE,
     AerospikeContext,
+    ExpressionTemplate,
 )
 from ignis.storage.aerospike.errors import error_field, is_transient
 from ignis.storage.base import (
@@ -66,6 +67,11 @@ _ANSWER_LOST = (ex.TimeoutError, ex.NoResponse)  # sent, maybe applied, no answe
 # hold a shard; the held slot is the one after the FIRE_POINTER, which its settle moves past it.
 _HOLD = exp.Cond(exp.BinExists(HOLD_UNTIL), exp.IntBin(HOLD_UNTIL), 0)
 _HELD = exp.GT(_HOLD, 0)
+# An ordered claim's guard: no hold, or one ended by `now`, and a slot after the fire pointer; a release's: the hold
+# of the slot after the fire pointer (both filled per call: ExpressionTemplate).
+_CLAIMABLE_AT = ExpressionTemplate(lambda now: exp.And(exp.LE(_HOLD, now), exp.LT(exp.IntBin(FIRE_POINTER),
+                                                                                   exp.IntBin(LOAD_POINTER))), -7)
+_HELD_AFTER = ExpressionTemplate(lambda fire: exp.And(exp.Eq(exp.IntBin(FIRE_POINTER), fire), _HELD), -7)
 HEAD = "heldHead"  # expression-read result: the slot the claim took (the one after the fire pointer)
 _HEAD_READ = expr_ops.expression_read(HEAD, arithmetic.Add(exp.IntBin(FIRE_POINTER), 1).compile())
 
@@ -151,9 +157,7 @@ class Claims:
     def claim_held(self, magazine: str, shard: int, now_ms_: int, hold_ms: int, count_attempt: bool = True
                    ) -> HeldClaim:
         key = self._ctx.meta_key(magazine, shard)
-        # Claimable: no hold, or one that ended, and a slot after the fire pointer.
-        guard = exp.And(exp.LE(_HOLD, now_ms_), exp.LT(exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER)))
-        policy = {**self._ctx.update, "expressions": guard.compile()}
+        policy = {**self._ctx.update, "expressions": _CLAIMABLE_AT(now_ms_)}
         operations = [_HEAD_READ, ops.write(HOLD_UNTIL, now_ms_ + hold_ms)]
         try:
             try:
@@ -183,7 +187,7 @@ class Claims:
         return HeldClaim([], until if until > now_ms_ else 0)
 
     def release_hold(self, magazine: str, shard: int, slot: int, until_ms: int = 0) -> bool:
-        guard = exp.And(exp.Eq(exp.IntBin(FIRE_POINTER), slot - 1), _HELD).compile()
+        guard = _HELD_AFTER(slot - 1)
         # settled: the fire pointer passes the slot; failed: held until then, the slot still the next claim's
         operations = [ops.write(HOLD_UNTIL, until_ms)] if until_ms else [ops.write(HOLD_UNTIL, 0),
                                                                          ops.write(FIRE_POINTER, slot)]

@@ -71,6 +71,23 @@ INLINE_BATCH_MAX = 256
 RECORD_OVERHEAD = 128  # record header + key + per-bin overhead estimate, for the size pre-check
 SIZE_CHECK_MARGIN = 64 * 1024  # a payload this far below the limit skips the estimate (the server refuses the rest)
 
+_VAL = 200  # a compiled expression's value item (aerospike_helpers.expressions.resources._ExprOp.VAL)
+
+
+class ExpressionTemplate:
+    """An expression of one value that changes per call (a message id, a time, a slot), compiled once around a
+    placeholder: `template(value)` is the compiled list with the value in its place. Compiling per call cost the
+    client more than the call it filters (measured); the client still converts the list on every call."""
+
+    def __init__(self, build: Callable[[Any], Any], placeholder: Any) -> None:
+        compiled = build(placeholder).compile()
+        at = compiled.index((_VAL, None, {"val": placeholder}, 0))  # (ValueError: no such placeholder in it)
+        self._head, self._tail = compiled[:at], compiled[at + 1:]
+
+    def __call__(self, value: Any) -> list[Any]:
+        return [*self._head, (_VAL, None, {"val": value}, 0), *self._tail]
+
+
 LIVE = exp.Not(exp.Or(exp.BinExists(TOMBSTONE), exp.BinExists(PURGED)))
 NOT_TOMBSTONED = LIVE.compile()
 READ_ENVELOPE = [ops.read(b) for b in ENVELOPE_BINS]

@@ -26,19 +26,14 @@ from ignis.storage.aerospike.context import (
     READ_ENVELOPE,
     TOMBSTONE,
     AerospikeContext,
+    ExpressionTemplate,
 )
 from ignis.storage.base import SlotRef
 
-# One message's settle filter (Reads._this_message), compiled once around a placeholder for the id.
-_VAL = 200  # a compiled expression's value item (aerospike_helpers.expressions.resources._ExprOp.VAL)
-_PLACEHOLDER = "\0ignis-message-id\0"
-_ONE = exp.Eq(exp.StrBin(MSG_ID), _PLACEHOLDER).compile()
-_AT = _ONE.index((_VAL, None, {"val": _PLACEHOLDER}, 0))
-_ONE_HEAD, _ONE_TAIL = _ONE[:_AT], _ONE[_AT + 1:]
-# And the settle of a message as its claim stamped it (Envelope.version: the record's last-update time then, ns).
-_AS_STAMPED = exp.Eq(exp.LastUpdateTime(), -1).compile()
-_STAMPED_AT = _AS_STAMPED.index((_VAL, None, {"val": -1}, 0))
-_STAMPED_HEAD, _STAMPED_TAIL = _AS_STAMPED[:_STAMPED_AT], _AS_STAMPED[_STAMPED_AT + 1:]
+# One message's settle filter (Reads._this_message), and the settle of a message as its claim stamped it (the
+# record's last-update time then, ns: Reads._settled_as_stamped).
+_THIS_MESSAGE = ExpressionTemplate(lambda msg_id: exp.Eq(exp.StrBin(MSG_ID), msg_id), "\0ignis-message-id\0")
+_AS_STAMPED = ExpressionTemplate(lambda stamped_at: exp.Eq(exp.LastUpdateTime(), stamped_at), -1)
 
 # What an ack, a delete or a seal leaves in a slot. Not a purge's mark: slot numbering starts afresh
 # after a purge, so a new message may still be written over it.
@@ -178,7 +173,7 @@ class Reads:
         """The filter of one message's settle (None: any live record)."""
         if msg_id is None:
             return NOT_TOMBSTONED
-        return [*_ONE_HEAD, (_VAL, None, {"val": msg_id}, 0), *_ONE_TAIL]
+        return _THIS_MESSAGE(msg_id)
 
     @staticmethod
     def _these_messages(ids: Sequence[str]) -> Any:
@@ -197,9 +192,7 @@ class Reads:
         generation, stamped_at = version
         try:
             self._ctx.call("delete", self._ctx.client.put, key, {TOMBSTONE: now_ms()}, {"gen": generation},
-                           {**self._ctx.replace_same, "expressions": [*_STAMPED_HEAD,
-                                                                      (_VAL, None, {"val": stamped_at}, 0),
-                                                                      *_STAMPED_TAIL]})
+                           {**self._ctx.replace_same, "expressions": _AS_STAMPED(stamped_at)})
             return True
         except (*MISSING, ex.RecordGenerationError):
             return False
