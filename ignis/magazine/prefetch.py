@@ -7,6 +7,7 @@ constants, which fires only consult: one `Prefetch` per handle.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -77,8 +78,7 @@ class Prefetch:
 
     def keep(self, claimed: Sequence[Claimed]) -> None:
         """Keep messages a fire claimed beyond what it hands out, for the next fires."""
-        at = time.monotonic()
-        self.kept.extend((at, item) for item in claimed)
+        self.kept.extend(zip(itertools.repeat(time.monotonic()), claimed))  # (C-level: no frame per message)
 
     def take_one(self) -> tuple[Claimed, bool] | None:
         """The oldest kept message and whether it is still fresh (else its caller stamps it again); None when
