@@ -181,24 +181,31 @@ class Reads:
         return exp.GT(exp.ListGetByValue(None, aerospike.LIST_RETURN_COUNT, exp.StrBin(MSG_ID), exp.Val(list(ids))),
                       0).compile()
 
-    def _settled_as_stamped(self, key: tuple[str, str, str], version: tuple[int, int]) -> bool:
-        """Tombstone the record if nothing wrote it since the claim's stamp: its generation and last-update time are
-        still the stamp's (`version`, Envelope.version), so it holds the message that claim took, and no id need be
-        read. A check of the record's metadata alone, which the server decides from its index, without reading the
-        record from its device as a filter on a bin makes it (the by-id filter: 0.77x the drain of a generation check
-        at 8 consumers, measured). The time as well as the generation: a newer message in a slot reused after a
-        rollback (rollback.py) can reach the same generation, not in the same millisecond. False: written since (a
-        sweeper's restamp, a move's claim) or gone: the id decides."""
-        generation, stamped_at = version
-        try:
-            self._ctx.call("delete", self._ctx.client.put, key, {TOMBSTONE: now_ms()}, {"gen": generation},
-                           {**self._ctx.replace_same, "expressions": _AS_STAMPED(stamped_at)})
-            return True
-        except (*MISSING, ex.RecordGenerationError):
-            return False
-
+    # An ack settles a message as its claim stamped it when it can: the stamp read the record's generation and
+    # last-update time (Envelope.version), and the tombstone is written only if both are still those, a check of
+    # the record's metadata alone, which the server decides from its index, without reading the record from its
+    # device as a filter on a bin makes it (the by-id filter: 0.77x the drain of a generation check at 8 consumers,
+    # measured). The time as well as the generation: a newer message in a slot reused after a rollback
+    # (rollback.py) can reach the same generation, not in the same millisecond. A record written since (a sweeper's
+    # restamp, a move's claim) or gone fails it, and the id decides.
     def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
                ids: Sequence[str | None] | None = None) -> int:
+        if versions and len(refs) == 1 and ids is not None and not self._ctx.durable:
+            # An ack of one message: first as its claim stamped it (a cursor's claim has no version). Its hot path,
+            # ahead of the checks below.
+            version = versions[0]
+            if version is not None and version[1] is not None:
+                key = self._ctx.data_key(refs[0])
+                try:
+                    try:
+                        self._ctx.call("delete", self._ctx.client.put, key, {TOMBSTONE: now_ms()},
+                                       {"gen": version[0]},
+                                       {**self._ctx.replace_same, "expressions": _AS_STAMPED(version[1])})
+                        return 1
+                    except (*MISSING, ex.RecordGenerationError):  # written since, or gone: the id decides
+                        return int(self.remove_one("delete", key, self._this_message(ids[0])))
+                except ex.AerospikeError as exc:
+                    raise self._ctx.fail(exc, "delete", self._ctx.data_set) from None
         if not refs:
             return 0
         if ids is not None and (names.cursor_topic(refs[0][0]) is not None if len(refs) == 1 else  # (an ack's: one)
@@ -208,14 +215,9 @@ class Reads:
             ids = [None if names.cursor_topic(ref[0]) is not None else msg_id for ref, msg_id in zip(refs, ids,
                                                                                                     strict=True)]
         try:
-            if ids is not None:  # (the id decides, unless the record is as its claim stamped it: _settled_as_stamped)
+            if ids is not None:  # (the id decides: see above)
                 if len(refs) == 1:
-                    key = self._ctx.data_key(refs[0])
-                    version = versions[0] if versions else None
-                    if version is not None and version[1] is not None and not self._ctx.durable and \
-                            self._settled_as_stamped(key, version):
-                        return 1
-                    return int(self.remove_one("delete", key, self._this_message(ids[0])))
+                    return int(self.remove_one("delete", self._ctx.data_key(refs[0]), self._this_message(ids[0])))
                 keys = [self._ctx.data_key(ref) for ref in refs]
                 known = [i for i, msg_id in enumerate(ids) if msg_id is not None]
                 if len(known) == len(refs):
