@@ -31,7 +31,7 @@ from ignis.storage.aerospike.context import (
 from ignis.storage.base import SlotRef
 
 # One message's settle filter (Reads._this_message), and the settle of a message as its claim stamped it (the
-# record's last-update time then, ns: Reads._settled_as_stamped).
+# record's last-update time then, ns: Reads.delete).
 _THIS_MESSAGE = ExpressionTemplate(lambda msg_id: exp.Eq(exp.StrBin(MSG_ID), msg_id), "\0ignis-message-id\0")
 _AS_STAMPED = ExpressionTemplate(lambda stamped_at: exp.Eq(exp.LastUpdateTime(), stamped_at), -1)
 
