@@ -268,7 +268,7 @@ class Allocation:
         if ctx.sync:
             return _grouped_load(ctx, magazine, shard, functools.partial(
                 _load_within, meta_key, prefix, value, ctx.meta, ctx.data, limit, len(payload)))
-        # durability=fast: as load_one's, its own transaction and the ring inlined (the publishers' hot path)
+        # durability=fast: as load_one's, its own transaction, rung once committed (the publishers' hot path)
         try:
             with ctx.begin("load", True) as txn:
                 load = _load_within(meta_key, prefix, value, ctx.meta, ctx.data, limit, len(payload), txn)
