@@ -606,7 +606,7 @@ class Storage(Protocol):
     # settle skips building them (a hot path).
     settles_by_id: bool = True
 
-    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
+    def delete(self, refs: Sequence[SlotRef], versions: Sequence[Any] | None = None,
                ids: Sequence[str | None] | None = None) -> int:
         """Delete records so they stay deleted (one batch). Returns how many were present (an expired
         record not yet purged may count). `versions` (Envelope.version of each, as claimed) are a hint

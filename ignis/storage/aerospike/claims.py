@@ -232,12 +232,12 @@ class Claims:
         return self._stamp_slots("restamp", refs, now_ms_, count_attempt)
 
     @staticmethod
-    def _slot(ref: SlotRef, bins: Mapping[str, Any] | None, result: int, generation: int | None = None
+    def _slot(ref: SlotRef, bins: Mapping[str, Any] | None, result: int, version: Any = None
               ) -> Claimed:
         """A claimed slot from its stamp's outcome: the record; an awaited hole (not found, or a purge
         leftover a new message may still replace); or a hole for good (deleted or sealed)."""
         if result == 0 and bins is not None and bins.get(PURGED) is None:
-            return Claimed(ref, AerospikeContext.envelope(bins, generation, ref), False)
+            return Claimed(ref, AerospikeContext.envelope(bins, version, ref), False)
         return Claimed(ref, None, result != FILTERED_OUT)
 
     def _stamp_slots(self, operation: str, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool

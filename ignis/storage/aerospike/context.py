@@ -299,7 +299,7 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
         return bins is None or bins.get(TOMBSTONE) is not None or bins.get(PURGED) is not None
 
     @staticmethod
-    def envelope(bins: Mapping[str, Any], version: int | None = None, where: object = "?") -> Envelope:
+    def envelope(bins: Mapping[str, Any], version: Any = None, where: object = "?") -> Envelope:
         # Envelope.from_bins, for what the client hands back: a batch write answers every operation (a
         # read of a missing bin, a write: None), so an absent bin may be there as None; blobs may come
         # back as bytearray. One pass, no intermediate dict: this runs once per delivered message. A record

@@ -188,7 +188,7 @@ class Reads:
     # measured). The time as well as the generation: a newer message in a slot reused after a rollback
     # (rollback.py) can reach the same generation, not in the same millisecond. A record written since (a sweeper's
     # restamp, a move's claim) or gone fails it, and the id decides.
-    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
+    def delete(self, refs: Sequence[SlotRef], versions: Sequence[Any] | None = None,
                ids: Sequence[str | None] | None = None) -> int:
         if versions and len(refs) == 1 and ids is not None and not self._ctx.durable:
             # An ack of one message: first as its claim stamped it (a cursor's claim has no version). Its hot path,

@@ -315,7 +315,7 @@ class AerospikeStore:
     def drop_settled(self, magazine: str, shard: int, first: int, last: int) -> int:
         return self._reads.drop_settled(magazine, shard, first, last)
 
-    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
+    def delete(self, refs: Sequence[SlotRef], versions: Sequence[Any] | None = None,
                ids: Sequence[str | None] | None = None) -> int:
         return self._reads.delete(refs, versions, ids)
 

@@ -134,7 +134,7 @@ class Reads:
         # that allocates it, so no slot below a fire pointer waits for its write (write_grace_ms = 0).
         return [False] * len(refs)
 
-    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
+    def delete(self, refs: Sequence[SlotRef], versions: Sequence[Any] | None = None,
                ids: Sequence[str | None] | None = None) -> int:
         # (ids: an lmdb environment never hands a slot out twice: a commit that a crash undid took every
         # process that saw it down with it, claims included.)

@@ -286,7 +286,7 @@ class LmdbStore:
     def drop_settled(self, magazine: str, shard: int, first: int, last: int) -> int:
         return 0  # an ack deletes its record here: nothing is left behind
 
-    def delete(self, refs: Sequence[SlotRef], versions: Sequence[int | None] | None = None,
+    def delete(self, refs: Sequence[SlotRef], versions: Sequence[Any] | None = None,
                ids: Sequence[str | None] | None = None) -> int:
         return self._reads.delete(refs, versions, ids)
 
