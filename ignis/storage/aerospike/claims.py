@@ -26,7 +26,6 @@ from ignis.storage.aerospike.context import (
     NOT_FOUND,
     PURGED,
     READ_ENVELOPE,
-    STAMPED_AT,
     TOMBSTONE,
     AerospikeContext,
     ExpressionTemplate,
@@ -57,10 +56,6 @@ _CLAIM_GUARD = exp.LT(exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER)).compil
 _CLAIM_ONE = [ops.increment(FIRE_POINTER, 1), ops.read(FIRE_POINTER)]
 _READ_STAMPED = [*READ_ENVELOPE, ops.read(PURGED)]
 _READ_TOMBSTONE = ops.read(TOMBSTONE)
-# A stamp also reads the record's last-update time, which its own write just set (an expression sees the
-# operation's writes: measured on CE 8.1.2); with its generation, the message's Envelope.version: an ack's settle
-# then checks that metadata alone (Reads.delete), which the server decides without reading the record.
-_READ_STAMPED_AT = expr_ops.expression_read(STAMPED_AT, exp.LastUpdateTime().compile())
 _ANSWER_LOST = (ex.TimeoutError, ex.NoResponse)  # sent, maybe applied, no answer
 # An ordered queue's claims (Storage.claim_held): the shard's hold (HOLD_UNTIL, 0 or absent = none) is read and
 # written by the claim's own operate() on the meta record, under a filter expression, so two claimers never both
@@ -250,8 +245,10 @@ class Claims:
         ClaimInterrupted carries every slot back to the caller."""
         if not refs:
             return []
+        # A claimed message's Envelope.version is its record's generation after this stamp and the fireTS it wrote:
+        # an ack settles the message only while both are still the stamp's (Reads.delete).
         stamp = [ops.write(FIRE_TS, now_ms_), *([ops.increment(ATTEMPTS, 1)] if count_attempt else []),
-                 *_READ_STAMPED, _READ_STAMPED_AT]
+                 *_READ_STAMPED]
         try:
             if len(refs) == 1:
                 # One record: no filter expression (converting one costs the client more than the rest of
@@ -267,7 +264,7 @@ class Claims:
                                                    [*_stamp_only(now_ms_), _READ_TOMBSTONE], None, self._ctx.update)
                 if bins.get(TOMBSTONE) is not None:
                     return [self._slot(refs[0], None, FILTERED_OUT)]
-                return [self._slot(refs[0], bins, 0, ((meta or {}).get("gen"), bins.pop(STAMPED_AT, None)))]
+                return [self._slot(refs[0], bins, 0, ((meta or {}).get("gen"), now_ms_))]
             # batch_operate: one operation list and one policy for every key, which the client converts
             # once (per-record Write objects cost about three times the client CPU, measured).
             done = self._ctx.call(operation, self._ctx.client.batch_operate,
@@ -299,7 +296,7 @@ class Claims:
             result, got = record.result, record.record
             bins = got[2] if got else None
             if result == 0 and bins is not None and bins.get(PURGED) is None:  # _slot, inlined: per message
-                out.append(new(Claimed, (ref, envelope(bins, ((got[1] or {}).get("gen"), bins.pop(STAMPED_AT, None)),
+                out.append(new(Claimed, (ref, envelope(bins, ((got[1] or {}).get("gen"), now_ms_),
                                                        ref), False)))
             elif result in ANSWERED:
                 out.append(self._slot(ref, bins, result))

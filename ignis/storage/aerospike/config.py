@@ -24,6 +24,7 @@ from ignis.errors import InvalidInputError
 DEFAULT_PORT = 3000
 CONFIG_FILE_ENV = "IGNIS_AEROSPIKE_CONFIG_FILE"
 AckMode = Literal["auto", "durable-delete", "tombstone"]
+AckCheck = Literal["message", "generation"]
 
 
 class AerospikeSettings(BaseSettings):
@@ -48,6 +49,9 @@ class AerospikeSettings(BaseSettings):
     thread_pool_size: int = Field(16, ge=1, description="client thread pool (batch and async work)")
     tend_interval_ms: int = Field(1000, ge=250, description="how often the client checks the cluster's nodes")
     ack_mode: AckMode = Field("auto", description="auto: durable delete on Enterprise, tombstones on Community")
+    ack_check: AckCheck = Field(
+        "message", description="message: an ack's tombstone settles only the message its claim stamped; generation: "
+        "the record's generation alone, one filter expression less per ack (docs/aerospike/index.md)")
     max_record_bytes: int = Field(1 << 20, ge=1024, description="largest record the namespace accepts")
     login_timeout_ms: int = Field(5000, ge=0, description="connect/login timeout")
 
