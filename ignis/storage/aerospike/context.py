@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import operator
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -55,9 +56,13 @@ SEALED = "sealedAt"  # with deletedAt: a slot given up as a hole for good; refus
 # tell), so every subscription counts it lost; a seal without it is a publisher's reservation given up (no message).
 LOST = "lostAt"
 PURGED = "purgedAt"  # the one bin a magazine purge leaves; a new message may replace it
-STAMPED_AT = "stampedAt"  # no bin: a claim's expression read of the record's last-update time, as it stamped it (ns)
 ENVELOPE_BINS = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, REASON, HISTORY, FIRE_TS, ATTEMPTS,
                  DUE_AT, SUBJECT)
+# envelope's order of the bins, read in one step from an answer that holds them all
+ENVELOPE_ORDER = (PAYLOAD, MSG_ID, LOADED_AT, CODEC, HEADERS, PARTITION_KEY, FIRE_TS, ATTEMPTS, REASON, HISTORY, DUE_AT,
+                  SUBJECT)
+_ENVELOPE_VALUES = operator.itemgetter(*ENVELOPE_ORDER)
+_ENVELOPE_KEYS = frozenset(ENVELOPE_ORDER)
 BATCH_CHUNK = 5000  # keys per batch call in peeks and purges
 # A batch of at most this many records is processed in the server thread that receives it (allow_inline_ssd): a
 # device namespace otherwise hands every batch to separate service threads, which cost a publish batch of 8
@@ -305,10 +310,15 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
         # back as bytearray. One pass, no intermediate dict: this runs once per delivered message. A record
         # that is not an envelope (another tool wrote it, or it is damaged) is carried on as an unreadable one
         # (envelope.unreadable_envelope): never as something else.
-        get = bins.get
-        payload, msg_id, loaded_at, codec = get(PAYLOAD), get(MSG_ID), get(LOADED_AT), get(CODEC) or CODEC_BYTES
-        headers, key, fire_ts, attempts = get(HEADERS), get(PARTITION_KEY), get(FIRE_TS), get(ATTEMPTS) or 0
-        reason, history, due_at, subject = get(REASON), get(HISTORY), get(DUE_AT), get(SUBJECT)
+        if bins.keys() >= _ENVELOPE_KEYS:  # a batch's answer holds every bin asked (a missing one as None): one step
+            payload, msg_id, loaded_at, codec, headers, key, fire_ts, attempts, reason, history, due_at, \
+                subject = _ENVELOPE_VALUES(bins)
+            codec, attempts = codec or CODEC_BYTES, attempts or 0
+        else:  # (one record's answer leaves missing bins out)
+            get = bins.get
+            payload, msg_id, loaded_at, codec = get(PAYLOAD), get(MSG_ID), get(LOADED_AT), get(CODEC) or CODEC_BYTES
+            headers, key, fire_ts, attempts = get(HEADERS), get(PARTITION_KEY), get(FIRE_TS), get(ATTEMPTS) or 0
+            reason, history, due_at, subject = get(REASON), get(HISTORY), get(DUE_AT), get(SUBJECT)
         if type(payload) is not bytes or type(msg_id) is not str or not msg_id or type(loaded_at) is not int \
                 or type(attempts) is not int or codec not in STORED_CODECS \
                 or (fire_ts is not None and type(fire_ts) is not int) \
