@@ -589,3 +589,12 @@ def test_an_awaited_topic_slot_given_up_after_a_live_one_is_a_hole_not_a_loss_to
         lost = [r.getMessage() for r in caplog.records if " lost " in r.getMessage()]
         assert len(lost) == 1 and "bare-all" in lost[0], lost
         assert bare >= 1
+
+
+def test_data_keys_in_one_step_are_the_data_keys_one_by_one(make) -> None:
+    """AerospikeContext.data_keys spells names.data_key's format in a comprehension (it runs per message)."""
+    ctx = make()._ctx
+    refs = [SlotRef("orders", 3, 17), SlotRef("orders~sub", 0, 0), SlotRef("a_SHARD_b", 12, 10**9)]
+    assert ctx.data_keys(refs) == [ctx.data_key(ref) for ref in refs]
+    assert ctx.data_keys(refs, "topic") == [ctx.data_key(SlotRef("topic", ref.shard, ref.slot)) for ref in refs]
+    assert names.parse_data_key(ctx.data_keys(refs[:1])[0][2]) == ("orders", 3, 17)

@@ -268,7 +268,7 @@ class Claims:
             # batch_operate: one operation list and one policy for every key, which the client converts
             # once (per-record Write objects cost about three times the client CPU, measured).
             done = self._ctx.call(operation, self._ctx.client.batch_operate,
-                                  [self._ctx.data_key(ref) for ref in refs], stamp,
+                                  self._ctx.data_keys(refs), stamp,
                                   self._ctx.batch_policy(len(refs)), self._stamp)
             records = self._ctx.answers(operation, done, len(refs), self._ctx.data_set)
         except ex.AerospikeError as exc:

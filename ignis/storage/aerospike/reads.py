@@ -75,7 +75,7 @@ class Reads:
         if not refs:
             return []
         try:
-            found = self.batch_get("held", [self._ctx.data_key(ref) for ref in refs], _HELD_BINS, self._ctx.batch_all)
+            found = self.batch_get("held", self._ctx.data_keys(refs), _HELD_BINS, self._ctx.batch_all)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "held", self._ctx.data_set) from None
         return [bins is not None and bins.get(MSG_ID) is not None for bins in found]
@@ -84,7 +84,7 @@ class Reads:
         if not refs:
             return []
         try:
-            found = self.batch_get("read", [self._ctx.data_key(ref) for ref in refs])
+            found = self.batch_get("read", self._ctx.data_keys(refs))
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "read", self._ctx.data_set) from None
         return [None if bins is None else self._ctx.envelope(bins, None, ref)
@@ -99,7 +99,7 @@ class Reads:
             return []
         policy = None if expression is None else {**self._ctx.batch_all, "expressions": expression}
         try:
-            found = self.batch_get("peek", [self._ctx.data_key(ref) for ref in refs], None, policy)
+            found = self.batch_get("peek", self._ctx.data_keys(refs), None, policy)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "peek", self._ctx.data_set) from None
         return [(ref, self._ctx.envelope(bins, None, ref)) for ref, bins in zip(refs, found, strict=True)
@@ -110,7 +110,7 @@ class Reads:
             return []
         out = []
         try:
-            keys = [self._ctx.data_key(ref) for ref in refs]
+            keys = self._ctx.data_keys(refs)
             for start in range(0, len(keys), BATCH_CHUNK):
                 chunk = keys[start:start + BATCH_CHUNK]
                 done = self._ctx.call("settled", self._ctx.client.batch_read, chunk, _SETTLED_BINS)
@@ -211,17 +211,19 @@ class Reads:
                     raise self._ctx.fail(exc, "delete", self._ctx.data_set) from None
         if not refs:
             return 0
-        if ids is not None and (names.cursor_topic(refs[0][0]) is not None if len(refs) == 1 else  # (an ack's: one)
-                                any(names.cursor_topic(magazine) is not None for magazine in {ref[0] for ref in refs})):
+        if ids is not None:
             # A subscription's claim record holds no message id (topics.py): the live record in a cursor's slot is the
             # claim of the topic's message in the slot of the same number, whichever delivery of it is acked.
-            ids = [None if names.cursor_topic(ref[0]) is not None else msg_id for ref, msg_id in zip(refs, ids,
-                                                                                                    strict=True)]
+            magazines = {ref[0] for ref in refs}  # (an ack's: one)
+            cursors = {magazine for magazine in magazines if names.cursor_topic(magazine) is not None}
+            if cursors:
+                ids = [None] * len(refs) if len(cursors) == len(magazines) else \
+                    [None if ref[0] in cursors else msg_id for ref, msg_id in zip(refs, ids, strict=True)]
         try:
             if ids is not None:  # (the id decides: see above)
                 if len(refs) == 1:
                     return int(self.remove_one("delete", self._ctx.data_key(refs[0]), self._this_message(ids[0])))
-                keys = [self._ctx.data_key(ref) for ref in refs]
+                keys = self._ctx.data_keys(refs)
                 known = [i for i, msg_id in enumerate(ids) if msg_id is not None]
                 if len(known) == len(refs):
                     return self.remove_many("delete", keys, self._these_messages(ids))  # type: ignore[arg-type]
@@ -232,7 +234,7 @@ class Reads:
                         if known else 0) + self.remove_many("delete", anything)
             if len(refs) == 1:
                 return int(self.remove_one("delete", self._ctx.data_key(refs[0])))
-            return self.remove_many("delete", [self._ctx.data_key(ref) for ref in refs])
+            return self.remove_many("delete", self._ctx.data_keys(refs))
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "delete", self._ctx.data_set) from None
 

@@ -307,7 +307,7 @@ class Topics:
             topic = names.cursor_topic(refs[0][0])
             assert topic is not None
             filtered = self.filter_expression(only)
-            topic_keys = [self._ctx.data_key(SlotRef(topic, ref[1], ref[2])) for ref in refs]
+            topic_keys = self._ctx.data_keys(refs, topic)
             policy = self._ctx.batch_all if filtered is None else {**self._ctx.batch_all, "expressions": filtered}
             records = []
             for start in range(0, len(topic_keys), BATCH_CHUNK):
@@ -323,48 +323,62 @@ class Topics:
         # But one after a live record was never written (a publish that failed after its reservation, and whose seal
         # failed too: an outage), for a topic's records leave it oldest first (by TTL, or by the byte bound's trim):
         # a hole, not a loss to retention (the publisher was told it failed). Found in the 3-node fault run.
-        settled_before, first_live = 0, None
-        if expired is not None:
-            for ref, record in zip(refs, records, strict=True):
-                if record.result == 0 and record.record is not None and not self._ctx.tombstoned(record.record[2]):
-                    ttl = int((record.record[1] or {}).get("ttl") or 0)
-                    if first_live is None and (ttl <= 0 or ttl > self._ctx.write_grace_ms // 1000 + 1):
-                        first_live = ref[2]  # (far from its own expiry: one written near it may have expired first)
-                    if self._settled_after(record.record[2], now):
-                        settled_before = ref[2]
-        for ref, record in zip(refs, records, strict=True):
-            if record.result == FILTERED_OUT:
+        # (Worked out from every record at the first slot without a live one: most claims find none.)
+        bounds: tuple[int, int | None] | None = None
+        new, counted = tuple.__new__, (1 if count_attempt else 0)
+        for ref, record in zip(refs, records, strict=True):  # (per message: tombstoned and Claimed inlined)
+            result = record.result
+            if result == FILTERED_OUT:
                 if attempts is not None:
-                    out.append(Claimed(ref, None, None))  # landed, not for this subscription
+                    out.append(new(Claimed, (ref, None, None)))  # landed, not for this subscription
                 continue
-            bins = record.record[2] if record.result == 0 and record.record is not None else None
-            if bins is None or self._ctx.tombstoned(bins):
-                if record.result not in (0, NOT_FOUND):
+            got = record.record if result == 0 else None
+            bins = got[2] if got is not None else None
+            if bins is None or bins.get(TOMBSTONE) is not None or bins.get(PURGED) is not None:
+                if result not in (0, NOT_FOUND):
                     raise self._ctx.record_failure("claim", record, self._ctx.data_set)
                 if bins is not None and bins.get(SEALED) is not None and bins.get(LOST) is None:
                     # A publisher's reservation it gave up: no message was ever there, nothing lost.
                     if attempts is not None:
                         out.append(Claimed(ref, None, None))
                     continue
-                if expired is not None and bins is None and first_live is not None and \
-                        first_live < ref[2] < settled_before:
-                    continue  # never written (above): nothing lost, nothing to claim
-                if expired is not None and ((bins is None and ref[2] < settled_before) or
-                                            (bins is not None and bins.get(SEALED) is not None)):
-                    expired.append(ref[2])  # gone before this subscription came to it (or another found it so)
-                    continue
+                if expired is not None:
+                    if bounds is None:
+                        bounds = self._settled_bounds(refs, records, now)
+                    settled_before, first_live = bounds
+                    if bins is None and first_live is not None and first_live < ref[2] < settled_before:
+                        continue  # never written (above): nothing lost, nothing to claim
+                    if (bins is None and ref[2] < settled_before) or (bins is not None and
+                                                                      bins.get(SEALED) is not None):
+                        expired.append(ref[2])  # gone before this subscription came to it (or another found it so)
+                        continue
                 # Not written yet (a publish in flight), sealed, or gone: awaited, then sealed (ignis.magazine).
                 out.append(Claimed(ref, None, bins is None))
                 continue
             envelope = self._ctx.envelope(bins, None, ref)
-            previous = attempts.get(ref, 0) if attempts is not None else 0
-            envelope.fire_ts, envelope.attempts = now, previous + (1 if count_attempt else 0)
-            ttl = max(ttl, int((record.record[1] or {}).get("ttl") or 1))
+            envelope.fire_ts = now
+            envelope.attempts = counted if attempts is None else attempts.get(ref, 0) + counted
+            record_ttl = (got[1] or {}).get("ttl") or 1
+            if record_ttl > ttl:
+                ttl = int(record_ttl)
             writes.append((ref, envelope))
-            out.append(Claimed(ref, envelope, False))
+            out.append(new(Claimed, (ref, envelope, False)))
         if writes:
             self._write_claims(writes, ttl)
         return out
+
+    def _settled_bounds(self, refs: list[SlotRef], records: list[Any], now: int) -> tuple[int, int | None]:
+        """(settled_before, first_live) of a claim's records (_claim_slots): the last slot before which every missing
+        record is settled, and the first live record far from its own expiry (None: none)."""
+        settled_before, first_live = 0, None
+        for ref, record in zip(refs, records, strict=True):
+            if record.result == 0 and record.record is not None and not self._ctx.tombstoned(record.record[2]):
+                ttl = int((record.record[1] or {}).get("ttl") or 0)
+                if first_live is None and (ttl <= 0 or ttl > self._ctx.write_grace_ms // 1000 + 1):
+                    first_live = ref[2]  # (far from its own expiry: one written near it may have expired first)
+                if self._settled_after(record.record[2], now):
+                    settled_before = ref[2]
+        return settled_before, first_live
 
     def _write_claims(self, writes: list[tuple[SlotRef, Envelope]], ttl: int) -> None:
         """The claim records: fireTS and attempts, nothing of the message (DESIGN §8b; the slot says which message:
@@ -375,8 +389,11 @@ class Topics:
         it 1.6 ms of CPU per 100 records, this 0.43 ms (measured), half a subscription's drain."""
         policy = {**self._ctx.wp, "ttl": ttl}
         groups: dict[tuple[int | None, int], list[tuple[str, str, str]]] = {}
-        for ref, env in writes:
-            groups.setdefault((env.fire_ts, env.attempts), []).append(self._ctx.data_key(ref))
+        if len({(env.fire_ts, env.attempts) for _, env in writes}) == 1:  # a claim's (a restamp's may differ)
+            groups[(writes[0][1].fire_ts, writes[0][1].attempts)] = self._ctx.data_keys([ref for ref, _ in writes])
+        else:
+            for ref, env in writes:
+                groups.setdefault((env.fire_ts, env.attempts), []).append(self._ctx.data_key(ref))
         for (fire_ts, attempts), keys in groups.items():
             done = self._ctx.call("claim", self._ctx.client.batch_operate, keys,
                                   [ops.write(FIRE_TS, fire_ts), ops.write(ATTEMPTS, attempts),
