@@ -43,7 +43,8 @@ from ignis.storage.base import (
     SlotRef,
 )
 
-CLAIM_FROM = "claimFrom"  # expression-read result: the fire pointer before the claim
+# A claim of k writes where it began (LAST_FROM: the fire pointer before it) and reads it back after the write: a
+# plain read, where an expression read would be one more expression the client converts on every claim.
 # Every claim leaves its token (and, for a claim of several slots, the fire pointer before it) on the meta
 # record, so a claimer whose answer was lost can tell later whether the claim was applied and what it took.
 LAST_CLAIM, LAST_FROM = "lastClaim", "lastFrom"
@@ -103,10 +104,9 @@ class Claims:
         cached = self._claim_exprs.get(k)
         if cached is None:
             advanced = arithmetic.Min(arithmetic.Add(exp.IntBin(FIRE_POINTER), k), exp.IntBin(LOAD_POINTER))
-            cached = [expr_ops.expression_read(CLAIM_FROM, exp.IntBin(FIRE_POINTER).compile()),
-                      expr_ops.expression_write(LAST_FROM, exp.IntBin(FIRE_POINTER).compile()),
+            cached = [expr_ops.expression_write(LAST_FROM, exp.IntBin(FIRE_POINTER).compile()),
                       expr_ops.expression_write(FIRE_POINTER, advanced.compile()),
-                      ops.read(FIRE_POINTER)]
+                      ops.read(FIRE_POINTER), ops.read(LAST_FROM)]
             if len(self._claim_exprs) < 1024:
                 self._claim_exprs[k] = cached
         return cached
@@ -116,9 +116,9 @@ class Claims:
         fire, load = exp.IntBin(FIRE_POINTER), exp.IntBin(LOAD_POINTER)
         guard = exp.And(exp.LT(fire, load), exp.LT(fire, up_to)).compile()
         advanced = arithmetic.Min(arithmetic.Add(fire, k), load, up_to)
-        operations = [expr_ops.expression_read(CLAIM_FROM, fire.compile()),
-                      expr_ops.expression_write(LAST_FROM, fire.compile()),
-                      expr_ops.expression_write(FIRE_POINTER, advanced.compile()), ops.read(FIRE_POINTER)]
+        operations = [expr_ops.expression_write(LAST_FROM, fire.compile()),
+                      expr_ops.expression_write(FIRE_POINTER, advanced.compile()), ops.read(FIRE_POINTER),
+                      ops.read(LAST_FROM)]
         return operations, {**self._ctx.update, "expressions": guard}
 
     def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True,
@@ -199,7 +199,7 @@ class Claims:
         got = applied_claim(self._ctx, ticket)
         if got is None:
             return None
-        answer = {FIRE_POINTER: got.get(FIRE_POINTER, 0), CLAIM_FROM: got.get(LAST_FROM, 0)}
+        answer = {FIRE_POINTER: got.get(FIRE_POINTER, 0), LAST_FROM: got.get(LAST_FROM, 0)}
         return self._claimed(ticket.magazine, ticket.shard, ticket.single, answer, 0, now_ms_, ticket.count_attempt)
 
     def _claimed(self, magazine: str, shard: int, single: bool, got: Mapping[str, Any], before: int, now_ms_: int,
@@ -208,7 +208,7 @@ class Claims:
         key = self._ctx.meta_key(magazine, shard)
         marks, mark = self._ctx.shared.marks, (key[1], key[2], FIRE_POINTER)
         last = int(got[FIRE_POINTER])
-        first = last if single else int(got[CLAIM_FROM]) + 1
+        first = last if single else int(got[LAST_FROM]) + 1
         if first <= before:  # the fire pointer was below one seen before this claim: a rollback, or a purge
             try:
                 if not self._allocation.renumbered(magazine, shard, first, mark):

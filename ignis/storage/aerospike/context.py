@@ -80,17 +80,24 @@ _VAL = 200  # a compiled expression's value item (aerospike_helpers.expressions.
 
 
 class ExpressionTemplate:
-    """An expression of one value that changes per call (a message id, a time, a slot), compiled once around a
-    placeholder: `template(value)` is the compiled list with the value in its place. Compiling per call cost the
-    client more than the call it filters (measured); the client still converts the list on every call."""
+    """An expression of values that change per call (a message id, a time, a slot), compiled once around
+    placeholders: `template(*values)` is the compiled list with the values in their places. Compiling per call cost
+    the client more than the call it filters (measured); the client still converts the list on every call."""
 
-    def __init__(self, build: Callable[[Any], Any], placeholder: Any) -> None:
-        compiled = build(placeholder).compile()
-        at = compiled.index((_VAL, None, {"val": placeholder}, 0))  # (ValueError: no such placeholder in it)
-        self._head, self._tail = compiled[:at], compiled[at + 1:]
+    def __init__(self, build: Callable[..., Any], *placeholders: Any) -> None:
+        compiled = build(*placeholders).compile()
+        # (ValueError: no such placeholder in it)
+        self._at = [compiled.index((_VAL, None, {"val": p}, 0)) for p in placeholders]
+        self._compiled = compiled
+        self._head, self._tail = compiled[:self._at[0]], compiled[self._at[0] + 1:]
 
-    def __call__(self, value: Any) -> list[Any]:
-        return [*self._head, (_VAL, None, {"val": value}, 0), *self._tail]
+    def __call__(self, *values: Any) -> list[Any]:
+        if len(values) == 1:  # (the usual case, in one step)
+            return [*self._head, (_VAL, None, {"val": values[0]}, 0), *self._tail]
+        out = list(self._compiled)
+        for at, value in zip(self._at, values, strict=True):
+            out[at] = (_VAL, None, {"val": value}, 0)
+        return out
 
 
 LIVE = exp.Not(exp.Or(exp.BinExists(TOMBSTONE), exp.BinExists(PURGED)))

@@ -46,6 +46,7 @@ from ignis.storage.aerospike.context import (
     SEALED,
     TOMBSTONE,
     AerospikeContext,
+    ExpressionTemplate,
 )
 from ignis.storage.aerospike.errors import error_field, is_transient
 from ignis.storage.aerospike.reads import Reads
@@ -74,6 +75,12 @@ CLAIM_FROM = "claimFrom"
 SUBJECT_BIN = "subject"
 LOOK_BACK = 8  # topic slots read before an awaited one given up, for a live record that says it was never written
 SCAN_LIMIT = 1_000  # topic slots one claim looks at, at most (a filter that selects little: the next claim goes on)
+# A cursor's move (Topics._advance): behind `limit`, it takes min(fire + count, limit) and notes where it began.
+_FIRE = exp.IntBin(FIRE_POINTER)
+_BEHIND = ExpressionTemplate(lambda limit: exp.LT(_FIRE, limit), -7772)
+_ADVANCED = ExpressionTemplate(lambda count, limit: arithmetic.Min(arithmetic.Add(_FIRE, count), limit), -7771, -7772)
+_WRITE_LAST_FROM = expr_ops.expression_write(LAST_FROM, _FIRE.compile())
+_READ_FIRE, _READ_LAST_FROM = ops.read(FIRE_POINTER), ops.read(LAST_FROM)
 
 
 class _Read(NamedTuple):
@@ -258,19 +265,15 @@ class Topics:
         """Move the cursor over up to `count` slots, not past `limit`: the slots taken, None when none is left. An
         answer lost on the way (the server may have applied it) raises ClaimInDoubt: the move leaves its token and
         where it began in the cursor's meta record (as a queue's claim does), so `resolve_claim` finds the slots."""
-        fire = exp.IntBin(FIRE_POINTER)
-        guard = exp.LT(fire, limit).compile()
         token = f"{self._ctx.shared.claim_prefix}{next(self._ctx.shared.claim_seq)}"
-        operations = [expr_ops.expression_read(CLAIM_FROM, fire.compile()),
-                      expr_ops.expression_write(LAST_FROM, fire.compile()),
-                      expr_ops.expression_write(FIRE_POINTER, arithmetic.Min(arithmetic.Add(fire, count),
-                                                                             limit).compile()),
-                      ops.read(FIRE_POINTER), ops.write(LAST_CLAIM, token)]
+        # (where it began: LAST_FROM read back after its write, a plain read; a claim's expressions compiled once)
+        operations = [_WRITE_LAST_FROM, expr_ops.expression_write(FIRE_POINTER, _ADVANCED(count, limit)),
+                      _READ_FIRE, _READ_LAST_FROM, ops.write(LAST_CLAIM, token)]
         key = self._ctx.meta_key(cursor, shard)
         try:
             try:
                 _, _, got = self._ctx.call("claim", self._ctx.client.operate, key, operations, None,
-                                           {**self._ctx.update, "expressions": guard}, idempotent=False)
+                                           {**self._ctx.update, "expressions": _BEHIND(limit)}, idempotent=False)
             except ex.AerospikeError as exc:
                 if is_transient(exc, True) and (error_field(exc, "in_doubt", False) or isinstance(exc, _ANSWER_LOST)):
                     error = self._ctx.fail(exc, "claim", self._ctx.meta_set)
@@ -283,7 +286,7 @@ class Topics:
             return self._advance(cursor, shard, count, limit) if limit > 0 else None
         except ex.FilteredOut:  # FIRE >= limit: caught up
             return None
-        return int(got[CLAIM_FROM]) + 1, int(got[FIRE_POINTER])
+        return int(got[LAST_FROM]) + 1, int(got[FIRE_POINTER])
 
     def filter_expression(self, only: SubjectFilter | None) -> list[Any] | None:
         """The server-side form of a subject filter, a subscription's or a reader's (None: it selects every
