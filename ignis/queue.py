@@ -57,6 +57,7 @@ from ignis.topics.subscribed import SubscriptionSide
 from ignis.waiting import age_seconds, oldest_waiting_since
 
 log = logging.getLogger(__name__)
+_now = time.time  # (bound once: every delivery reads the clock)
 
 DIVERT_ROUNDS = 16  # claims fire_many makes again when all it claimed were unreadable records
 
@@ -224,7 +225,27 @@ class Queue(QueuePublishing, SubscriptionSide):
         when given)."""
         if timeout:
             return self._fire_waiting(timeout)
-        claimed = self.main.fire_one()  # (the per-message consume path: no helper calls of its own)
+        # The per-message consume path: a readable message from main, tested first; every other case in _fire_other.
+        claimed = self.main.fire_one()
+        if claimed is None or (envelope := claimed[1]).codec == CODEC_UNREADABLE:  # type: ignore[union-attr]
+            claimed = self._fire_other(claimed)
+            if claimed is None:
+                return None
+            envelope = claimed[1]
+        self._delivered.tick()
+        if envelope.attempts > 1:  # type: ignore[union-attr]
+            self._redelivered.tick()
+        else:
+            since = envelope.due_at or envelope.loaded_at  # type: ignore[union-attr]  # (a delayed one: its due time)
+            pending = self._latency_pending  # (observed in bulk: see metrics.FastHistogram's pending)
+            pending.append(_now() - since / 1000)
+            if len(pending) >= FOLD_AT:
+                self._latency.fold()
+        return Message(self, claimed[0], envelope)  # type: ignore[arg-type]
+
+    def _fire_other(self, claimed: Claimed | None) -> Claimed | None:
+        """fire's other cases: unreadable messages from main diverted, then, main empty, a subscription's topic; the
+        readable message claimed, or None (and the watcher follows the queue)."""
         while claimed is not None and claimed.envelope.codec == CODEC_UNREADABLE:  # type: ignore[union-attr]
             self._divert([claimed])
             claimed = self.main.fire_one()
@@ -236,18 +257,7 @@ class Queue(QueuePublishing, SubscriptionSide):
                 claimed = cursor.fire_one()  # type: ignore[union-attr]
         if claimed is None:
             self._watch()
-            return None
-        self._delivered.tick()
-        envelope = claimed.envelope
-        if envelope.attempts > 1:  # type: ignore[union-attr]
-            self._redelivered.tick()
-        else:
-            since = envelope.due_at or envelope.loaded_at  # type: ignore[union-attr]  # (a delayed one: its due time)
-            pending = self._latency_pending  # (observed in bulk: see metrics.FastHistogram's pending)
-            pending.append(time.time() - since / 1000)
-            if len(pending) >= FOLD_AT:
-                self._latency.fold()
-        return Message(self, claimed.ref, envelope)  # type: ignore[arg-type]
+        return claimed
 
     def _fire_waiting(self, timeout: float) -> Message | None:
         """fire(timeout): fire until a message comes or `timeout` seconds passed, waiting for work between."""
