@@ -249,7 +249,8 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
 
     def data_keys(self, refs: Iterable[SlotRef], magazine: str | None = None) -> list[tuple[str, str, str]]:
         """data_key of each ref (of `magazine`'s slot of the same shard and number, when given), built in one
-        comprehension: this runs per message of every batch. The key is names.data_key's (test_names checks it)."""
+        comprehension: this runs per message of every batch. The key is names.data_key's (test_aerospike_store
+        checks it)."""
         ns, data_set = self.ns, self.data_set
         if magazine is None:
             return [(ns, data_set, f"{m}_SHARD_{shard}_{slot}") for m, shard, slot in refs]
