@@ -5,7 +5,8 @@ sidelines (reason `rejected`); raising sidelines (reason `exception`) unless the
 ignorable, in which case the message is deleted. A handler call is bounded by the queue's handler
 timeout, itself capped at sweepDuration / 2 so that no handler still runs when the sweeper may re-home
 its message; a timed-out call sidelines (`timeout`), and when every handler thread is stuck for 1 s the
-batch is sidelined unrun (`saturated`).
+batch is sidelined unrun (`saturated`). A worker calls the handler on its own thread, timed out by
+ignis.deadlines (a stuck worker is replaced); calls from outside a worker go to a pool thread.
 
 Batching follows IgnisMQ exactly: one run fires until a batch of maxBatchSize is full and hands it
 over at once; when the queue runs dry it lingers until maxWaitTime after the start of the run, then
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 from ignis import tracing
 from ignis.acks import AckBatcher
 from ignis.client import Ignis
+from ignis.deadlines import Deadlines
 from ignis.errors import HoleBudgetExceeded, IgnisError, StoreError
 from ignis.logs import one_line
 from ignis.metrics import BATCH_SIZE, HANDLER_DURATION
@@ -66,15 +68,24 @@ class Handler:
 
 
 class HandlerPool:
-    """Runs handler calls on their own threads so a call can be abandoned at its timeout."""
+    """Runs handler calls on their own threads so a call can be abandoned at its timeout (calls from outside a
+    consumer worker: `run_once`, and a handler over several messages one by one); a worker's own call holds one
+    of its slots too (`hold`), so all of them together stay within max_handler_threads."""
 
     def __init__(self, max_threads: int) -> None:
         self._executor = concurrent.futures.ThreadPoolExecutor(max_threads, thread_name_prefix="ignis-handler")
         self._slots = threading.BoundedSemaphore(max_threads)
 
-    def call(self, fn: Callable[[Any], Any], arg: Any, timeout: float) -> Any:
+    def hold(self) -> None:
+        """Take a slot for a call on the caller's own thread (give it back with `release`)."""
         if not self._slots.acquire(timeout=SATURATION_GRACE_SECONDS):
             raise HandlerSaturated("no handler thread became free within 1 s")
+
+    def release(self) -> None:
+        self._slots.release()
+
+    def call(self, fn: Callable[[Any], Any], arg: Any, timeout: float) -> Any:
+        self.hold()
         future = self._executor.submit(self._run, fn, arg)
         try:
             return future.result(timeout)
@@ -89,6 +100,10 @@ class HandlerPool:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _Abandoned(Exception):
+    """A worker's own handler call returned after its timeout had been handled (ignis.deadlines)."""
 
 
 class _QueueRuntime:
@@ -127,6 +142,8 @@ class Consumer:
         self.outcomes: Counter[str] = Counter()  # acked / sidelined / ignored / dead-lettered, this process
         self._acks = AckBatcher(self._acked)  # handled messages are acked in batches (ignis.acks)
         self._specs: dict[str, tuple[dict[str, Any], QueueSpec]] = {}  # queue -> (config bins, spec)
+        self._deadlines = Deadlines()  # times out the handler calls workers make on their own threads
+        self._local = threading.local()  # .worker: (runtime, stop event) on a worker's thread
 
     # ---- registration ------------------------------------------------------------------------------
     def register(self, handler_type: str, fn: SingleHandler | None = None, *, batch: BatchHandler | None = None,
@@ -180,6 +197,8 @@ class Consumer:
         self._acks.close(max(0.0, deadline - time.monotonic()))
         self._pool.shutdown()
         self._pool = HandlerPool(self._max_handler_threads)  # a stopped consumer can be started again
+        self._deadlines.close()
+        self._deadlines = Deadlines()
         return not any(t.is_alive() for t in threads)
 
     def run(self) -> None:
@@ -299,6 +318,7 @@ class Consumer:
 
     # ---- one worker ----------------------------------------------------------------------------------
     def _work(self, rt: _QueueRuntime, stop: threading.Event) -> None:
+        self._local.worker = (rt, stop)  # its handler calls run here (_call_here)
         backoff = Backoff()
         while not stop.is_set():
             main = rt.queue.main
@@ -409,6 +429,7 @@ class Consumer:
 
     def consume(self, queue: Queue, handler: Handler, messages: list[Message]) -> None:
         """Decode, call the handler, settle every message of the call."""
+        in_hand = len(messages)  # (less those a timeout settled meanwhile: _call_here)
         try:
             readable = []
             for message in messages:
@@ -423,24 +444,37 @@ class Consumer:
             if queue.spec.batching is not None:
                 BATCH_SIZE.labels(queue.name).observe(len(readable))
                 if handler.batch is not None:
-                    self._call(queue, handler, handler.batch, readable, readable)
+                    self._call(queue, handler, handler.batch, readable, readable, alone=True)
                     return
             single = handler.single or (lambda m: handler.batch([m]))  # type: ignore[misc]
             for message in readable:
-                self._call(queue, handler, single, message, [message])
+                self._call(queue, handler, single, message, [message], alone=len(readable) == 1)
+        except _Abandoned:  # its timeout settled them, and a worker took this one's place: this one stops
+            in_hand -= len(readable)
         finally:
             with self._lock:
-                self._busy -= len(messages)
+                self._busy -= in_hand
 
     def _call(self, queue: Queue, handler: Handler, fn: Callable[[Any], Any], arg: Any,
-              messages: list[Message]) -> None:
+              messages: list[Message], alone: bool = False) -> None:
+        """Call the handler and settle its messages by the outcome. `alone`: the call holds every message in hand
+        of its consume, so a worker makes it on its own thread (_call_here); other calls go to the pool."""
         started = time.perf_counter()
         outcome = "success"
         error: BaseException | str | None = None  # for the trace
         span = tracing.start_process(queue, messages, batch=isinstance(arg, list))  # None when tracing is off
+        worker = getattr(self._local, "worker", None) if alone else None
+        timeout = queue.spec.effective_handler_timeout_seconds
         try:
-            result = self._pool.call(fn if span is None else tracing.within(span, fn), arg,
-                                     queue.spec.effective_handler_timeout_seconds)
+            if span is not None:
+                fn = tracing.within(span, fn)
+            if worker is None:
+                result = self._pool.call(fn, arg, timeout)
+            else:
+                result = self._call_here(worker, queue, handler, fn, arg, messages, timeout, started, span)
+        except _Abandoned:
+            outcome = ""  # observed and traced by its timeout
+            raise
         except HandlerTimeout as exc:
             outcome, error = "timeout", exc
             self._settle_failure(queue, handler, messages, TIMEOUT, exc)
@@ -457,9 +491,47 @@ class Consumer:
             else:
                 self._ack(queue, messages)
         finally:
-            HANDLER_DURATION.labels(queue.name, outcome).observe(time.perf_counter() - started)
-            if span is not None:
-                tracing.end_process(span, error)
+            if outcome:
+                HANDLER_DURATION.labels(queue.name, outcome).observe(time.perf_counter() - started)
+                if span is not None:
+                    tracing.end_process(span, error)
+
+    def _call_here(self, worker: tuple[_QueueRuntime, threading.Event], queue: Queue, handler: Handler,
+                   fn: Callable[[Any], Any], arg: Any, messages: list[Message], timeout: float, started: float,
+                   span: Any) -> Any:
+        """fn(arg) on this worker's own thread: no hand-off to a pool thread and back (ignis.deadlines). Past the
+        timeout, the deadlines thread settles the messages as timed out, as a pool call's caller would, and starts
+        a worker in this one's place; this one, once the handler returns, drops its outcome (_Abandoned) and stops."""
+        self._pool.hold()  # (HandlerSaturated when every slot has been held for 1 s)
+
+        def timed_out() -> None:
+            exc = HandlerTimeout(f"handler did not finish within {timeout:g} s")
+            self._replace(worker)
+            try:
+                self._settle_failure(queue, handler, messages, TIMEOUT, exc)
+            finally:
+                HANDLER_DURATION.labels(queue.name, "timeout").observe(time.perf_counter() - started)
+                if span is not None:
+                    tracing.end_process(span, exc)
+                with self._lock:
+                    self._busy -= len(messages)
+
+        call = self._deadlines.begin(timeout, timed_out)
+        try:
+            return fn(arg)
+        finally:
+            self._pool.release()
+            if not self._deadlines.end(call):
+                raise _Abandoned  # (whatever the handler returned or raised: its timeout settled the messages)
+
+    def _replace(self, worker: tuple[_QueueRuntime, threading.Event]) -> None:
+        """A worker is stuck in a handler past its timeout: it stops once the handler returns, and another takes
+        its place now, so the queue is consumed at its concurrency meanwhile."""
+        rt, stop = worker
+        stop.set()
+        with self._lock:
+            if not self._stop.is_set() and self._running.get(rt.queue.name) is rt:
+                self._scale(rt, rt.queue.spec.concurrency)
 
     def _ack(self, queue: Queue, messages: list[Message]) -> None:
         """Ack handled messages: with the others of the same few milliseconds, again and again (backing off)

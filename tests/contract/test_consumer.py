@@ -137,6 +137,55 @@ def test_timeout_sidelines_and_is_never_ignorable(ignis: Ignis) -> None:
     consumer.stop(5)
 
 
+def test_a_worker_calls_its_handler_on_its_own_thread(ignis: Ignis) -> None:
+    # No hand-off to a pool thread and back per message (ignis.deadlines: half of a consumer's thread switches).
+    q = declare(ignis, shards=1, concurrency=2)
+    q.publish_many(range(4))
+    threads: list[str] = []
+    consumer = Consumer(ignis, poll_interval=0.05)
+    consumer.register("jobs", lambda m: threads.append(threading.current_thread().name))
+    assert consumer.drain(timeout=20)
+    assert len(threads) == 4 and all(name.startswith("ignis-consumer-jobs-") for name in threads), threads
+
+
+def test_a_worker_stuck_past_its_timeout_is_replaced_and_its_late_outcome_dropped(ignis: Ignis) -> None:
+    # The stuck call's message is sidelined at its timeout while the handler still runs; another worker takes
+    # the stuck one's place (concurrency 1: nothing else would consume); the handler's late return acks nothing.
+    q = declare(ignis, shards=1, concurrency=1, handlerTimeoutSeconds=1)
+    q.publish("stuck")
+    release, entered = threading.Event(), threading.Event()
+    handled: list[Any] = []
+    consumer = Consumer(ignis, poll_interval=0.05)
+
+    def handle(message):
+        if message.payload == "stuck":
+            entered.set()
+            assert release.wait(30)
+            return True  # (too late: its timeout sidelined it)
+        handled.append(message.payload)
+
+    consumer.register("jobs", handle)
+    consumer.start()
+    try:
+        assert entered.wait(10)
+        deadline = time.monotonic() + 15
+        while not list(q.sideline.browse()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [e.reason for _, e in q.sideline.browse()] == ["timeout"]
+        q.publish_many(["after", "the", "timeout"])
+        while len(handled) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(handled) == ["after", "the", "timeout"]  # consumed while the first handler is still stuck
+        assert not release.is_set()
+        release.set()
+        time.sleep(0.3)  # the stuck worker returns, drops its outcome and stops
+    finally:
+        consumer.stop(10)
+    assert consumer.outcomes == {"sidelined": 1, "acked": 3}
+    assert [e.reason for _, e in q.sideline.browse()] == ["timeout"]
+    assert consumer._busy == 0
+
+
 def test_handler_timeout_is_capped_at_half_the_sweep_duration() -> None:
     spec = QueueSpec.build(name="q", handlerType="h", handlerTimeoutSeconds=1800, sweepDurationSeconds=600)
     assert spec.effective_handler_timeout_seconds == 300
