@@ -74,6 +74,8 @@ class CursorMagazine(Magazine):
             self._in_gap.discard(shard)
         if result.claimed:
             self._won.tick()
+            if result.drained:  # it took the last message known: the next fire need not claim to find the shard empty
+                active_shards.suppress(shard, loads_seen)  # (a load seen since keeps it: ShardActivity.suppress)
         elif result.drained:
             self._drained.tick()
             active_shards.suppress(shard, loads_seen)
