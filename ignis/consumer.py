@@ -502,7 +502,8 @@ class Consumer:
         """fn(arg) on this worker's own thread: no hand-off to a pool thread and back (ignis.deadlines). Past the
         timeout, the deadlines thread settles the messages as timed out, as a pool call's caller would, and starts
         a worker in this one's place; this one, once the handler returns, drops its outcome (_Abandoned) and stops."""
-        self._pool.hold()  # (HandlerSaturated when every slot has been held for 1 s)
+        pool, deadlines = self._pool, self._deadlines  # (a stop replaces both: this call ends with those it began with)
+        pool.hold()  # (HandlerSaturated when every slot has been held for 1 s)
 
         def timed_out() -> None:
             exc = HandlerTimeout(f"handler did not finish within {timeout:g} s")
@@ -516,12 +517,12 @@ class Consumer:
                 with self._lock:
                     self._busy -= len(messages)
 
-        call = self._deadlines.begin(timeout, timed_out)
+        call = deadlines.begin(timeout, timed_out)
         try:
             return fn(arg)
         finally:
-            self._pool.release()
-            if not self._deadlines.end(call):
+            pool.release()
+            if not deadlines.end(call):
                 raise _Abandoned  # (whatever the handler returned or raised: its timeout settled the messages)
 
     def _replace(self, worker: tuple[_QueueRuntime, threading.Event]) -> None:

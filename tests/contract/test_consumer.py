@@ -186,6 +186,31 @@ def test_a_worker_stuck_past_its_timeout_is_replaced_and_its_late_outcome_droppe
     assert consumer._busy == 0
 
 
+def test_a_handler_that_outlasts_the_stop_but_not_its_timeout_is_still_acked(ignis: Ignis) -> None:
+    # stop() gives up waiting after its own timeout; the handler, well inside the queue's, finishes later and its
+    # outcome counts (a stop replaces the consumer's deadlines: the call ends with the ones it began with).
+    q = declare(ignis, shards=1, concurrency=1, handlerTimeoutSeconds=30)
+    q.publish("slow")
+    entered, finished = threading.Event(), threading.Event()
+    consumer = Consumer(ignis, poll_interval=0.05)
+
+    def slow(message):
+        entered.set()
+        time.sleep(1.0)
+        finished.set()
+
+    consumer.register("jobs", slow)
+    consumer.start()
+    assert entered.wait(10)
+    assert consumer.stop(timeout=0.2) is False  # the worker is still in its handler
+    assert finished.wait(10)
+    deadline = time.monotonic() + 10
+    while not consumer.outcomes and time.monotonic() < deadline:  # (counted once the store took the ack)
+        time.sleep(0.05)
+    assert consumer.outcomes == {"acked": 1}
+    assert q.stats().consumed == 1 and not list(q.sideline.browse())
+
+
 def test_handler_timeout_is_capped_at_half_the_sweep_duration() -> None:
     spec = QueueSpec.build(name="q", handlerType="h", handlerTimeoutSeconds=1800, sweepDurationSeconds=600)
     assert spec.effective_handler_timeout_seconds == 300
