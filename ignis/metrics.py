@@ -7,7 +7,7 @@ import functools
 import itertools
 import threading
 import weakref
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -272,7 +272,7 @@ class _HistogramChild:
             values = pending[:]
             del pending[:len(values)]
         if values:
-            self.observe_many([v if v > 0.0 else 0.0 for v in values])
+            self.observe_many(values)
 
     def observe(self, value: float) -> None:
         try:
@@ -286,7 +286,9 @@ class _HistogramChild:
         counts[-1] += value
 
     def observe_many(self, values: Iterable[float]) -> None:
-        """observe() each of `values`, in one call (a batch of deliveries)."""
+        """observe() each of `values`, a negative one as 0 (clocks of two hosts), in one call (a fold of the
+        deliveries' pending values). Sorted first, then one bisection per bucket: the per-value work is C's sort,
+        not a Python loop (this runs for every delivered message, in folds of FOLD_AT)."""
         try:
             cell = self._local.cell
         except AttributeError:
@@ -294,11 +296,15 @@ class _HistogramChild:
         counts = cell.get(self._key)
         if counts is None:
             counts = cell[self._key] = [0.0] * self._size
-        bounds, total = self._bounds, 0.0
-        for value in values:
-            counts[bisect_left(bounds, value)] += 1
-            total += value
-        counts[-1] += total
+        ordered = sorted(values)
+        negative = bisect_left(ordered, 0.0)  # counted as 0.0: in the bucket of the first bound >= 0
+        below = 0  # values at or under the previous bound (a bucket's upper bound is inclusive: Prometheus' `le`)
+        for i, bound in enumerate(self._bounds):
+            upto = bisect_right(ordered, bound) if bound >= 0.0 else 0
+            counts[i] += upto - below
+            below = upto
+        counts[-2] += len(ordered) - below  # +Inf
+        counts[-1] += sum(ordered[negative:])
 
 
 # First delivery time minus publish time (or due time, for a delayed message), on the consumer's clock against

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 
+import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 from ignis.metrics import FastCounter, FastHistogram
@@ -122,6 +123,29 @@ def test_fast_histogram_observe_many_counts_as_observe_does() -> None:
     many = {(name, le): v for (name, way, le), v in samples.items() if way == "many"}
     assert one == many and one[("ignis_test_observe_many_seconds_count", None)] == len(values)
     assert one[("ignis_test_observe_many_seconds_bucket", "0.01")] == 4
+    REGISTRY.unregister(histogram)
+
+
+def test_fast_histogram_observe_many_matches_observe_on_random_values() -> None:
+    """observe_many sorts and bisects once per bucket: the same counts as observe per value, on values that sit on a
+    bound, between bounds and past the last, in any order; a negative one counts as 0."""
+    import random
+
+    rng = random.Random(47)
+    bounds = (0.0005, 0.001, 0.0025, 0.01, 1, 10)
+    histogram = FastHistogram("ignis_test_observe_many_random_seconds", "test", ["way"], buckets=bounds)
+    values = [rng.choice((rng.random() * 20, rng.random() * 0.002, rng.choice(bounds), -rng.random()))
+              for _ in range(5000)]
+    for value in values:
+        histogram.labels("one").observe(max(value, 0.0))
+    histogram.labels("many").observe_many(values)
+    samples = {(s.name, s.labels["way"], s.labels.get("le")): s.value
+               for family in histogram.collect() for s in family.samples}
+    one = {(name, le): v for (name, way, le), v in samples.items() if way == "one"}
+    many = {(name, le): v for (name, way, le), v in samples.items() if way == "many"}
+    total = "ignis_test_observe_many_random_seconds_sum", None
+    assert many.pop(total) == pytest.approx(one.pop(total))
+    assert one == many and one[("ignis_test_observe_many_random_seconds_count", None)] == len(values)
     REGISTRY.unregister(histogram)
 
 

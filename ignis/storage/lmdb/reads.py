@@ -138,17 +138,23 @@ class Reads:
                ids: Sequence[str | None] | None = None) -> int:
         # (ids: an lmdb environment never hands a slot out twice: a commit that a crash undid took every
         # process that saw it down with it, claims included.)
-        keys = self._ctx.data_keys(refs)
-        if self._ctx.sync:
-            return self._ctx.grouped("delete", functools.partial(_delete_keys, keys=keys, db=self._ctx.data))
+        ctx = self._ctx
+        if len(refs) == 1:  # one message's ack (Message.ack, the per-message path): its key inline, no helper's list
+            magazine, shard, slot = refs[0]
+            keys: Sequence[bytes] = ((ctx.key_cache.get((magazine, shard)) or ctx.keys(magazine, shard))[1]
+                                     + b"%d" % slot,)
+        else:
+            keys = ctx.data_keys(refs)
+        if ctx.sync:
+            return ctx.grouped("delete", functools.partial(_delete_keys, keys=keys, db=ctx.data))
         present = 0
         try:  # durability=fast: its own transaction (see StoreContext.grouped), without the indirection: a hot path
-            with self._ctx.begin("delete", True) as txn:
-                delete, data_db = txn.delete, self._ctx.data
+            with ctx.begin("delete", True) as txn:
+                delete, data_db = txn.delete, ctx.data
                 for key in keys:
                     present += delete(key, b"", data_db)  # an expired, unpurged record counts too
         except lmdb.Error as exc:
-            raise self._ctx.map_error(exc) from None
+            raise ctx.map_error(exc) from None
         return present
 
     def pointers(self, magazine: str, shards: int) -> dict[int, ShardPointers]:
