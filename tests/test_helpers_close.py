@@ -76,3 +76,50 @@ def test_moves_failing_while_the_store_answers_log_one_warning(tmp_path: Path, m
         assert len(warnings) == 1 and "moving delayed messages" in warnings[0].getMessage()
     finally:
         ig.close()
+
+
+def test_queue_listings_failing_by_turns_while_the_store_answers_log_one_warning(tmp_path: Path, monkeypatch,
+                                                                                    caplog) -> None:
+    """A consumer's refresh lists the queues (an index query): while a cluster's partitions migrate such queries
+    fail now and then although every other call answers. One WARNING for the stretch, not one per failed refresh
+    after a second of answers (which the store's own health, settled after a second, logged)."""
+    import logging
+    import time
+
+    import ignis.consumer as consumer_module
+    from ignis import Consumer
+    from ignis.errors import StoreUnavailable
+    from ignis.logs import Reachability
+
+    monkeypatch.setattr(consumer_module, "LISTING_HEALTH", Reachability(
+        "store (listing queues)", logging.getLogger("ignis.store"), settle_seconds=30))
+    ig = Ignis(f"lmdb://{tmp_path}/store")
+    try:
+        ig.apply(QueueSpec.build(name="q", handlerType="q", shards=1))
+        real = ig.list_queues
+        calls: list[float] = []
+        started = time.monotonic()
+
+        def failing_by_turns(*args: object, **kwargs: object) -> list:  # the 2nd and every 4th after fail
+            calls.append(time.monotonic() - started)
+            if len(calls) % 4 == 2:
+                raise StoreUnavailable("aerospike list_queues: timed out [9] (test)")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(ig, "list_queues", failing_by_turns)
+        consumer = Consumer(ig, refresh_interval=0.6)
+        consumer.handler("q")(lambda message: None)
+        with caplog.at_level(logging.DEBUG, logger="ignis.store"):
+            consumer.start()
+            try:
+                deadline = time.monotonic() + 10
+                while len(calls) < 7 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            finally:
+                consumer.stop()
+        assert len(calls) >= 7, calls  # two failures, the second after three answers 0.6 s apart
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "listing queues" in warnings[0], warnings
+        assert not any("reachable again" in r.getMessage() for r in caplog.records), "not settled yet"
+    finally:
+        ig.close()

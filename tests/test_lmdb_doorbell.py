@@ -91,3 +91,39 @@ def test_an_earlier_versions_listener_ignores_a_committing_ring(tmp_path: Path) 
     with pytest.raises(ValueError):
         [int(s) for s in shards.split(",") if s]  # the earlier parser, which then skips it
     publisher.close()
+
+
+def test_a_subscriptions_listener_is_rung_after_the_commit_of_its_topic(tmp_path: Path) -> None:
+    """A cursor claims in its own environment, reading the topic without the store's write lock, so it cannot wait a
+    commit out: its process lists the topic with the after-commit mark and gets no committing ring for it, while the
+    same process's queues still get theirs."""
+    from ignis.storage.lmdb.doorbell import LmdbDoorbell
+
+    location = f"lmdb://{tmp_path}/subscriber"
+    publisher = EnvironmentBell(str(tmp_path), f"lmdb://{tmp_path}/publisher")
+    listener = EnvironmentBell(str(tmp_path), location)
+    try:
+        LmdbDoorbell(listener, CLIENT).subscribe(["audit_FROM_orders", MAGAZINE])
+        with open(os.path.join(listener.dir, f"{listener.id}.subs")) as f:
+            assert set(f.read().split()) == {"+committing", f"={CLIENT}/orders", f"{CLIENT}/{MAGAZINE}"}
+        time.sleep(LISTING_TTL_SECONDS * 2)
+        topic = activity_for(location, CLIENT, "orders")
+        before = topic.changes
+        publisher.ring_committing(CLIENT, "orders", [1])
+        deadline = time.monotonic() + 0.3
+        while topic.changes == before and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert topic.changes == before  # no committing ring for the topic
+        publisher.ring(CLIENT, "orders", [1], after_committing=True)
+        deadline = time.monotonic() + 2
+        while topic.changes == before and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert topic.active == (1,)
+        assert not listener.take_committing(CLIENT, "orders", 1)
+        queue = activity_for(location, CLIENT, MAGAZINE)
+        before = queue.changes
+        publisher.ring_committing(CLIENT, MAGAZINE, [2])
+        assert _marks(location, before) == (2,)  # the queue's listener takes committing rings as before
+    finally:
+        publisher.close()
+        listener.close()

@@ -17,8 +17,10 @@ from typing import Any
 import lmdb
 
 from ignis.envelope import Envelope
+from ignis.names import CURSOR_INFIX
 from ignis.storage.base import Claimed, ClaimTicket, HeldClaim, SlotRef
 from ignis.storage.lmdb.context import StoreContext
+from ignis.storage.lmdb.cursor_environments import CursorEnvironments
 from ignis.storage.lmdb.reads import Reads
 from ignis.storage.lmdb.records import (
     _DATA_HEADER,
@@ -80,9 +82,10 @@ def _claim_in(ctx: StoreContext, magazine: str, shard: int, meta_key: bytes, pre
 class Claims:
     """Claims, stamps, seals and hole counts (`Storage.claim`, `restamp`, `stamp_unfired`, `seal`, ...)."""
 
-    def __init__(self, ctx: StoreContext, reads: Reads) -> None:
+    def __init__(self, ctx: StoreContext, reads: Reads, cursors: CursorEnvironments) -> None:
         self._ctx = ctx
         self._reads = reads  # seal reads the slots
+        self._cursors = cursors
 
     def resolve_claim(self, ticket: ClaimTicket, now_ms: int) -> list[Claimed] | None:
         return None  # a claim here is one local transaction: never in doubt
@@ -90,9 +93,10 @@ class Claims:
     def note_claimed_holes(self, magazine: str, holes: Mapping[int, int]) -> None:
         if not holes:
             return
-        with self._ctx.write("count_holes", durable=False) as txn:
+        ctx = self._cursors.of(magazine) if CURSOR_INFIX in magazine else self._ctx  # (a cursor's own environment)
+        with ctx.write("count_holes", durable=False) as txn:
             for shard, n in holes.items():
-                self._ctx.add_holes(txn, magazine, shard, claimed=n)
+                ctx.add_holes(txn, magazine, shard, claimed=n)
 
     def claim(self, magazine: str, shard: int, max_slots: int, now_ms_: int, count_attempt: bool = True,
               up_to: int | None = None) -> list[Claimed]:
@@ -236,6 +240,8 @@ class Claims:
         return [envelope is None for envelope in self._reads.read(refs)]
 
     def stamp_unfired(self, ref: SlotRef, now_ms_: int) -> Envelope | None:
+        if CURSOR_INFIX in ref[0]:  # a cursor's claim records always carry their claim's fireTS
+            return self._reads.read([ref])[0]
         key = self._ctx.data_key(ref)
         with self._ctx.write("stamp_unfired", durable=False) as txn:
             raw = txn.get(key, db=self._ctx.data)

@@ -51,7 +51,7 @@ class StoreContext:
     """One store handle's environment, databases and transaction helpers, shared by its concern objects."""
 
     def __init__(self, env: _Environment, *, farm_id: str, client_id: str, durability: str, map_size: int,
-                 max_dbs: int) -> None:
+                 max_dbs: int, cursor_only: bool = False) -> None:
         self.env = env
         self.client_id = client_id
         self.sync = durability == "fsync"
@@ -62,12 +62,18 @@ class StoreContext:
         self.call_counters: list[Any] = []
         self.key_cache: dict[tuple[str, int], tuple[bytes, bytes]] = {}
         self.bells: dict[str, EnvironmentBell | None] = {}  # magazine -> the doorbell a load into it rings (bell_of)
+        # Topics whose subscriptions' cursors this process claims in their own environments
+        # (ignis.storage.lmdb.cursor_environments): their claims never ride along in this environment's commits.
+        self.topics_with_own_cursors: set[str] = set()
         try:
-            self.queues = env.db(names.queue_set(farm_id, client_id))
-            self.index = env.db(names.active_index(farm_id, client_id))
             self.data = env.db(names.data_set(client_id))
             self.meta = env.db(names.meta_set(client_id))
-            self.system = env.db(f"{farm_id}_ignis_system")
+            if cursor_only:  # a cursor's own environment: claim records and pointers only
+                self.queues = self.index = self.system = None
+            else:
+                self.queues = env.db(names.queue_set(farm_id, client_id))
+                self.index = env.db(names.active_index(farm_id, client_id))
+                self.system = env.db(f"{farm_id}_ignis_system")
         except lmdb.Error as exc:
             raise self.map_error(exc) from None
 
@@ -178,7 +184,7 @@ class StoreContext:
             bell = self.bell_of(magazine)
             if bell is not None:
                 woke = bell.ring_committing(self.client_id, magazine, shards)
-                if woke and grouped and self.sync:
+                if woke and grouped and self.sync and magazine not in self.topics_with_own_cursors:
                     self.env.group.expect_claim()
         except Exception:
             log.debug("committing ring failed", exc_info=True)
@@ -228,17 +234,6 @@ class StoreContext:
             return key, 0, 0, b""
         _, load, fire = _unpack_meta(raw)
         return key, load, fire, raw[24:]
-
-    def load_and_fire(self, txn: Any, magazine: str, shard: int) -> tuple[int, int]:
-        """A shard's (load pointer, fire pointer); a subscription's cursor (names.cursor_of) takes its load pointer
-        from its topic's meta record and its fire pointer, the subscription's position, from its own."""
-        topic = names.cursor_topic(magazine)
-        if topic is None:
-            return self.meta_get(txn, magazine, shard)[1:3]
-        raw = txn.get(self.keys(topic, shard)[0], None, self.meta)
-        load = _unpack_meta(raw)[1] if raw is not None else 0
-        raw = txn.get(self.keys(magazine, shard)[0], None, self.meta)
-        return load, _unpack_meta(raw)[2] if raw is not None else 0
 
     def meta_put(self, txn: Any, key: bytes, load: int, fire: int, tail: bytes = b"") -> None:
         txn.put(key, _pack_meta(0, load, fire) + tail, db=self.meta)

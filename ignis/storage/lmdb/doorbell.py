@@ -17,7 +17,9 @@ ring promises a commit that no reader can see yet, so the listener notes it, and
 shard (ignis.storage.lmdb.claims) takes the write lock even when a look without it finds the shard drained:
 the lock is free once the publisher's commit is done, and the claim then sees the message. A listener that
 understands committing rings says so with a "+committing" line in its listing; one that does not (an older
-version) is rung after the commit instead.
+version) is rung after the commit instead, as are the topics a listener lists with a leading "=": a subscription's
+cursor claims in its own environment (ignis.storage.lmdb.cursor_environments), reading the topic without the
+store's write lock, so it wakes once the publish's commit is there to read.
 
 A ring is a hint, never the only way a message is found: the watcher also reads the pointers now and then
 (ignis.watch.SAFETY_POLL_SECONDS), so a lost datagram delays a message, never strands it.
@@ -44,6 +46,7 @@ SUN_PATH_MAX = 100  # sockaddr_un's path holds 108 bytes; longer paths go throug
 RECEIVE_BUFFER = 1 << 20
 RECEIVE_TIMEOUT_SECONDS = 0.5
 COMMITTING = "committing"  # the flag of a ring sent before the commit, and the listing line of those who take it
+AFTER_COMMIT = "="  # a listing line's mark: ring this magazine after the commit (to any listener)
 
 
 class EnvironmentBell:
@@ -151,7 +154,9 @@ class EnvironmentBell:
                     continue
                 aware = f"+{COMMITTING}" in keys
                 for key in keys:
-                    if not key.startswith("+"):
+                    if key.startswith(AFTER_COMMIT):  # a topic its subscriptions' cursors read: rung after the commit
+                        targets.setdefault(key[1:], []).append((listener, sock, False))
+                    elif not key.startswith("+"):
                         targets.setdefault(key, []).append((listener, sock, aware))
             for listener in set(self._connections) - {t[0] for ts in targets.values() for t in ts}:
                 self._connections.pop(listener).close()
@@ -190,7 +195,8 @@ class EnvironmentBell:
             if self._closed:
                 return
             self._subscriptions[client] = frozenset(magazines)
-            keys = frozenset(f"{c}/{m}" for c, ms in self._subscriptions.items() for m in ms)
+            keys = frozenset(f"{AFTER_COMMIT}{c}/{m[1:]}" if m.startswith(AFTER_COMMIT) else f"{c}/{m}"
+                             for c, ms in self._subscriptions.items() for m in ms)
             if keys == self._listening:
                 return
             if keys and self._sock is None:
@@ -269,5 +275,7 @@ class LmdbDoorbell:
 
     def subscribe(self, magazines: Collection[str]) -> None:
         # A subscription's cursor is rung by its topic's loads (the listener marks the topic's activity, which its
-        # cursors follow: ignis.activity).
-        self._bell.subscribe(self._client, {names.cursor_topic(m) or m for m in magazines})
+        # cursors follow: ignis.activity), after their commits: a cursor's claim reads the topic without the
+        # store's write lock (its claims commit in the cursor's own environment), so it cannot wait a commit out.
+        self._bell.subscribe(self._client, {AFTER_COMMIT + topic if (topic := names.cursor_topic(m)) else m
+                                            for m in magazines})

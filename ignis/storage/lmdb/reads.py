@@ -21,6 +21,7 @@ from ignis.bounds import LOAD_BYTES
 from ignis.envelope import Envelope, now_ms
 from ignis.storage.base import FIRE_POINTER, HOLD_UNTIL, HOLES, HOLES_CLAIMED, LOAD_POINTER, ShardPointers, SlotRef
 from ignis.storage.lmdb.context import StoreContext, _delete_keys
+from ignis.storage.lmdb.cursor_environments import CursorEnvironments
 from ignis.storage.lmdb.records import (
     _DATA_HEADER,
     _HOLD_SUFFIX,
@@ -38,12 +39,46 @@ from ignis.storage.lmdb.records import (
 )
 from ignis.subjects import SubjectFilter
 
+_CURSOR = names.CURSOR_INFIX  # in a magazine's name only if it is a subscription's cursor (queue names have no '_')
+_CURSOR_KEY = _CURSOR.encode()
+
+
+def _load_pointer(raw: bytes | None) -> int:
+    return _unpack_meta(raw)[1] if raw is not None else 0
+
 
 class Reads:
     """Reads, peeks, pointers, settles, deletes and purges (`Storage.read`, `peek`, `pointers`, `delete`, ...)."""
 
-    def __init__(self, ctx: StoreContext) -> None:
+    def __init__(self, ctx: StoreContext, cursors: CursorEnvironments) -> None:
         self._ctx = ctx
+        self._cursors = cursors
+
+    def _cursor_pointers(self, txn: Any, cursor: str, shards: int, holes: bool = True) -> list[ShardPointers]:
+        """A subscription's cursor's pointers per shard: the load pointer its topic's (read in `txn`, the store's
+        environment), the fire pointer and hole counts its own (read in the cursor's environment)."""
+        topic = names.cursor_topic(cursor)
+        main, own = self._ctx, self._cursors.of(cursor)
+        loads = [_load_pointer(txn.get(main.keys(topic, shard)[0], None, main.meta))  # type: ignore[arg-type]
+                 for shard in range(shards)]
+        out = []
+        with own.env.env.begin(None, None, False) as own_txn:
+            for shard, load in enumerate(loads):
+                raw = own_txn.get(own.keys(cursor, shard)[0], None, own.meta)
+                fire = _unpack_meta(raw)[2] if raw is not None else 0
+                raw = own_txn.get(own.holes_key(cursor, shard), None, own.meta) if holes else None
+                _, made, passed = _unpack_holes(raw) if raw is not None else (0, 0, 0)
+                out.append(ShardPointers(load, fire, made, passed))
+        return out
+
+    def _claim_records(self, cursor: str, refs: Sequence[SlotRef]) -> list[bytes | None]:
+        """The claim records of a cursor's slots, read in the cursor's environment."""
+        own = self._cursors.of(cursor)
+        try:
+            with own.env.env.begin(None, None, False) as txn:
+                return [txn.get(own.data_key(ref), None, own.data) for ref in refs]
+        except lmdb.Error as exc:
+            raise own.map_error(exc) from None
 
     def watch_pointers(self, magazines: Sequence[tuple[str, int]]) -> list[tuple[list[int], int]]:
         def read(txn: Any) -> list[tuple[list[int], int]]:
@@ -51,11 +86,10 @@ class Reads:
             out = []
             for magazine, shards in magazines:
                 with_work, loaded = [], 0
-                if names.cursor_topic(magazine) is not None:  # a subscription's cursor: its topic's load pointers
-                    for shard in range(shards):
-                        load, fire = self._ctx.load_and_fire(txn, magazine, shard)
-                        loaded += load
-                        if load > fire:
+                if _CURSOR in magazine:  # a subscription's cursor: its topic's load pointers, its own fire pointers
+                    for shard, pointers in enumerate(self._cursor_pointers(txn, magazine, shards, holes=False)):
+                        loaded += pointers.load
+                        if pointers.load > pointers.fire:
                             with_work.append(shard)
                     out.append((with_work, loaded))
                     continue
@@ -78,15 +112,23 @@ class Reads:
         return [0] * len(magazines)
 
     def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
+        claims: dict[int, bytes | None] = {}  # a cursor slot's claim record, from the cursor's environment
+        by_cursor: dict[str, list[int]] = {}
+        for i, ref in enumerate(refs):
+            if _CURSOR in ref[0]:
+                by_cursor.setdefault(ref[0], []).append(i)
+        for cursor, indexes in by_cursor.items():
+            claims.update(zip(indexes, self._claim_records(cursor, [refs[i] for i in indexes]), strict=True))
+
         def get_all(txn: Any) -> list[Envelope | None]:
             now = now_ms()
             out: list[Envelope | None] = []
-            for ref in refs:
+            for i, ref in enumerate(refs):
+                if i in claims:
+                    out.append(self._joined(txn, ref, claims[i], now))
+                    continue
                 raw = txn.get(self._ctx.data_key(ref), db=self._ctx.data)
-                if names.cursor_topic(ref[0]) is not None:
-                    out.append(self._joined(txn, ref, raw, now))
-                else:
-                    out.append(None if raw is None or _expired(raw, now) else _unpack_data(raw, ref))
+                out.append(None if raw is None or _expired(raw, now) else _unpack_data(raw, ref))
             return out
 
         return self._ctx.read("read", get_all)
@@ -96,24 +138,52 @@ class Reads:
         cursor = names.cursor_topic(magazine) is not None
         selects = None if only is None or only.matches_all or cursor else only.matches
 
+        claims: list[tuple[SlotRef, bytes]] = []
+        if cursor:  # the claim records there are, from the cursor's environment; joined to the topic's below
+            claims = self._cursor_claims_between(magazine, shard, max(first, 1), last)
+
         def scan(txn: Any) -> list[tuple[SlotRef, Envelope]]:
             now = now_ms()
             out = []
+            for ref, claim in claims:
+                joined = self._joined(txn, ref, claim, now)
+                if joined is not None:
+                    out.append((ref, joined))
             prefix = self._ctx.keys(magazine, shard)[1]
-            for slot in range(max(first, 1), last + 1):
+            for slot in range(max(first, 1), last + 1) if not cursor else ():
                 raw = txn.get(prefix + b"%d" % slot, db=self._ctx.data)
-                if cursor:
-                    ref = SlotRef(magazine, shard, slot)
-                    joined = self._joined(txn, ref, raw, now)
-                    if joined is not None:
-                        out.append((ref, joined))
-                elif raw is not None and not _expired(raw, now):
+                if raw is not None and not _expired(raw, now):
                     envelope = _unpack_data(raw, f"{magazine}/{shard}/{slot}")
                     if selects is None or selects(envelope.subject):
                         out.append((SlotRef(magazine, shard, slot), envelope))
             return out
 
         return self._ctx.read("peek", scan)
+
+    def _cursor_claims_between(self, cursor: str, shard: int, first: int, last: int) -> list[tuple[SlotRef, bytes]]:
+        """The claim records of a cursor's shard in first..last, in slot order: the records there are, by one scan
+        of the cursor's environment (a cursor's claims are few next to the slots it passed)."""
+        own = self._cursors.of(cursor)
+        prefix = own.keys(cursor, shard)[1]
+        out: list[tuple[SlotRef, bytes]] = []
+        if first > last:
+            return out
+        try:
+            with own.env.env.begin(None, None, False) as txn:
+                records = txn.cursor(own.data)
+                found = records.set_range(prefix)
+                while found:
+                    key = records.key()
+                    if not key.startswith(prefix):
+                        break
+                    slot = int(key[len(prefix):])  # (decimal: the keys' order is not the slots')
+                    if first <= slot <= last:
+                        out.append((SlotRef(cursor, shard, slot), records.value()))
+                    found = records.next()
+        except lmdb.Error as exc:
+            raise own.map_error(exc) from None
+        out.sort(key=lambda item: item[0].slot)
+        return out
 
     def _joined(self, txn: Any, ref: SlotRef, claim: bytes | None, now: int) -> Envelope | None:
         """A cursor slot's message as its subscription holds it: the topic's record, with the claim record's fireTS
@@ -141,10 +211,14 @@ class Reads:
         ctx = self._ctx
         if len(refs) == 1:  # one message's ack (Message.ack, the per-message path): its key inline, no helper's list
             magazine, shard, slot = refs[0]
+            if _CURSOR in magazine:  # a subscription's claim: in its cursor's environment
+                ctx = self._cursors.of(magazine)
             keys: Sequence[bytes] = ((ctx.key_cache.get((magazine, shard)) or ctx.keys(magazine, shard))[1]
                                      + b"%d" % slot,)
         else:
             keys = ctx.data_keys(refs)
+            if _CURSOR_KEY in b"".join(keys):  # (queue names have no '_': only a cursor's keys have this)
+                return self._delete_by_environment(refs)
         if ctx.sync:
             return ctx.grouped("delete", functools.partial(_delete_keys, keys=keys, db=ctx.data))
         present = 0
@@ -157,11 +231,33 @@ class Reads:
             raise ctx.map_error(exc) from None
         return present
 
+    def _delete_by_environment(self, refs: Sequence[SlotRef]) -> int:
+        """Delete refs of several magazines, some of them cursors: each environment's in its own transaction."""
+        groups: dict[str, list[SlotRef]] = {}
+        for ref in refs:
+            groups.setdefault(ref[0] if _CURSOR in ref[0] else "", []).append(ref)
+        present = 0
+        for cursor, group in groups.items():
+            present += self._delete_keys_of(self._cursors.of(cursor) if cursor else self._ctx, group)
+        return present
+
+    def _delete_keys_of(self, ctx: StoreContext, refs: Sequence[SlotRef]) -> int:
+        keys = ctx.data_keys(refs)
+        if ctx.sync:
+            return ctx.grouped("delete", functools.partial(_delete_keys, keys=keys, db=ctx.data))
+        try:
+            with ctx.begin("delete", True) as txn:
+                return _delete_keys(txn, keys, ctx.data)
+        except lmdb.Error as exc:
+            raise ctx.map_error(exc) from None
+
     def pointers(self, magazine: str, shards: int) -> dict[int, ShardPointers]:
         def get_all(txn: Any) -> dict[int, ShardPointers]:
+            if _CURSOR in magazine:
+                return dict(enumerate(self._cursor_pointers(txn, magazine, shards)))
             out = {}
             for shard in range(shards):
-                load, fire = self._ctx.load_and_fire(txn, magazine, shard)
+                _, load, fire, _ = self._ctx.meta_get(txn, magazine, shard)
                 raw = txn.get(self._ctx.holes_key(magazine, shard), db=self._ctx.meta)
                 _, holes, passed = _unpack_holes(raw) if raw is not None else (0, 0, 0)
                 out[shard] = ShardPointers(load, fire, holes, passed)
@@ -174,20 +270,36 @@ class Reads:
         prefixes = [names.magazine_prefix(magazine).encode()]
         if names.queue_and_kind(magazine)[1] == "main":  # and the queue's delayed messages, and their record
             prefixes.append(names.delayed_prefix(magazine).encode())
+        ctx = self._cursors.of(magazine) if _CURSOR in magazine else self._ctx  # (a cursor: its own environment)
         for prefix in prefixes:
             more = True
             while more:  # in chunks, so producers on other queues are not blocked for long
-                with self._ctx.write("purge_magazine") as txn:
+                with ctx.write("purge_magazine") as txn:
                     more = False
-                    for db in (self._ctx.data, self._ctx.meta):
+                    for db in (ctx.data, ctx.meta):
                         n, more_here = _delete_prefix(txn.cursor(db=db), prefix, 5000)
-                        removed += n if db is self._ctx.data else 0
+                        removed += n if db is ctx.data else 0
                         more = more or more_here
         return removed
 
     # ---- introspection for tools and tests ----------------------------------------------------
     def raw_record(self, set_name: str, key: str) -> tuple[int, dict[str, Any]] | None:
-        """(expire-at ms, bins) of any record, expired or not — what `aql` would show."""
+        """(expire-at ms, bins) of any record, expired or not — what `aql` would show (a cursor's records from the
+        cursor's own environment)."""
+        magazine = key.partition("_SHARD_")[0]
+        client = self._ctx.client_id
+        if _CURSOR in magazine and set_name in (names.data_set(client), names.meta_set(client)):
+            return _RawReader(self._cursors.of(magazine)).get(set_name, key)
+        return _RawReader(self._ctx).get(set_name, key)
+
+
+class _RawReader:
+    """raw_record's reading of one environment's record."""
+
+    def __init__(self, ctx: StoreContext) -> None:
+        self._ctx = ctx
+
+    def get(self, set_name: str, key: str) -> tuple[int, dict[str, Any]] | None:
         db = self._ctx.env.db(set_name)
 
         def get(txn: Any) -> tuple[int, dict[str, Any]] | None:

@@ -34,6 +34,7 @@ from ignis.storage.base import (
 from ignis.storage.lmdb.allocation import Allocation
 from ignis.storage.lmdb.claims import Claims
 from ignis.storage.lmdb.context import StoreContext
+from ignis.storage.lmdb.cursor_environments import CursorEnvironments
 from ignis.storage.lmdb.delayed import DelayedMessages
 from ignis.storage.lmdb.doorbell import LmdbDoorbell
 from ignis.storage.lmdb.environment import _Environment
@@ -77,14 +78,16 @@ class LmdbStore:
         env = _env or _Environment.acquire(path, durability, map_size, max_dbs)
         self._ctx = StoreContext(env, farm_id=farm_id, client_id=self.client_id, durability=durability,
                                  map_size=map_size, max_dbs=max_dbs)
+        self._cursors = CursorEnvironments(self._ctx, farm_id=self.farm_id, durability=durability, map_size=map_size,
+                                           purge_interval=purge_interval)
         self._registry = QueueRegistry(self._ctx)
         self._leases = Leases(self._ctx)
         self._allocation = Allocation(self._ctx)
-        self._reads = Reads(self._ctx)
-        self._claims = Claims(self._ctx, self._reads)
-        self._moves = Moves(self._ctx)
+        self._reads = Reads(self._ctx, self._cursors)
+        self._claims = Claims(self._ctx, self._reads, self._cursors)
+        self._moves = Moves(self._ctx, self._cursors)
         self._delayed = DelayedMessages(self._ctx)
-        self._topics = Topics(self._ctx, self.farm_id)
+        self._topics = Topics(self._ctx, self._cursors, self.farm_id)
         # The hot paths skip this facade's delegating frame (one Python call per publish, claim or ack): the
         # methods below stay for the interface's sake and are shadowed here by the concern's own.
         self.load_one = self._allocation.load_one  # type: ignore[method-assign]
@@ -121,12 +124,14 @@ class LmdbStore:
     def close(self) -> None:
         if not self._ctx.closed:
             self._ctx.closed = True
+            self._cursors.close()
             if self._owns_env:
                 self._ctx.env.release()
 
     def purge_expired(self) -> int:
-        """Run one purge pass now (the background thread does this every purge_interval seconds)."""
-        return self._ctx.env.purge_expired()
+        """Run one purge pass now (the background threads do this every purge_interval seconds), subscriptions'
+        cursors included."""
+        return self._ctx.env.purge_expired() + self._cursors.purge_expired()
 
     # ---- queue registry (registry.py) ----------------------------------------------------------
     def ensure_index(self) -> None:

@@ -1,14 +1,15 @@
 """The lmdb store's topics: the topic registry, and the cursors subscriptions read them through.
 
 A topic's messages are a magazine named after it (loaded as any magazine is, with the subject in the record). A
-subscription reads it through its cursor magazine (`names.cursor_of`): per topic shard, the cursor's meta record
-holds its position as the fire pointer (the load pointer is the topic's), and a claim writes, in the cursor's slot
-of the same number, a small claim record (the message's id, fireTS, attempts; no payload) that an ack deletes and
-a sweep moves on, the message itself staying in the topic. A claim is one transaction: it reads the topic's load
-pointer, moves the cursor over the slots it takes, skips what the filter does not select and what expired (counted
-on the cursor's hole record: what the subscription lost to retention), and writes the claim records; so no claim
-record is ever missing for a slot a subscription took. Reads of a cursor magazine (`peek`, `read`) join each claim
-record to its topic record.
+subscription reads it through its cursor magazine (`names.cursor_of`), whose records live in an LMDB environment of
+their own (ignis.storage.lmdb.cursor_environments): per topic shard, the cursor's meta record holds its position as
+the fire pointer (the load pointer is the topic's), and a claim writes, in the cursor's slot of the same number, a
+small claim record (the message's id, fireTS, attempts; no payload) that an ack deletes and a sweep moves on, the
+message itself staying in the topic. A claim is one transaction of the cursor's environment, with the topic read in
+a read transaction of the store's: it reads the topic's load pointer, moves the cursor over the slots it takes,
+skips what the filter does not select and what expired (counted on the cursor's hole record: what the subscription
+lost to retention), and writes the claim records; so no claim record is ever missing for a slot a subscription
+took. Reads of a cursor magazine (`peek`, `read`) join each claim record to its topic record.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ignis import names
 from ignis.envelope import Envelope, now_ms
 from ignis.storage.base import Claimed, CursorClaim, QueueRecord, SlotRef
 from ignis.storage.lmdb.context import StoreContext
+from ignis.storage.lmdb.cursor_environments import CursorEnvironments
 from ignis.storage.lmdb.records import (
     _DATA,
     _expired,
@@ -32,6 +34,7 @@ from ignis.storage.lmdb.records import (
     _unpack_data,
     _unpack_data_head,
     _unpack_data_header,
+    _unpack_meta,
 )
 from ignis.subjects import SubjectFilter
 
@@ -42,8 +45,9 @@ SCAN_LIMIT = 10_000  # topic slots one claim looks at, at most (a filter that se
 class Topics:
     """Topic records (`Storage.apply_topic`, ...) and cursor claims, reads and moves (`Storage.claim_cursor`, ...)."""
 
-    def __init__(self, ctx: StoreContext, farm_id: str) -> None:
+    def __init__(self, ctx: StoreContext, cursors: CursorEnvironments, farm_id: str) -> None:
         self._ctx = ctx
+        self._cursors = cursors
         self._set = names.topic_set(farm_id, ctx.client_id)
         self._db: Any = None
 
@@ -87,93 +91,111 @@ class Topics:
         return raw is not None
 
     # ---- cursors --------------------------------------------------------------------------------------
+    # A cursor's records are in its own environment (ignis.storage.lmdb.cursor_environments); its topic's messages
+    # and load pointers in the store's, read in a read transaction there: only the cursor's write lock is taken.
     def set_cursor(self, cursor: str, positions: Mapping[int, int]) -> None:
-        with self._ctx.write("set_cursor") as txn:
+        own = self._cursors.of(cursor)
+        with own.write("set_cursor") as txn:
             for shard, position in positions.items():
-                self._ctx.meta_put(txn, self._ctx.keys(cursor, shard)[0], 0, max(int(position), 0))
+                own.meta_put(txn, own.keys(cursor, shard)[0], 0, max(int(position), 0))
 
     def claim_cursor(self, cursor: str, shard: int, max_slots: int, now: int, only: SubjectFilter | None,
                      up_to: int | None = None, count_attempt: bool = True) -> CursorClaim:
         topic = names.cursor_topic(cursor)
         assert topic is not None
-        topic_prefix = self._ctx.keys(topic, shard)[1]
-        cursor_meta, cursor_prefix = self._ctx.keys(cursor, shard)
-        data_db, selects = self._ctx.data, None if only is None or only.matches_all else only.matches
+        main, own = self._ctx, self._cursors.of(cursor)
+        topic_meta, topic_prefix = main.keys(topic, shard)
+        cursor_meta, cursor_prefix = own.keys(cursor, shard)
+        main_env, main_data, main_meta = main.env.env, main.data, main.meta
+        own_data, selects = own.data, None if only is None or only.matches_all else only.matches
 
-        if self._ctx.sync:  # as a queue's claim (ignis.storage.lmdb.claims): a look first, without the write lock
-            try:            # every process shares, so a caught-up cursor waits for no other process's flush
-                with self._ctx.env.env.begin(None, None, False) as txn:
-                    load, fire = self._ctx.load_and_fire(txn, cursor, shard)
-            except lmdb.Error as exc:
-                raise self._ctx.map_error(exc) from None
-            # Unless a publisher rang before its commit (doorbell): then the write lock waits that commit out.
-            if fire >= (load if up_to is None else min(load, up_to)) and (
-                    up_to is not None or not self._ctx.committing(topic, shard)):
-                return CursorClaim([], 0, True)
+        # A look first, without the cursor's write lock: a caught-up cursor waits for no commit of its own.
+        try:
+            with main_env.begin(None, None, False) as txn:
+                load = _load_pointer(txn.get(topic_meta, None, main_meta))
+            with own.env.env.begin(None, None, False) as txn:
+                fire = _fire_pointer(txn.get(cursor_meta, None, own.meta))
+        except lmdb.Error as exc:
+            raise main.map_error(exc) from None
+        if fire >= (load if up_to is None else min(load, up_to)):
+            # (Caught up with what is committed. A cursor's listener is rung after a publish's commit, never before
+            # it, so there is no commit it was woken for that it might not see yet: ignis.storage.lmdb.doorbell.)
+            return CursorClaim([], 0, True)
 
-        def write(txn: Any) -> CursorClaim:
-            get, put = txn.get, txn.put
-            load, fire = self._ctx.load_and_fire(txn, cursor, shard)
-            limit = load if up_to is None else min(load, up_to)
-            if fire >= limit:
-                return CursorClaim([], 0, True)
-            expired = 0
-            slot = fire
-            if _gone(get(topic_prefix + b"%d" % (fire + 1), None, data_db), now):  # fell behind the retention
-                slot = _first_retained(get, topic_prefix, data_db, fire + 1, limit, now) - 1
-                expired = slot - fire
-            claimed: list[Claimed] = []
-            scanned = 0
-            while slot < limit and len(claimed) < max_slots and scanned < SCAN_LIMIT:
-                slot += 1
-                scanned += 1
-                raw = get(topic_prefix + b"%d" % slot, None, data_db)
-                if _gone(raw, now):  # expired (or trimmed) since: lost to retention too
-                    expired += 1
-                    continue
-                envelope = _unpack_data(raw, f"{topic}/{shard}/{slot}")
-                if selects is not None and not selects(envelope.subject):
-                    continue
-                envelope.fire_ts, envelope.attempts = now, 1 if count_attempt else 0
-                put(cursor_prefix + b"%d" % slot, _claim_record(envelope, raw), True, True, False, data_db)
-                claimed.append(_new_ref(Claimed, (_new_ref(SlotRef, (cursor, shard, slot)), envelope, False)))
-            self._ctx.meta_put(txn, cursor_meta, 0, slot)
+        def write(txn: Any) -> CursorClaim:  # in the cursor's environment, its write lock held: one claimer at once
+            put = txn.put
+            fire = _fire_pointer(txn.get(cursor_meta, None, own.meta))
+            with main_env.begin(None, None, False) as topic_txn:
+                get = topic_txn.get
+                load = _load_pointer(get(topic_meta, None, main_meta))
+                limit = load if up_to is None else min(load, up_to)
+                if fire >= limit:
+                    return CursorClaim([], 0, True)
+                expired = 0
+                slot = fire
+                if _gone(get(topic_prefix + b"%d" % (fire + 1), None, main_data), now):  # fell behind the retention
+                    slot = _first_retained(get, topic_prefix, main_data, fire + 1, limit, now) - 1
+                    expired = slot - fire
+                claimed: list[Claimed] = []
+                scanned = 0
+                while slot < limit and len(claimed) < max_slots and scanned < SCAN_LIMIT:
+                    slot += 1
+                    scanned += 1
+                    raw = get(topic_prefix + b"%d" % slot, None, main_data)
+                    if _gone(raw, now):  # expired (or trimmed) since: lost to retention too
+                        expired += 1
+                        continue
+                    envelope = _unpack_data(raw, f"{topic}/{shard}/{slot}")
+                    if selects is not None and not selects(envelope.subject):
+                        continue
+                    envelope.fire_ts, envelope.attempts = now, 1 if count_attempt else 0
+                    put(cursor_prefix + b"%d" % slot, _claim_record(envelope, raw), True, True, False, own_data)
+                    claimed.append(_new_ref(Claimed, (_new_ref(SlotRef, (cursor, shard, slot)), envelope, False)))
+            own.meta_put(txn, cursor_meta, 0, slot)
             if expired:
-                self._ctx.add_holes(txn, cursor, shard, claimed=expired)
+                own.add_holes(txn, cursor, shard, claimed=expired)
             return CursorClaim(claimed, expired, slot >= limit)
 
-        if self._ctx.sync:  # handed out before the commit's flush, committed with this process's other writes
-            return self._ctx.grouped("claim", write, early=True)
+        if own.sync:  # handed out before the commit's flush, committed with this process's other writes
+            return own.grouped("claim", write, early=True)
         try:  # durability=fast: its own transaction (see StoreContext.grouped)
-            with self._ctx.begin("claim", True) as txn:
+            with own.begin("claim", True) as txn:
                 return write(txn)
         except lmdb.Error as exc:
-            raise self._ctx.map_error(exc) from None
+            raise own.map_error(exc) from None
 
     def restamp_cursor(self, refs: Sequence[SlotRef], now: int, only: SubjectFilter | None,
                        count_attempt: bool = True) -> list[Claimed]:
         """Stamp the claim records again (a kept message handed out late), or write the claim of a slot whose topic
         record was awaited (never, here: a topic publish is one transaction); each joined to its message."""
-        out = []
-        with self._ctx.write("restamp", durable=False) as txn:
-            for ref in refs:
-                topic_raw = txn.get(self._topic_key(ref), db=self._ctx.data)
-                if _gone(topic_raw, now):
-                    out.append(Claimed(ref, None, False))  # expired meanwhile: a hole
-                    continue
-                envelope = _unpack_data(topic_raw, ref)
-                key = self._ctx.data_key(ref)
-                claim = txn.get(key, db=self._ctx.data)
-                if claim is None or _expired(claim, now):
-                    if only is not None and not only.matches(envelope.subject):
-                        out.append(Claimed(ref, None, None))  # not for this subscription: passed over
+        out: list[Claimed] = []
+        by_cursor: dict[str, list[int]] = {}
+        for i, ref in enumerate(refs):
+            by_cursor.setdefault(ref[0], []).append(i)
+        placed: dict[int, Claimed] = {}
+        for cursor, indexes in by_cursor.items():
+            own = self._cursors.of(cursor)
+            with own.write("restamp", durable=False) as txn, self._ctx.env.env.begin(None, None, False) as topic_txn:
+                for i in indexes:
+                    ref = refs[i]
+                    topic_raw = topic_txn.get(self._topic_key(ref), db=self._ctx.data)
+                    if _gone(topic_raw, now):
+                        placed[i] = Claimed(ref, None, False)  # expired meanwhile: a hole
                         continue
-                    attempts = 1 if count_attempt else 0
-                else:
-                    attempts = _unpack_data_header(claim)[2] + (1 if count_attempt else 0)
-                envelope.fire_ts, envelope.attempts = now, attempts
-                txn.put(key, _claim_record(envelope, topic_raw), db=self._ctx.data)
-                out.append(Claimed(ref, envelope, False))
+                    envelope = _unpack_data(topic_raw, ref)
+                    key = own.data_key(ref)
+                    claim = txn.get(key, db=own.data)
+                    if claim is None or _expired(claim, now):
+                        if only is not None and not only.matches(envelope.subject):
+                            placed[i] = Claimed(ref, None, None)  # not for this subscription: passed over
+                            continue
+                        attempts = 1 if count_attempt else 0
+                    else:
+                        attempts = _unpack_data_header(claim)[2] + (1 if count_attempt else 0)
+                    envelope.fire_ts, envelope.attempts = now, attempts
+                    txn.put(key, _claim_record(envelope, topic_raw), db=own.data)
+                    placed[i] = Claimed(ref, envelope, False)
+        out.extend(placed[i] for i in range(len(refs)))
         return out
 
     def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool | None]:
@@ -189,6 +211,14 @@ class Topics:
         topic = names.cursor_topic(ref[0])
         assert topic is not None
         return self._ctx.keys(topic, ref[1])[1] + b"%d" % ref[2]
+
+
+def _load_pointer(raw: bytes | None) -> int:
+    return _unpack_meta(raw)[1] if raw is not None else 0
+
+
+def _fire_pointer(raw: bytes | None) -> int:
+    return _unpack_meta(raw)[2] if raw is not None else 0
 
 
 def _gone(raw: bytes | None, now: int) -> bool:
