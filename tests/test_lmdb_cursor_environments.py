@@ -196,3 +196,20 @@ def test_claims_of_messages_that_left_the_topic_are_purged_from_the_cursors_envi
         time.sleep(1.2)
         assert store.purge_expired() >= 2  # the topic's record and the claim
         assert store.raw_record(names.data_set(store.client_id), key) is None
+
+
+def test_one_delete_of_a_subscriptions_claims_and_a_queues_messages_settles_each_in_its_environment(
+        ignis: Ignis) -> None:
+    """An ack of a batch may mix a subscription's claims (in its cursor's environment) with messages of a magazine
+    in the store's own (a subscription's redelivered ones, or another queue's): each is deleted where it is."""
+    ignis.apply(QueueSpec.build(name="plain", handlerType="plain", shards=1))
+    ignis.topic(TOPIC).publish_many([b"a", b"b"], subject="orders/eu")
+    ignis.queue("plain").publish(b"c")
+    claims = [ignis.queue(SUB).fire(), ignis.queue(SUB).fire()]
+    plain = ignis.queue("plain").fire()
+    assert all(m is not None for m in [*claims, plain])
+    store = _store(ignis)
+    refs = [claims[0].ref, plain.ref, claims[1].ref]
+    assert store.delete(refs) == 3
+    assert store.read(refs) == [None, None, None]
+    assert store.delete([claims[0].ref]) == 0  # gone: nothing left to settle

@@ -47,6 +47,12 @@ def _delete_keys(txn: Any, keys: Sequence[bytes], db: Any) -> int:
     return sum(delete(key, b"", db) for key in keys)
 
 
+class CursorElsewhere(LookupError):
+    """A subscription's cursor's keys asked of the store's own context: its records are in its own environment
+    (ignis.storage.lmdb.cursor_environments). Raised on a miss of the key cache, never on a hit, so an ack's hot
+    path tells a queue's message from a subscription's at no cost (Reads.delete)."""
+
+
 class StoreContext:
     """One store handle's environment, databases and transaction helpers, shared by its concern objects."""
 
@@ -58,6 +64,7 @@ class StoreContext:
         self.map_size = map_size
         self.max_dbs = max_dbs
         self.closed = False
+        self.cursor_only = cursor_only
         self.calls: dict[str, Any] = {}
         self.call_counters: list[Any] = []
         self.key_cache: dict[tuple[str, int], tuple[bytes, bytes]] = {}
@@ -213,6 +220,8 @@ class StoreContext:
         if keys is None:
             if len(self.key_cache) > 100_000:
                 self.key_cache.clear()
+            if not self.cursor_only and names.CURSOR_INFIX in magazine:
+                raise CursorElsewhere(magazine)
             keys = self.key_cache[(magazine, shard)] = (
                 names.meta_key(magazine, shard).encode(), names.data_key_prefix(magazine, shard).encode())
         return keys

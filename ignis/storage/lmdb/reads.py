@@ -20,7 +20,7 @@ from ignis import names
 from ignis.bounds import LOAD_BYTES
 from ignis.envelope import Envelope, now_ms
 from ignis.storage.base import FIRE_POINTER, HOLD_UNTIL, HOLES, HOLES_CLAIMED, LOAD_POINTER, ShardPointers, SlotRef
-from ignis.storage.lmdb.context import StoreContext, _delete_keys
+from ignis.storage.lmdb.context import CursorElsewhere, StoreContext, _delete_keys
 from ignis.storage.lmdb.cursor_environments import CursorEnvironments
 from ignis.storage.lmdb.records import (
     _DATA_HEADER,
@@ -40,7 +40,6 @@ from ignis.storage.lmdb.records import (
 from ignis.subjects import SubjectFilter
 
 _CURSOR = names.CURSOR_INFIX  # in a magazine's name only if it is a subscription's cursor (queue names have no '_')
-_CURSOR_KEY = _CURSOR.encode()
 
 
 def _load_pointer(raw: bytes | None) -> int:
@@ -149,7 +148,7 @@ class Reads:
                 joined = self._joined(txn, ref, claim, now)
                 if joined is not None:
                     out.append((ref, joined))
-            prefix = self._ctx.keys(magazine, shard)[1]
+            prefix = b"" if cursor else self._ctx.keys(magazine, shard)[1]
             for slot in range(max(first, 1), last + 1) if not cursor else ():
                 raw = txn.get(prefix + b"%d" % slot, db=self._ctx.data)
                 if raw is not None and not _expired(raw, now):
@@ -209,16 +208,15 @@ class Reads:
         # (ids: an lmdb environment never hands a slot out twice: a commit that a crash undid took every
         # process that saw it down with it, claims included.)
         ctx = self._ctx
-        if len(refs) == 1:  # one message's ack (Message.ack, the per-message path): its key inline, no helper's list
-            magazine, shard, slot = refs[0]
-            if _CURSOR in magazine:  # a subscription's claim: in its cursor's environment
-                ctx = self._cursors.of(magazine)
-            keys: Sequence[bytes] = ((ctx.key_cache.get((magazine, shard)) or ctx.keys(magazine, shard))[1]
-                                     + b"%d" % slot,)
-        else:
-            keys = ctx.data_keys(refs)
-            if _CURSOR_KEY in b"".join(keys):  # (queue names have no '_': only a cursor's keys have this)
-                return self._delete_by_environment(refs)
+        try:  # (a subscription's claims are in its cursor's environment: CursorElsewhere, on a key cache miss only)
+            if len(refs) == 1:  # one message's ack (Message.ack, the per-message path): its key inline, no list
+                magazine, shard, slot = refs[0]
+                keys: Sequence[bytes] = ((ctx.key_cache.get((magazine, shard)) or ctx.keys(magazine, shard))[1]
+                                         + b"%d" % slot,)
+            else:
+                keys = ctx.data_keys(refs)
+        except CursorElsewhere:
+            return self._delete_by_environment(refs)
         if ctx.sync:
             return ctx.grouped("delete", functools.partial(_delete_keys, keys=keys, db=ctx.data))
         present = 0
