@@ -213,3 +213,28 @@ def test_one_delete_of_a_subscriptions_claims_and_a_queues_messages_settles_each
     assert store.delete(refs) == 3
     assert store.read(refs) == [None, None, None]
     assert store.delete([claims[0].ref]) == 0  # gone: nothing left to settle
+
+
+def test_a_forked_child_claiming_from_an_inherited_cursor_gets_a_clear_error(ignis: Ignis) -> None:
+    """LMDB handles do not survive fork(): a child's claim through a cursor its parent opened refuses, saying why,
+    instead of opening transactions on the parent's handles (the claim's first look opens them directly)."""
+    from ignis.errors import StoreUnavailable
+
+    store = _store(ignis)  # (nothing published: the claim's first look would find nothing, and say nothing)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            try:
+                store.claim_cursor(CURSOR, 0, 1, 0, None)
+            except StoreUnavailable as exc:
+                code = 0 if "opened before this process forked" in str(exc) else 2
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"\x00"
+    ignis.topic(TOPIC).publish(b"x", subject="orders/eu")
+    message = ignis.queue(SUB).fire()  # the parent's handles are untouched
+    assert message is not None and message.payload == b"x"

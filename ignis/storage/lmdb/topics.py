@@ -109,6 +109,8 @@ class Topics:
         main_env, main_data, main_meta = main.env.env, main.data, main.meta
         own_data, selects = own.data, None if only is None or only.matches_all else only.matches
 
+        if main.closed or main.env.forked:  # (the look below opens its transactions directly)
+            main.opened("claim")  # raises: closed, or inherited through fork
         # A look first, without the cursor's write lock: a caught-up cursor waits for no commit of its own.
         try:
             with main_env.begin(None, None, False) as txn:
