@@ -29,6 +29,8 @@ from ignis.storage.lmdb.records import (
     _META,
     _META_BYTES,
     _expired,
+    _fire_pointer,
+    _load_pointer,
     _unpack,
     _unpack_data,
     _unpack_data_header,
@@ -40,10 +42,6 @@ from ignis.storage.lmdb.records import (
 from ignis.subjects import SubjectFilter
 
 _CURSOR = names.CURSOR_INFIX  # in a magazine's name only if it is a subscription's cursor (queue names have no '_')
-
-
-def _load_pointer(raw: bytes | None) -> int:
-    return _unpack_meta(raw)[1] if raw is not None else 0
 
 
 class Reads:
@@ -63,8 +61,7 @@ class Reads:
         out = []
         with own.env.env.begin(None, None, False) as own_txn:
             for shard, load in enumerate(loads):
-                raw = own_txn.get(own.keys(cursor, shard)[0], None, own.meta)
-                fire = _unpack_meta(raw)[2] if raw is not None else 0
+                fire = _fire_pointer(own_txn.get(own.keys(cursor, shard)[0], None, own.meta))
                 raw = own_txn.get(own.holes_key(cursor, shard), None, own.meta) if holes else None
                 _, made, passed = _unpack_holes(raw) if raw is not None else (0, 0, 0)
                 out.append(ShardPointers(load, fire, made, passed))

@@ -88,6 +88,16 @@ _DATA = struct.Struct(">QQIBQBBH")
 # (`_META.unpack(raw)` in claims.py) as an attribute load, as for a module (`math.sqrt`), not as a method call: it
 # builds a bound method on every call, a visible share of a publish, claim or ack. The other modules call these.
 _pack_meta, _unpack_meta = _META.pack, _META.unpack_from
+
+
+def _load_pointer(raw: bytes | None) -> int:
+    """A meta record's load pointer (0 when there is none yet)."""
+    return _unpack_meta(raw)[1] if raw is not None else 0
+
+
+def _fire_pointer(raw: bytes | None) -> int:
+    """A meta record's fire pointer (0 when there is none yet)."""
+    return _unpack_meta(raw)[2] if raw is not None else 0
 _pack_meta_bytes, _unpack_meta_bytes = _META_BYTES.pack, _META_BYTES.unpack
 _pack_holes, _unpack_holes = _HOLES.pack, _HOLES.unpack
 _pack_hold, _unpack_hold = _HOLD.pack, _HOLD.unpack

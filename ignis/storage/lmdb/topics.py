@@ -27,6 +27,8 @@ from ignis.storage.lmdb.cursor_environments import CursorEnvironments
 from ignis.storage.lmdb.records import (
     _DATA,
     _expired,
+    _fire_pointer,
+    _load_pointer,
     _new_ref,
     _plain_head,
     _record,
@@ -34,7 +36,6 @@ from ignis.storage.lmdb.records import (
     _unpack_data,
     _unpack_data_head,
     _unpack_data_header,
-    _unpack_meta,
 )
 from ignis.subjects import SubjectFilter
 
@@ -213,14 +214,6 @@ class Topics:
         topic = names.cursor_topic(ref[0])
         assert topic is not None
         return self._ctx.keys(topic, ref[1])[1] + b"%d" % ref[2]
-
-
-def _load_pointer(raw: bytes | None) -> int:
-    return _unpack_meta(raw)[1] if raw is not None else 0
-
-
-def _fire_pointer(raw: bytes | None) -> int:
-    return _unpack_meta(raw)[2] if raw is not None else 0
 
 
 def _gone(raw: bytes | None, now: int) -> bool:
