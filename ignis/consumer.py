@@ -31,7 +31,7 @@ from ignis.deadlines import Deadlines
 from ignis.errors import HoleBudgetExceeded, IgnisError, StoreError
 from ignis.logs import Reachability, one_line
 from ignis.metrics import BATCH_SIZE, HANDLER_DURATION
-from ignis.outage import Backoff
+from ignis.outage import STORE_HEALTH, Backoff
 from ignis.queue import EXCEPTION, REJECTED, SATURATED, TIMEOUT, UNREADABLE, Message, Queue
 from ignis.signals import set_on_signals
 from ignis.spec import QueueSpec
@@ -44,10 +44,11 @@ RUN_BUDGET_SECONDS = 30.0
 # queries fail now and then for a minute or two although every other call answers. Said with the store's health,
 # each refresh that failed after a second of answers was a new outage (a WARNING every few seconds through a
 # 100-second migration: measured on a 3-node cluster). One WARNING for that stretch, and one INFO once listings have
-# answered for LISTING_SETTLE_SECONDS; an outage of the store itself is said by the workers' loops.
+# answered for LISTING_SETTLE_SECONDS. While the store itself is down (the workers' loops said so), a failed listing
+# is that outage's: not said again.
 LISTING_SETTLE_SECONDS = 30.0
 LISTING_HEALTH = Reachability("store (listing queues)", logging.getLogger("ignis.store"),
-                              settle_seconds=LISTING_SETTLE_SECONDS)
+                              settle_seconds=LISTING_SETTLE_SECONDS, within=STORE_HEALTH)
 LINGER_POLL_SECONDS = 0.2
 SATURATION_GRACE_SECONDS = 1.0
 

@@ -35,10 +35,13 @@ class Reachability:
     go to DEBUG), however many loops or objects run into the same outage. Thread-safe."""
 
     def __init__(self, what: str, logger: logging.Logger, *, clock: Any = time.monotonic,
-                 settle_seconds: float = 0.0) -> None:
+                 settle_seconds: float = 0.0, within: Reachability | None = None) -> None:
         self.what = what
         self._log = logger
         self._clock = clock
+        # A narrower dependency (one kind of call) of `within`: while `within` is down, a failure here is that
+        # outage's, already said, so it goes to DEBUG and opens no outage of its own.
+        self._within = within
         # It is back once it has answered for this long with no failure in between: a dependency that answers
         # and fails by turns (a cluster migrating partitions) is one outage, not a WARNING and an INFO each time.
         self._settle = settle_seconds
@@ -57,6 +60,9 @@ class Reachability:
 
     def failed(self, detail: object) -> bool:
         """A call failed because `what` did not answer. Returns True for the call that logged the WARNING."""
+        if self._within is not None and self._within.down and self._down_since is None:
+            self._log.debug("%s unreachable (%s is): %s", self.what, self._within.what, one_line(detail))
+            return False
         with self._lock:
             first = self._down_since is None
             if first:

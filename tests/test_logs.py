@@ -115,3 +115,39 @@ def test_a_dependency_that_answers_and_fails_by_turns_is_one_outage(caplog) -> N
     assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
     assert lines[1][1] == "store reachable again after 3s (5 failed call(s) meanwhile)"
     assert not health.down
+
+
+def test_a_narrower_dependency_says_nothing_while_the_whole_is_down_and_its_own_outage_after(caplog) -> None:
+    """Queue listings (one kind of call) fail with the store in a store outage: that outage's WARNING was said,
+    so theirs is not. A listing that fails once the store answers again is an outage of its own, said once."""
+    import logging
+
+    from ignis.logs import Reachability
+
+    now = [100.0]
+    store = Reachability("store", logging.getLogger("whole"), clock=lambda: now[0], settle_seconds=1.0)
+    listing = Reachability("store (listing queues)", logging.getLogger("whole"), clock=lambda: now[0],
+                           settle_seconds=30.0, within=store)
+    with caplog.at_level(logging.INFO, logger="whole"):
+        store.failed("watch failed")
+        for _ in range(3):
+            listing.failed("list queues failed")  # during the store's outage
+            now[0] += 5
+        assert not listing.down
+        store.answered()
+        now[0] += 1.5
+        store.answered()  # back
+        listing.answered()
+        for _ in range(3):  # the store answers; listings fail by turns (an index query while partitions migrate)
+            listing.failed("list queues failed")
+            now[0] += 2.5
+            listing.answered()
+            store.answered()
+            now[0] += 2.5
+        now[0] += 31
+        listing.answered()
+    lines = [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records]
+    assert lines == [("WARNING", "store unreachable"), ("INFO", "store reachable again after 16s (1 failed call(s) "
+                                                                 "meanwhile)"),
+                     ("WARNING", "store (listing queues) unreachable"),
+                     ("INFO", "store (listing queues) reachable again after 46s (3 failed call(s) meanwhile)")], lines
