@@ -69,9 +69,6 @@ class StoreContext:
         self.call_counters: list[Any] = []
         self.key_cache: dict[tuple[str, int], tuple[bytes, bytes]] = {}
         self.bells: dict[str, EnvironmentBell | None] = {}  # magazine -> the doorbell a load into it rings (bell_of)
-        # Topics whose subscriptions' cursors this process claims in their own environments
-        # (ignis.storage.lmdb.cursor_environments): their claims never ride along in this environment's commits.
-        self.topics_with_own_cursors: set[str] = set()
         try:
             self.data = env.db(names.data_set(client_id))
             self.meta = env.db(names.meta_set(client_id))
@@ -191,7 +188,7 @@ class StoreContext:
             bell = self.bell_of(magazine)
             if bell is not None:
                 woke = bell.ring_committing(self.client_id, magazine, shards)
-                if woke and grouped and self.sync and magazine not in self.topics_with_own_cursors:
+                if woke and grouped and self.sync:
                     self.env.group.expect_claim()
         except Exception:
             log.debug("committing ring failed", exc_info=True)

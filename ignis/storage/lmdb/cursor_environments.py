@@ -70,7 +70,6 @@ class CursorEnvironments:
         except BaseException:
             env.release()
             raise
-        self._main.topics_with_own_cursors.add(topic)
         self._contexts[cursor] = ctx
         if self._purger is None and self._purge_interval > 0:
             self._purger = threading.Thread(target=self._purge_loop, name="ignis-lmdb-cursor-purge", daemon=True)

@@ -134,19 +134,21 @@ class Reads:
         cursor = names.cursor_topic(magazine) is not None
         selects = None if only is None or only.matches_all or cursor else only.matches
 
-        claims: list[tuple[SlotRef, bytes]] = []
-        if cursor:  # the claim records there are, from the cursor's environment; joined to the topic's below
+        if cursor:  # the claim records there are, from the cursor's environment, joined to the topic's records
             claims = self._cursor_claims_between(magazine, shard, max(first, 1), last)
+
+            def join(txn: Any) -> list[tuple[SlotRef, Envelope]]:
+                now = now_ms()
+                return [(ref, joined) for ref, claim in claims
+                        if (joined := self._joined(txn, ref, claim, now)) is not None]
+
+            return self._ctx.read("peek", join)
 
         def scan(txn: Any) -> list[tuple[SlotRef, Envelope]]:
             now = now_ms()
             out = []
-            for ref, claim in claims:
-                joined = self._joined(txn, ref, claim, now)
-                if joined is not None:
-                    out.append((ref, joined))
-            prefix = b"" if cursor else self._ctx.keys(magazine, shard)[1]
-            for slot in range(max(first, 1), last + 1) if not cursor else ():
+            prefix = self._ctx.keys(magazine, shard)[1]
+            for slot in range(max(first, 1), last + 1):
                 raw = txn.get(prefix + b"%d" % slot, db=self._ctx.data)
                 if raw is not None and not _expired(raw, now):
                     envelope = _unpack_data(raw, f"{magazine}/{shard}/{slot}")
