@@ -155,14 +155,15 @@ def batched_round(ignis: Ignis, n: int, name: str, consumers: int = 8, batch: in
 
 def measure(ignis: Ignis, client: Any, namespace: str, raw_set: str, n: int, rounds: int,
             progress: Callable[[str], None], consumers: Sequence[int] = CONSUMERS,
-            raw: bool = True) -> list[dict[str, Any]]:
+            raw: bool = True, batched: bool = True) -> list[dict[str, Any]]:
     """Per row, `rounds` rounds of raw client then ignis back to back; the medians, and the median of
     each round's own ratio (a round's raw and ignis figures share the machine's load of the moment).
     `raw=False`: ignis only (bench/compare.py, which compares two revisions, not ignis with its ceiling)."""
     rows = []
     plans: list[tuple[str, int, Callable[[str], dict[str, float]]]] = [
         (str(t), t, lambda name, t=t: one_by_one_round(ignis, t, n, name)) for t in consumers]
-    plans.append(("8 (batches)", 8, lambda name: batched_round(ignis, n, name)))
+    if batched:
+        plans.append(("8 (batches)", 8, lambda name: batched_round(ignis, n, name)))
     for label, threads, run_ignis in plans:
         samples: list[dict[str, float]] = []
         for r in range(rounds):
@@ -194,13 +195,17 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--consumers", default=",".join(map(str, CONSUMERS)),
                         help="comma list of consumer (and producer) thread counts of the one-by-one rows "
-                             f"(default {','.join(map(str, CONSUMERS))}); the batched row always has 8")
+                             f"(default {','.join(map(str, CONSUMERS))}; none: '', with --batched only); the "
+                             "batched row always has 8")
+    parser.add_argument("--batched", choices=("with", "without", "only"), default="with",
+                        help="the batched row (8 consumers, fire_many and batched acks): with the one-by-one rows "
+                             "(default), without it, or only it (bench/compare.py pairs the revisions row by row)")
     parser.add_argument("--no-raw", action="store_true",
                         help="skip the raw client's rounds (the ceiling): ignis rows only, as bench/compare.py runs")
     args = parser.parse_args()
     try:
-        consumers = [int(c) for c in args.consumers.split(",") if c.strip()]
-        if not consumers or min(consumers) < 1:
+        consumers = [] if args.batched == "only" else [int(c) for c in args.consumers.split(",") if c.strip()]
+        if (not consumers and args.batched != "only") or min(consumers, default=1) < 1:
             raise ValueError
     except ValueError:
         parser.error(f"--consumers {args.consumers!r}: a comma list of positive thread counts, e.g. 1,8,32")
@@ -231,12 +236,15 @@ def main() -> int:
                 rows = []
                 for t in consumers:
                     rows.append({"consumers": str(t), **one_by_one_round(ignis, t, args.messages, f"bench-{t}")})
-                rows.append({"consumers": "8 (batches)", **batched_round(ignis, args.messages, "bench-batched")})
+                if args.batched != "without":
+                    rows.append({"consumers": "8 (batches)", **batched_round(ignis, args.messages,
+                                                                           "bench-batched")})
                 for row in rows:
                     row["calls/delivered msg"] = row["publish calls/msg"] + row["fire+ack calls/msg"]
             else:
                 rows = measure(ignis, store.client, namespace, f"b{run}_raw", args.messages, args.rounds,
-                               lambda text: status.update(text), consumers, raw=not args.no_raw)
+                               lambda text: status.update(text), consumers, raw=not args.no_raw,
+                               batched=args.batched != "without")
     finally:
         if not args.emulator:
             for set_name in (f"b{run}_raw", f"b{run}_b{run}_ignis_queues", f"b{run}_data_set", f"b{run}_meta_set",
@@ -258,7 +266,8 @@ def main() -> int:
     for row in rows:
         table.add_row(*(f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row.values()))
     console.print(table)
-    if not args.emulator and not args.no_raw and set(CONSUMERS) <= set(consumers):  # the targets' rows ran
+    if not args.emulator and not args.no_raw and set(CONSUMERS) <= set(consumers) and args.batched == "with":
+        # (the targets' rows ran)
         by = {row["consumers"]: row for row in rows}
         one, eight = by["1"], by["8"]
         console.print(f"one by one, 8 consumers: drain {eight['drain/raw get']:.2f}x raw get (target >= 0.30), "

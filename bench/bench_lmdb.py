@@ -657,6 +657,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", default=None, metavar="GLOBS",
                         help="only the rows whose key matches one of these comma-separated globs, e.g. "
                              "'ignis.*' (keys: raw.put.1, peer.put, ignis.publish, ignis.drain.8, ...)")
+    parser.add_argument("--list-rows", action="store_true",
+                        help="print the keys of the rows --rows selects, one a line, and run nothing "
+                             "(bench/compare.py pairs the revisions row by row with it)")
     parser.add_argument("--dir", type=Path, default=None,
                         help="where the temporary stores go (default: the system temp dir; use a real disk)")
     return parser.parse_args(argv)
@@ -671,6 +674,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --rows {args.rows!r} matches no row (keys: "
               f"{', '.join(row.key for row in main_rows(1))})", file=sys.stderr)
         return 2
+    if args.list_rows:
+        print("\n".join(row.key for row in main_set))
+        return 0
     fsync_set = fsync_rows(args.fsync_messages) if args.fsync else []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with tempfile.TemporaryDirectory(prefix="ignis-bench-", dir=args.dir) as tmp:

@@ -7,11 +7,14 @@
 
 Each revision other than `.` (the working tree, uncommitted changes included) is checked out into a temporary
 git worktree. The benchmark scripts of THIS checkout (bench/bench_lmdb.py, bench/bench_aerospike.py) then run
-once per round against each revision's library (its directories first on PYTHONPATH), the two revisions
-alternating and swapping which goes first every round, so that a slow spell of a shared machine hits both.
+against each revision's library (its directories first on PYTHONPATH), the two revisions alternating row by row
+(`--pairing row`, the default: a row of one revision, the same row of the other, then the next row, each row
+swapping which goes first every round) so that a slow spell of a shared machine hits both runs of a pair, a few
+seconds apart. `--pairing suite` runs a whole suite per revision instead, as the first version of this gate did
+(its pairs are a suite's length apart: on a machine whose speed drifts by half in a minute, noisier).
 
 For every row it prints the median rate of each revision, the ratio new / old (the median of the rounds'
-own ratios: a round's two runs are seconds apart) with its spread (the lowest and highest round ratio), and
+own ratios: a round's two runs of a row are seconds apart) with its spread (the lowest and highest round ratio), and
 the noise (the larger of the two revisions' own spread across rounds, max - min over median). A row whose
 ratio is below 1 - noise FELL by more than the machine's noise: it is flagged and the exit code is 1.
 The per-round figures are also written as pyperf files (base.json, head.json in --out), so
@@ -129,35 +132,63 @@ def run_json(argv: list[str], revision: Revision, timeout: float) -> dict[str, A
                        f"{done.stderr.strip()[-2000:]}")
 
 
-def lmdb_suite(args: argparse.Namespace) -> Callable[[Revision], dict[str, float]]:
-    def run(revision: Revision) -> dict[str, float]:
-        doc = run_json([str(BENCH / "bench_lmdb.py"), "--json", "--repeat", str(args.repeat), "--messages",
-                        str(args.messages),
-                        "--rows", args.lmdb_rows], revision, args.timeout)
-        out = {}
-        for row in doc["rows"]:
-            if row["error"]:
-                raise RuntimeError(f"lmdb {row['row']} on {revision.label}: {row['error']}")
-            out[row["row"]] = row["msgs_per_s"]
-        return out
-    return run
+# A part of a suite: what one benchmark run measures (all its rows, or one row), by its label; its runner gives
+# each row's rate for a revision.
+Part = tuple[str, Callable[[Revision], dict[str, float]]]
 
 
-def aerospike_suite(args: argparse.Namespace) -> Callable[[Revision], dict[str, float]]:
+def lmdb_parts(args: argparse.Namespace) -> list[Part]:
+    def part(rows: str) -> Part:
+        def run(revision: Revision) -> dict[str, float]:
+            doc = run_json([str(BENCH / "bench_lmdb.py"), "--json", "--repeat", str(args.repeat), "--messages",
+                            str(args.messages), "--rows", rows], revision, args.timeout)
+            out = {}
+            for row in doc["rows"]:
+                if row["error"]:
+                    raise RuntimeError(f"lmdb {row['row']} on {revision.label}: {row['error']}")
+                out[row["row"]] = row["msgs_per_s"]
+            return out
+        return rows, run
+
+    if args.pairing == "suite":
+        return [part(args.lmdb_rows)]
+    listed = subprocess.run([sys.executable, str(BENCH / "bench_lmdb.py"), "--list-rows", "--rows", args.lmdb_rows],
+                            capture_output=True, text=True, timeout=120)
+    if listed.returncode != 0:
+        raise SystemExit(f"error: --lmdb-rows {args.lmdb_rows!r}: {listed.stderr.strip()}")
+    return [part(key) for key in listed.stdout.split()]
+
+
+def aerospike_parts(args: argparse.Namespace) -> list[Part]:
     if not args.server:
         raise SystemExit("error: --suite aerospike needs --server host:port[/namespace] (or IGNIS_TEST_AEROSPIKE)")
 
-    def run(revision: Revision) -> dict[str, float]:
-        doc = run_json([str(BENCH / "bench_aerospike.py"), "--json", "--server", args.server, "--rounds", "1",
-                        "--messages", str(args.aerospike_messages), "--consumers", args.aerospike_consumers,
-                        "--no-raw"], revision, args.timeout)
-        out = {}
-        for row in doc["rows"]:
-            consumers = row["consumers"]
-            out[f"publish, {consumers} producers"] = row["publish/s"]
-            out[f"drain, {consumers} consumers"] = row["drain/s"]
-        return out
-    return run
+    def part(label: str, argv: list[str]) -> Part:
+        def run(revision: Revision) -> dict[str, float]:
+            doc = run_json([str(BENCH / "bench_aerospike.py"), "--json", "--server", args.server, "--rounds", "1",
+                            "--messages", str(args.aerospike_messages), "--no-raw", *argv], revision, args.timeout)
+            out = {}
+            for row in doc["rows"]:
+                consumers = row["consumers"]
+                out[f"publish, {consumers} producers"] = row["publish/s"]
+                out[f"drain, {consumers} consumers"] = row["drain/s"]
+            return out
+        return label, run
+
+    if args.pairing == "suite":
+        return [part(f"consumers {args.aerospike_consumers} and batches",
+                     ["--consumers", args.aerospike_consumers])]
+    counts = [c.strip() for c in args.aerospike_consumers.split(",") if c.strip()]
+    return [*(part(f"{c} consumers", ["--consumers", c, "--batched", "without"]) for c in counts),
+            part("batches", ["--batched", "only"])]
+
+
+def schedule(rounds: int, parts: int) -> Iterator[tuple[int, int, tuple[str, str]]]:
+    """(round, part, the two sides in running order): each part's two runs back to back, which goes first swapping
+    every round and every part, so neither revision always runs on a warm (or a tired) machine."""
+    for round_ in range(rounds):
+        for index in range(parts):
+            yield round_, index, ("head", "base") if (round_ + index) % 2 == 0 else ("base", "head")
 
 
 # ---- reporting ----------------------------------------------------------------------------------------
@@ -209,6 +240,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--aerospike-messages", type=int, default=5000, help="messages per aerospike row (5000)")
     parser.add_argument("--aerospike-consumers", default=AEROSPIKE_CONSUMERS,
                         help=f"bench_aerospike.py --consumers (default {AEROSPIKE_CONSUMERS})")
+    parser.add_argument("--pairing", choices=("row", "suite"), default="row",
+                        help="what the revisions alternate by: each row (default), or each suite's whole run")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one benchmark run may take")
     parser.add_argument("--out", type=Path, default=None, help="where to keep the JSON and pyperf files")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
@@ -226,22 +259,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 140)
-    runners = {"lmdb": lmdb_suite, "aerospike": aerospike_suite}
-    suites = {name: runners[name](args) for name in args.suites}
+    makers = {"lmdb": lmdb_parts, "aerospike": aerospike_parts}
+    parts = [(suite, label, run) for suite in args.suites for label, run in makers[suite](args)]
     with tempfile.TemporaryDirectory(prefix="ignis-compare-") as scratch, \
             checked_out(args.base, Path(scratch)) as base, checked_out(args.head, Path(scratch)) as head:
         rows: dict[tuple[str, str], Row] = {}
         with Progress(console=Console(stderr=True), transient=True) as progress:
-            task = progress.add_task("rounds", total=args.rounds * 2 * len(suites))
-            for round_ in range(args.rounds):
-                order = (("head", head), ("base", base)) if round_ % 2 == 0 else (("base", base), ("head", head))
-                for suite, run in suites.items():
-                    for side, revision in order:
-                        progress.update(task, description=f"round {round_ + 1}/{args.rounds}: {suite} on "
-                                                          f"{revision.label}")
-                        for name, rate in run(revision).items():
-                            rows.setdefault((suite, name), Row(suite, name)).rates[side].append(rate)
-                        progress.advance(task)
+            task = progress.add_task("rounds", total=args.rounds * 2 * len(parts))
+            revisions = {"base": base, "head": head}
+            for round_, index, sides in schedule(args.rounds, len(parts)):
+                suite, label, run = parts[index]
+                for side in sides:
+                    revision = revisions[side]
+                    progress.update(task, description=f"round {round_ + 1}/{args.rounds}: {suite} {label} on "
+                                                      f"{revision.label}")
+                    for name, rate in run(revision).items():
+                        rows.setdefault((suite, name), Row(suite, name)).rates[side].append(rate)
+                    progress.advance(task)
         verdicts = [row.verdict() for row in rows.values()]
         result = {"base": {"label": base.label, "commit": base.commit},
                   "head": {"label": head.label, "commit": head.commit},

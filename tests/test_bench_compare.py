@@ -58,3 +58,36 @@ def test_the_gate_refuses_fewer_than_three_rounds_and_an_unknown_revision() -> N
     done = subprocess.run([sys.executable, "bench/compare.py", "no-such-revision-xyz", "."], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "'no-such-revision-xyz' is not a revision" in done.stderr
+
+
+def test_the_revisions_alternate_row_by_row_and_swap_who_goes_first() -> None:
+    assert list(compare.schedule(2, 3)) == [
+        (0, 0, ("head", "base")), (0, 1, ("base", "head")), (0, 2, ("head", "base")),
+        (1, 0, ("base", "head")), (1, 1, ("head", "base")), (1, 2, ("base", "head")),
+    ]
+    # One part (--pairing suite): the revisions swap every round, as before.
+    assert [sides for _, _, sides in compare.schedule(3, 1)] == [("head", "base"), ("base", "head"), ("head", "base")]
+
+
+def test_each_row_is_its_own_part_unless_a_suite_is_paired_whole() -> None:
+    by_row = compare.parse_args(["--lmdb-rows", "ignis.publish*,ignis.drain.8"])
+    assert [label for label, _ in compare.lmdb_parts(by_row)] == ["ignis.publish", "ignis.publish_many",
+                                                                  "ignis.drain.8"]
+    whole = compare.parse_args(["--lmdb-rows", "ignis.publish*", "--pairing", "suite"])
+    assert [label for label, _ in compare.lmdb_parts(whole)] == ["ignis.publish*"]
+    with pytest.raises(SystemExit, match="matches no row"):
+        compare.lmdb_parts(compare.parse_args(["--lmdb-rows", "no.such.row"]))
+    server = compare.parse_args(["--suite", "aerospike", "--server", "127.0.0.1:1", "--aerospike-consumers", "1,8"])
+    assert [label for label, _ in compare.aerospike_parts(server)] == ["1 consumers", "8 consumers", "batches"]
+
+
+def test_the_aerospike_bench_runs_the_batched_row_with_without_or_alone() -> None:
+    def consumers(*argv: str) -> list[str]:
+        done = subprocess.run([sys.executable, "bench/bench_aerospike.py", "--emulator", "--messages", "200", "--json",
+                               *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return [row["consumers"] for row in json.loads(done.stdout)["rows"]]
+
+    assert consumers("--consumers", "1") == ["1", "8 (batches)"]
+    assert consumers("--consumers", "1", "--batched", "without") == ["1"]
+    assert consumers("--batched", "only") == ["8 (batches)"]
