@@ -193,3 +193,49 @@ def test_a_consumer_woken_by_a_publish_of_its_process_claims_in_the_publishs_own
         assert message is not None and message.payload == b"m"
         message.ack()
         assert consumer.fire() is None  # claimed once, acked: gone
+
+
+class _CountingGatedEnvironment(_GatedEnvironment):
+    """_GatedEnvironment that counts its write transactions."""
+
+    def __init__(self, path: Path, opened: Any = None) -> None:
+        super().__init__(path, opened)
+        self.writes = 0
+
+    def begin(self, db: Any = None, parent: Any = None, write: bool = False) -> Any:
+        if write:
+            self.writes += 1
+        return super().begin(db, parent, write)
+
+
+def test_a_topics_publishers_share_a_commit_and_its_flush(tmp_path: Path) -> None:
+    # A topic's publish (Allocation.load of one envelope) goes through the group commit, as a queue's does: while one
+    # commit flushes, the publishes that come meanwhile wait together and commit in one transaction after it, where
+    # each used to take the write lock for a commit and a flush of its own (eight transactions here).
+    from ignis import TopicSpec
+
+    with Ignis(f"lmdb://{tmp_path}/store") as ignis:
+        ignis.apply(TopicSpec.build(name="sensors", shards=2, retentionSeconds=3600))
+        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=2, subscribe={"topic": "sensors"}))
+        topic = ignis.topic("sensors")
+        environment = ignis.store._ctx.env
+        gated = _CountingGatedEnvironment(tmp_path, environment.env)
+        environment.env = gated
+        try:
+            first, first_out = _in_thread(lambda: topic.publish(b"m0", subject="kitchen/temp"))
+            time.sleep(0.3)  # its commit waits for the gate
+            rest = [_in_thread(lambda i=i: topic.publish(b"m%d" % i, subject="kitchen/temp")) for i in range(1, 8)]
+            time.sleep(0.5)  # all waiting
+            assert first.is_alive() and all(thread.is_alive() for thread, _ in rest)
+        finally:
+            gated.gate.set()
+        for thread, out in [(first, first_out), *rest]:
+            thread.join(10)
+            assert "error" not in out, out
+        environment.env = gated.lmdb
+        assert gated.writes <= 2, f"{gated.writes} write transactions for 8 publishes"
+        subscription = ignis.queue("all")
+        got = subscription.fire_many(20)
+        assert sorted(m.payload for m in got) == sorted(b"m%d" % i for i in range(8))
+        assert all(m.subject == "kitchen/temp" for m in got)
+        subscription.ack(got)

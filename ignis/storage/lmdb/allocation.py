@@ -55,6 +55,15 @@ def _load_into(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_
     return load
 
 
+def _load_envelope(ctx: StoreContext, magazine: str, shard: int, value: bytes, txn: Any) -> int:
+    """Write one packed envelope into the shard's next slot and move its load pointer, keeping the rest of the
+    meta record (a byte-bounded shard's LOAD_BYTES), in `txn`; the slot. `Allocation.load`'s one message."""
+    meta_key, load, fire, tail = ctx.meta_get(txn, magazine, shard)
+    txn.put(ctx.keys(magazine, shard)[1] + b"%d" % (load + 1), value, db=ctx.data)
+    ctx.meta_put(txn, meta_key, load + 1, fire, tail)
+    return load + 1
+
+
 def _load_within(meta_key: bytes, prefix: bytes, value: bytes, meta_db: Any, data_db: Any, limit: ShardLimit,
                  size: int, txn: Any) -> int:
     """_load_into on a bounded shard (ignis.bounds): 0, writing nothing, when the message (of `size` payload bytes)
@@ -120,6 +129,14 @@ class Allocation:
         if len(items) == 1:  # publish of one message: no per-shard bookkeeping
             shard, envelope = items[0]
             value = _pack_data(envelope, expire_at)
+            if self._ctx.sync:
+                # durability=fsync: in the group commit, as a queue's publish (load_one): publishers of this process
+                # share one transaction and one flush instead of queueing for the write lock one flush each (a
+                # topic's publish comes here: 3.7-5.8 ms at the median with four publisher threads at 1,000 msg/s,
+                # against a queue's 1 ms, before this).
+                slot = _grouped_load(self._ctx, magazine, shard,
+                                     functools.partial(_load_envelope, self._ctx, magazine, shard, value))
+                return [_new_ref(SlotRef, (magazine, shard, slot))]
             try:
                 with self._ctx.begin("load", True) as txn:
                     meta_key, load, fire, tail = self._ctx.meta_get(txn, magazine, shard)
