@@ -139,15 +139,13 @@ class Allocation:
                 return [_new_ref(SlotRef, (magazine, shard, slot))]
             try:
                 with self._ctx.begin("load", True) as txn:
-                    meta_key, load, fire, tail = self._ctx.meta_get(txn, magazine, shard)
-                    txn.put(self._ctx.keys(magazine, shard)[1] + b"%d" % (load + 1), value, db=self._ctx.data)
-                    self._ctx.meta_put(txn, meta_key, load + 1, fire, tail)
+                    slot = _load_envelope(self._ctx, magazine, shard, value, txn)
                     self._ctx.ring_committing(magazine, (shard,))
                 self._ctx.ring(magazine, (shard,), after_committing=True)
                 self._ctx.flush()
             except lmdb.Error as exc:
                 raise self._ctx.map_error(exc) from None
-            return [_new_ref(SlotRef, (magazine, shard, load + 1))]
+            return [_new_ref(SlotRef, (magazine, shard, slot))]
         packed = [(shard, _pack_data(envelope, expire_at)) for shard, envelope in items]
         refs: list[SlotRef] = []
         try:
