@@ -20,6 +20,7 @@ from ignis.bounds import ShardLimit, room
 from ignis.envelope import Envelope, NewMessages, now_ms
 from ignis.storage.base import Placement, SlotRef
 from ignis.storage.lmdb.context import StoreContext
+from ignis.storage.lmdb.group_commit import Combined
 from ignis.storage.lmdb.records import (
     _FORMAT,
     _META_BYTES,
@@ -111,11 +112,10 @@ def _meta_after(raw: bytes, load: int, fire: int, limit: ShardLimit, loaded_byte
 
 def _grouped_load(ctx: StoreContext, magazine: str, shard: int, write: Callable[[Any], int]) -> int:
     """A durable (durability=fsync) load into one shard, `write(txn)` returning its slot (0: nothing written), in
-    the group commit: rung before the commit and after it. Apart from the loads that call it because its rings are
-    closures: in the caller they would make the caller's variables cells, built on every call of a hot path."""
-    return ctx.grouped("load", write, durable=True,
-                       before=lambda slot: slot and ctx.ring_committing(magazine, (shard,), grouped=True),
-                       after=lambda slot: slot and ctx.ring(magazine, (shard,), after_committing=True))
+    the group commit: rung before the commit and after it, once for all the loads into `magazine` the commit carries
+    (group_commit.Combined)."""
+    before, after = ctx.load_rings(magazine)
+    return ctx.grouped("load", write, durable=True, before=Combined(before, shard), after=Combined(after, shard))
 
 
 class Allocation:

@@ -10,6 +10,7 @@ delayed) each hold one small shared object, not the whole store, and none of the
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -69,6 +70,7 @@ class StoreContext:
         self.call_counters: list[Any] = []
         self.key_cache: dict[tuple[str, int], tuple[bytes, bytes]] = {}
         self.bells: dict[str, EnvironmentBell | None] = {}  # magazine -> the doorbell a load into it rings (bell_of)
+        self.ring_hooks: dict[str, tuple[Any, Any]] = {}  # magazine -> its loads' ring hooks (load_rings)
         try:
             self.data = env.db(names.data_set(client_id))
             self.meta = env.db(names.meta_set(client_id))
@@ -168,6 +170,18 @@ class StoreContext:
             bell = self.bells[magazine] = \
                 self.env.bell(self.location) if names.queue_and_kind(magazine)[1] == "main" else None
         return bell  # type: ignore[return-value]
+
+    def load_rings(self, magazine: str) -> tuple[Callable[[list[int]], None], Callable[[list[int]], None]]:
+        """The rings of a grouped load into `magazine`, before and after its commit, as the `fn`s of
+        group_commit.Combined hooks (called with the shards): the same two objects for every load into it, so
+        the loads one commit carries ring each listener once."""
+        rings = self.ring_hooks.get(magazine)
+        if rings is None:
+            if len(self.ring_hooks) > 100_000:
+                self.ring_hooks.clear()
+            rings = self.ring_hooks[magazine] = (functools.partial(self.ring_committing, magazine, grouped=True),
+                                                 functools.partial(self.ring, magazine, after_committing=True))
+        return rings
 
     def ring(self, magazine: str, shards: Iterable[int], after_committing: bool = False) -> None:
         """A load into a main magazine committed: ring the consumer processes that wait on it (doorbell),
