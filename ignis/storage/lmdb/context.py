@@ -142,10 +142,11 @@ class StoreContext:
 
     def grouped(self, operation: str, write: Callable[[Any], T], durable: bool = False,
                  after: Callable[[T], None] | None = None, early: bool = False,
-                 before: Callable[[T], None] | None = None) -> T:
+                 before: Callable[[T], None] | None = None, lead_when_idle: bool = False) -> T:
         """write(txn), committed with whatever other threads of this process write meanwhile (GroupCommit);
         before(result) before the commit, after(result) after it; `early`: returns once write ran, under the
-        write lock, before its commit (claims only: see GroupCommit)."""
+        write lock, before its commit (claims only: see GroupCommit), unless `lead_when_idle` and no commit runs
+        (group_commit.LEAD_WHEN_IDLE)."""
         self.opened(operation)
         try:
             if not self.sync:  # durability=fast: a commit flushes nothing and holds the lock for microseconds
@@ -156,7 +157,7 @@ class StoreContext:
                 if after is not None:
                     after(result)
                 return result
-            return self.env.group.run(write, durable, after, early, before)
+            return self.env.group.run(write, durable, after, early, before, lead_when_idle)
         except lmdb.Error as exc:
             raise self.map_error(exc) from None
 

@@ -159,8 +159,9 @@ class Topics:
                 own.add_holes(txn, cursor, shard, claimed=expired)
             return CursorClaim(claimed, expired, slot >= limit)
 
-        if own.sync:  # handed out before the commit's flush, committed with this process's other writes
-            return own.grouped("claim", write, early=True)
+        if own.sync:  # handed out before the commit's flush, committed with this process's other writes; led in
+            # this thread when nothing else commits (group_commit.LEAD_WHEN_IDLE: the cursor's environment is its own)
+            return own.grouped("claim", write, early=True, lead_when_idle=True)
         try:  # durability=fast: its own transaction (see StoreContext.grouped)
             with own.begin("claim", True) as txn:
                 return write(txn)
