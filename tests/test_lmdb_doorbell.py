@@ -127,3 +127,38 @@ def test_a_subscriptions_listener_is_rung_after_the_commit_of_its_topic(tmp_path
     finally:
         publisher.close()
         listener.close()
+
+
+def test_a_ring_a_full_listener_queue_refused_is_sent_again_once_it_has_room(tmp_path: Path) -> None:
+    # Linux queues at most net.unix.max_dgram_qlen datagrams (10 by default) on a Unix datagram socket: a listener
+    # busy for a moment refuses the rings after those. Dropped, the messages they rang for waited for the watcher's
+    # safety poll (17-24 s, measured); owed, they arrive once the listener reads.
+    import socket
+
+    publisher = EnvironmentBell(str(tmp_path), f"lmdb://{tmp_path}/publisher")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # a listener that does not read (yet)
+    try:
+        listener.bind(os.path.join(publisher.dir, "busy-1.sock"))
+        with open(os.path.join(publisher.dir, "busy-1.subs"), "w") as f:
+            f.write(f"+committing\n{CLIENT}/{MAGAZINE}\n")
+        time.sleep(LISTING_TTL_SECONDS * 2)
+        for shard in range(40):  # more than any queue holds (its length limit, or its buffer)
+            publisher.ring(CLIENT, MAGAZINE, (shard,), committing=shard % 2 == 0)
+        listener.settimeout(1.0)
+        got: dict[int, set[bool]] = {}
+        deadline = time.monotonic() + 5
+        while len(got) < 40 and time.monotonic() < deadline:
+            try:
+                data = listener.recv(4096)
+            except TimeoutError:
+                break
+            key, _, rest = data.decode().partition("\0")
+            shards, _, flag = rest.partition("\0")
+            assert key == f"{CLIENT}/{MAGAZINE}"
+            for shard in shards.split(","):
+                got.setdefault(int(shard), set()).add(flag == "committing")
+        assert sorted(got) == list(range(40)), f"rings lost: {sorted(set(range(40)) - set(got))}"
+        assert all(flags == {shard % 2 == 0} for shard, flags in got.items())  # sent again as they were
+    finally:
+        publisher.close()
+        listener.close()

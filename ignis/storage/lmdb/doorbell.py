@@ -22,7 +22,12 @@ cursor claims in its own environment (ignis.storage.lmdb.cursor_environments), r
 store's write lock, so it wakes once the publish's commit is there to read.
 
 A ring is a hint, never the only way a message is found: the watcher also reads the pointers now and then
-(ignis.watch.SAFETY_POLL_SECONDS), so a lost datagram delays a message, never strands it.
+(ignis.watch.SAFETY_POLL_SECONDS), so a lost datagram delays a message, never strands it. A ring the listener's
+socket refuses is not lost, though: Linux queues at most `net.unix.max_dgram_qlen` datagrams (10 by default) on a
+Unix datagram socket whatever its buffer (unix(7)), and a listener busy for a moment (a consumer process on a loaded
+machine) fills that with rings of other shards. What its queue refused is owed to it and sent again a moment later
+(RETRY_SECONDS; merged per magazine, committing or not as it was), until sent or RETRY_FOR_SECONDS went by; dropped,
+the last messages of a burst waited for the safety poll (measured: 17-24 s, at 1,000 msg/s to 3 subscriptions).
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ RECEIVE_BUFFER = 1 << 20
 RECEIVE_TIMEOUT_SECONDS = 0.5
 COMMITTING = "committing"  # the flag of a ring sent before the commit, and the listing line of those who take it
 AFTER_COMMIT = "="  # a listing line's mark: ring this magazine after the commit (to any listener)
+RETRY_SECONDS = 0.001  # how soon a ring a listener's full queue refused is sent again
+RETRY_FOR_SECONDS = 5.0  # ... and for how long (a listener stuck that long is left to the safety poll)
 
 
 class EnvironmentBell:
@@ -74,6 +81,12 @@ class EnvironmentBell:
         # (checked by the caller, without a call: a publish's hot path).
         self.quiet_until = float("-inf")
         self._listed_mtime = -1
+        # Rings a listener's full queue refused, to send again: listener -> (client/magazine, committing) -> shards;
+        # and since when each listener is owed one. Sent by the retry thread (started on the first refusal).
+        self._owed: dict[str, dict[tuple[str, bool], set[int]]] = {}
+        self._owed_since: dict[str, float] = {}
+        self._owed_wake = threading.Condition(self._lock)
+        self._retrier: threading.Thread | None = None
         # Listener side: the (client, magazine, shard)s that a committing ring vouched for, no claim asked since.
         # Never dropped by age: the claim that asks takes the write lock, so it sees a commit however slow
         # (one that was aborted costs that claim the lock, once).
@@ -99,16 +112,60 @@ class EnvironmentBell:
         targets = self._targets.get(key)
         if not targets:
             return
-        message = f"{key}\0{','.join(map(str, shards))}".encode() + (b"\0" + COMMITTING.encode() if committing else b"")
+        shards = tuple(shards)  # (twice, if a listener's queue refuses it)
+        message = _ring_message(key, shards, committing)
         for listener, sock, aware in targets:
             if (committing and not aware) or (after_committing and aware):
                 continue
             try:
                 sock.send(message, socket.MSG_DONTWAIT)
-            except BlockingIOError:  # its buffer is full: it has rings to read already
-                continue
+            except BlockingIOError:  # its queue is full: owed, sent again in a moment (see the module docstring)
+                self._owe(listener, key, shards, committing)
             except OSError:  # its process is gone
                 self._forget(listener)
+
+    def _owe(self, listener: str, key: str, shards: Iterable[int], committing: bool) -> None:
+        """A ring the listener's full queue refused: for the retry thread to send again."""
+        with self._lock:
+            if self._closed:
+                return
+            self._owed.setdefault(listener, {}).setdefault((key, committing), set()).update(shards)
+            self._owed_since.setdefault(listener, time.monotonic())
+            if self._retrier is None:
+                self._retrier = threading.Thread(target=self._retry_loop, name="ignis-doorbell-retry", daemon=True)
+                self._retrier.start()
+            self._owed_wake.notify()
+
+    def _retry_loop(self) -> None:
+        """Send the owed rings again, RETRY_SECONDS after they were refused, until each is sent or its listener was
+        owed one for RETRY_FOR_SECONDS (it then gets them from the safety poll)."""
+        while True:
+            with self._lock:
+                while not self._owed and not self._closed:
+                    self._owed_wake.wait()
+                if self._closed:
+                    return
+                owed, self._owed = self._owed, {}
+            time.sleep(RETRY_SECONDS)
+            for listener, rings in owed.items():
+                sock = self._connections.get(listener)
+                for (key, committing), shards in rings.items():
+                    if sock is None:  # forgotten meanwhile: its process is gone
+                        break
+                    try:
+                        sock.send(_ring_message(key, shards, committing), socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        if time.monotonic() - self._owed_since.get(listener, 0.0) < RETRY_FOR_SECONDS:
+                            self._owe(listener, key, shards, committing)
+                        else:
+                            log.debug("doorbell: listener %s refused rings for %.0f s; the safety poll finds their "
+                                      "messages", listener, RETRY_FOR_SECONDS)
+                    except OSError:
+                        self._forget(listener)
+                        sock = None
+                with self._lock:
+                    if listener not in self._owed:
+                        self._owed_since.pop(listener, None)
 
     def ring_committing(self, client: str, magazine: str, shards: Iterable[int]) -> bool:
         """Like ring, from inside a write transaction before its commit: to the listeners that take it, and to
@@ -254,6 +311,7 @@ class EnvironmentBell:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._owed_wake.notify_all()
             sock, self._sock = self._sock, None
             for conn in self._connections.values():
                 conn.close()
@@ -264,6 +322,11 @@ class EnvironmentBell:
             sock.close()
         with contextlib.suppress(OSError):
             os.close(self._dir_fd)
+
+
+def _ring_message(key: str, shards: Iterable[int], committing: bool) -> bytes:
+    """A ring's datagram: "clientId/magazine NUL shard,shard,..." (NUL committing, for a ring before the commit)."""
+    return f"{key}\0{','.join(map(str, shards))}".encode() + (b"\0" + COMMITTING.encode() if committing else b"")
 
 
 class LmdbDoorbell:
