@@ -405,3 +405,43 @@ def test_a_pointer_read_keeps_the_shards_a_load_marked_while_it_was_under_way() 
     seen = activity.before_read()
     activity.replace([], seen)  # nothing marked during this read: the read is the truth
     assert activity.active == ()
+
+
+def test_threads_that_start_firing_while_another_prunes_the_consumers_break_no_fire() -> None:
+    # Prefetch.begin prunes the threads that fired long ago under its lock, while a thread that fires notes itself
+    # without it (a fire's hot path): the prune must not iterate the dict it could grow meanwhile ("dictionary
+    # changed size during iteration", seen once in CI from a consumer thread's fire).
+    prefetch = Prefetch(enabled=True)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def prune() -> None:
+        while not stop.is_set():
+            for i in range(2000):  # long-idle consumers, for the prune to walk through
+                prefetch.consumers[-1 - i] = 0.0
+            try:
+                prefetch.begin()
+                prefetch.end()
+            except BaseException as exc:
+                errors.append(exc)
+                return
+
+    def newcomer() -> None:
+        try:
+            prefetch.begin()
+            prefetch.end()
+        except BaseException as exc:
+            errors.append(exc)
+
+    pruner = threading.Thread(target=prune)
+    pruner.start()
+    deadline = time.monotonic() + 3
+    while not errors and time.monotonic() < deadline:
+        threads = [threading.Thread(target=newcomer) for _ in range(20)]  # new thread ids: new keys
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    stop.set()
+    pruner.join()
+    assert not errors, errors[0]

@@ -65,8 +65,11 @@ class Prefetch:
         with self._firing_lock:
             if len(consumers) > 1:
                 recent = now - CONSUMER_RECENT_SECONDS
-                for thread in [t for t, at in consumers.items() if at < recent]:
-                    del consumers[thread]
+                # (over a copy made in one C call: a thread that starts firing adds itself without the lock, and a
+                # dict that grows while Python code walks it raises "dictionary changed size during iteration")
+                for thread, at in tuple(consumers.items()):
+                    if at < recent:
+                        del consumers[thread]
             others = max(self._firing, len(consumers) - 1)
             self._firing += 1
         return others
