@@ -66,8 +66,7 @@ class Combined:
 class _Write:
     """One write waiting for a group commit."""
 
-    __slots__ = ("after", "batch", "before", "done", "durable", "early", "error", "fn", "gate", "released", "result",
-                 "taken")
+    __slots__ = ("after", "batch", "before", "durable", "early", "error", "fn", "gate", "released", "result", "taken")
 
     def __init__(self, fn: Callable[[Any], Any], durable: bool, after: Callable[[Any], None] | None,
                  early: bool, before: Callable[[Any], None] | None) -> None:
@@ -77,7 +76,6 @@ class _Write:
         self.after = after  # called with the result once committed, before the flush
         self.early = early  # its caller takes the result as soon as fn ran (see the module's docstring)
         self.taken = False  # in a leader's batch
-        self.done = False  # committed (and flushed, when durable), failed, or released early
         self.released = False  # handed back to its caller before the commit
         self.result: Any = None
         self.error: BaseException | None = None
@@ -238,7 +236,7 @@ class GroupCommit:
                 if early:  # decided under the write lock: the commit below only makes them durable
                     with self._lock:
                         for entry in early:
-                            entry.done = entry.released = True
+                            entry.released = True
                             _wake(entry)
         except BaseException as exc:  # the transaction was aborted: none of its writes happened
             error = exc
@@ -253,8 +251,7 @@ class GroupCommit:
             for entry in batch:
                 if not entry.released:
                     entry.error = error
-                    entry.done = error is not None or not entry.durable  # a durable one: once flushed, below
-                    if entry.done:
+                    if error is not None or not entry.durable:  # done (a durable one: once flushed, below)
                         _wake(entry)
             if error is None:
                 self._early_ok = True
@@ -270,7 +267,6 @@ class GroupCommit:
                     entry.error = exc
             with self._lock:
                 for entry in durable:
-                    entry.done = True
                     _wake(entry)
 
 
