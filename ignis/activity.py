@@ -36,8 +36,8 @@ _tokens = itertools.count(1)
 class ShardActivity:
     """The shards of one magazine known to have work in this process, and its waiting consumers."""
 
-    __slots__ = ("_cond", "_waiting", "active", "changes", "committing", "followers", "fresh_until", "invalidated",
-                 "last_load", "refreshed_at", "relays", "wakes")
+    __slots__ = ("_cond", "_waiting", "active", "changes", "claiming", "committing", "followers", "fresh_until",
+                 "invalidated", "last_load", "refreshed_at", "relays", "wakes")
 
     def __init__(self) -> None:
         self.active: tuple[int, ...] = ()
@@ -55,6 +55,7 @@ class ShardActivity:
         self.followers: tuple[ShardActivity, ...] = ()
         self.wakes: tuple[ShardActivity, ...] = ()
         self.relays = False  # followers or wakes (one test of a bool on a publish's path, not two of tuples)
+        self.claiming: frozenset[int] = frozenset()  # shards a claim of this process is on (claim_alone)
 
     def follow(self, leader: ShardActivity) -> None:
         """Be marked with every mark of `leader` (a cursor follows its topic)."""
@@ -123,6 +124,28 @@ class ShardActivity:
                 self._cond.notify(wake)
         for other in self.wakes:
             other.poke(wake)
+
+    # ---- one claim per shard (a subscription's cursor) ------------------------------------------------------
+    def claim_alone(self, shard: int) -> bool:
+        """Take `shard` for a claim unless another claim of this process is on it. Threads of one process that
+        claim the same shard of a cursor at once queue for its environment's write lock, and all but the first
+        find the message taken (measured: 0.77 empty claim writes a message at 1,000 msg/s, four consumer
+        threads, each a turn of the group commit's committer thread). The second waits instead: `claimed`
+        wakes it if the shard still has work."""
+        with self._cond:
+            if shard in self.claiming:
+                return False
+            self.claiming |= {shard}
+            return True
+
+    def claimed(self, shard: int) -> None:
+        """A claim that `claim_alone` let on `shard` is over: wake a waiter if the shard still has work (the claim
+        left some, or a load marked it meanwhile), since one may have waited for this claim."""
+        with self._cond:
+            self.claiming -= {shard}
+            still = shard in self.active
+        if still:
+            self._changed(1)
 
     def suppress(self, shard: int, loads_seen: int) -> None:
         """A claim found `shard` drained: drop it, unless a load marked it since the claim began."""

@@ -108,6 +108,46 @@ def _abandoned_claim(ignis: Ignis) -> tuple[LmdbStore, Move]:
     return store, Move(message.ref, envelope.fire_ts, 0, envelope)
 
 
+def test_a_thread_does_not_claim_a_shard_another_thread_of_the_process_is_claiming(
+        ignis: Ignis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two consumer threads of a subscription that claim one shard at once: the second would take the cursor's write
+    lock after the first and find the message gone (an empty claim, a turn of the committer thread each). It gets
+    nothing at once instead, and the first claim's end wakes it while the shard has work left."""
+    queue = ignis.queue(SUB)
+    store = queue.store
+    claim = store.claim_cursor
+    calls: list[int] = []
+    inside, release = threading.Event(), threading.Event()
+
+    def held_claim(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            inside.set()
+            release.wait(5.0)
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(store, "claim_cursor", held_claim)
+    topic = ignis.topic(TOPIC)
+    topic.publish(b"one", subject="orders/eu")
+    first: list[Any] = []
+    claimer = threading.Thread(target=lambda: first.append(queue.fire()))
+    claimer.start()
+    assert inside.wait(5.0)
+    seen = queue.main.changes
+    assert _within(2.0, queue.fire) is None  # not a second claim of the shard: nothing, at once
+    assert calls == [1]
+    topic.publish(b"two", subject="orders/eu")  # (work left once the first claim took "one")
+    woke = threading.Thread(target=lambda: queue.main.wait_for_work(seen, 5.0))
+    woke.start()
+    release.set()
+    claimer.join(5.0)
+    assert first and first[0] is not None and first[0].payload == b"one"
+    woke.join(5.0)
+    assert not woke.is_alive()
+    second = _within(5.0, queue.fire)
+    assert second is not None and second.payload == b"two"
+
+
 def test_a_move_out_of_a_cursor_takes_the_claim_to_the_target(ignis: Ignis) -> None:
     store, move = _abandoned_claim(ignis)
     sideline = names.sideline_of(SUB)

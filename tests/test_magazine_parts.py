@@ -216,6 +216,33 @@ def test_a_drained_shard_is_dropped_unless_a_load_marked_it_since_the_claim_bega
     assert shards.activity.active == ()
 
 
+def test_one_claim_per_shard_at_a_time_and_its_end_wakes_a_waiter_while_the_shard_has_work() -> None:
+    """A cursor's claims (pick_alone): a thread does not claim a shard another thread of the process is claiming
+    (it would find the message taken, after a turn at the cursor's write lock); it waits, and the claim's end wakes
+    it if the shard still has work."""
+    store = FakeStore()
+    shards = active_shards(store)
+    assert shards.pick_alone() is None  # (the first pick reads the pointers: none has work)
+    shards.mark([1, 2])
+    first = shards.pick_alone()
+    second = shards.pick_alone()
+    assert {first, second} == {1, 2}  # (each its own shard)
+    assert shards.pick_alone() is None  # both are being claimed: nothing for a third thread
+    seen = shards.activity.changes
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(shards.activity.wait(seen, 5.0)))
+    waiter.start()
+    time.sleep(0.05)
+    shards.suppress(first, shards.activity.last_load)  # the first claim drained its shard: nobody to wake for it
+    shards.claimed(first)
+    time.sleep(0.05)
+    assert not woke
+    shards.claimed(second)  # the second left work in its shard: the waiter claims the rest
+    waiter.join(5.0)
+    assert woke == [True]
+    assert shards.pick_alone() == second
+
+
 def test_a_load_cut_short_marks_the_shards_of_the_writes_that_landed() -> None:
     """A copy an outage cut short (LoadInterrupted): what landed is there for this process's consumers, what did
     not is not looked for; a load that went through marks every shard it filled."""

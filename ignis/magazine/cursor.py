@@ -57,9 +57,16 @@ class CursorMagazine(Magazine):
                 return resolved
         active_shards = self._active_shards
         loads_seen = active_shards.activity.last_load
-        shard = active_shards.pick()
+        shard = active_shards.pick_alone()  # (not one another thread of this process claims: claim_alone)
         if shard is None:
             return None
+        try:
+            return self._claim_on(shard, max_slots, loads_seen)
+        finally:  # (after a drained shard was dropped: the end of the claim wakes a waiter only for work left)
+            active_shards.claimed(shard)
+
+    def _claim_on(self, shard: int, max_slots: int, loads_seen: int) -> list[Claimed]:
+        active_shards = self._active_shards
         try:
             # Caught up with the topic's load pointer as last seen: read it again, unless the watcher reads it
             # often enough to vouch for it (a consumer's wake-ups; each recheck was a round trip of an empty claim).

@@ -91,6 +91,23 @@ class ActiveShards:
         active = activity.active
         return active[int(_random() * len(active))] if active else None
 
+    def pick_alone(self) -> int | None:
+        """As pick, among the shards no other claim of this process is on, taken for this one (release it with
+        `claimed`): see ShardActivity.claim_alone."""
+        shard = self.pick()
+        if shard is None:
+            return None
+        activity = self.activity
+        if activity.claim_alone(shard):
+            return shard
+        for other in activity.active:  # (another, if any: the one picked is being claimed)
+            if other != shard and activity.claim_alone(other):
+                return other
+        return None
+
+    def claimed(self, shard: int) -> None:
+        self.activity.claimed(shard)
+
     def wait_for_work(self, main: MainMagazine, seen: int, timeout: float) -> bool:
         """Magazine.wait_for_work: sleep on the activity, followed by the watcher and the mover meanwhile. The
         follow is renewed while it sleeps: they drop a magazine nobody looked in for a while (the shorter of
