@@ -95,15 +95,7 @@ class ActiveShards:
         """As pick, among the shards no other claim of this process is on, taken for this one (release it with
         `claimed`): see ShardActivity.claim_alone."""
         shard = self.pick()
-        if shard is None:
-            return None
-        activity = self.activity
-        if activity.claim_alone(shard):
-            return shard
-        for other in activity.active:  # (another, if any: the one picked is being claimed)
-            if other != shard and activity.claim_alone(other):
-                return other
-        return None
+        return None if shard is None else self.activity.claim_alone(shard)
 
     def claimed(self, shard: int) -> None:
         self.activity.claimed(shard)
