@@ -300,7 +300,10 @@ def test_a_consumer_in_the_publishers_process_gets_the_message_while_the_publish
             got["at"] = time.monotonic()
         thread = threading.Thread(target=consume)
         thread.start()
-        time.sleep(0.2)  # waiting
+        deadline = time.monotonic() + 10
+        while consumer.main._active_shards.activity.waiting == 0:  # (a publish before it waits wakes nobody)
+            assert time.monotonic() < deadline, "the consumer never waited"
+            time.sleep(0.01)
         began = time.monotonic()
         publisher.publish(b"m")
         returned = time.monotonic()
