@@ -10,6 +10,7 @@ from typing import Any
 
 import lmdb
 import pytest
+from support.polling import wait_for
 
 from ignis import Ignis, QueueSpec
 from ignis.storage.lmdb.group_commit import GroupCommit
@@ -184,10 +185,8 @@ def test_a_consumer_woken_by_a_publish_of_its_process_claims_in_the_publishs_own
         environment.env = gated
         try:
             fired, fired_out = _in_thread(lambda: consumer.fire(timeout=10))
-            deadline = time.monotonic() + 10
-            while consumer.main._active_shards.activity.waiting == 0:  # (a publish before it waits wakes nobody)
-                assert time.monotonic() < deadline, "the consumer never waited"
-                time.sleep(0.01)
+            # (a publish before it waits wakes nobody)
+            wait_for(lambda: consumer.main._active_shards.activity.waiting, 10, "the consumer to wait", 0.01)
             published, published_out = _in_thread(lambda: publisher.publish(b"m"))
             fired.join(3)
             assert not fired.is_alive(), "the claim waited for the publish's commit"

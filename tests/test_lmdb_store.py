@@ -12,6 +12,7 @@ from typing import Any
 
 import lmdb
 import pytest
+from support.polling import wait_for
 
 from ignis import Ignis, QueueSpec
 from ignis.envelope import Envelope, now_ms
@@ -300,10 +301,8 @@ def test_a_consumer_in_the_publishers_process_gets_the_message_while_the_publish
             got["at"] = time.monotonic()
         thread = threading.Thread(target=consume)
         thread.start()
-        deadline = time.monotonic() + 10
-        while consumer.main._active_shards.activity.waiting == 0:  # (a publish before it waits wakes nobody)
-            assert time.monotonic() < deadline, "the consumer never waited"
-            time.sleep(0.01)
+        # (a publish before it waits wakes nobody)
+        wait_for(lambda: consumer.main._active_shards.activity.waiting, 10, "the consumer to wait", 0.01)
         began = time.monotonic()
         publisher.publish(b"m")
         returned = time.monotonic()
