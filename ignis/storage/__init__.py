@@ -34,7 +34,8 @@ def open_store(url: str, *, farm_id: str = "local", client_id: str = "default", 
                ) -> Storage:
     """Open a store from its URL.
 
-    `lmdb:///abs/path` or `lmdb://rel/path` (query: durability=fsync|fast, map_size=64g, max_dbs=256,
+    `lmdb:///abs/path` or `lmdb://rel/path` (query: durability=fsync|fast, cursor_durability=checkpoint|fsync,
+    map_size=64g, max_dbs=256,
     farm=F, client=C). A URL's farm/client override the arguments.
     `aerospike://[user:password@]host1:3000,host2:3000/namespace?farm=F&client=C` plus any setting of
     `AerospikeSettings` as a query parameter (config=FILE names a YAML settings file).
@@ -56,8 +57,9 @@ def open_store(url: str, *, farm_id: str = "local", client_id: str = "default", 
         if not location:
             raise InvalidInputError(f"store URL {url!r} has no path; e.g. lmdb:///var/lib/ignis")
         kwargs: dict = {}
-        if "durability" in params:
-            kwargs["durability"] = params.pop("durability")
+        for option in ("durability", "cursor_durability"):
+            if option in params:
+                kwargs[option] = params.pop(option)
         if "map_size" in params:
             kwargs["map_size"] = _size("map_size", params.pop("map_size"))
         if "max_dbs" in params:

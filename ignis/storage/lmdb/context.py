@@ -110,9 +110,15 @@ class StoreContext:
     def flush(self) -> None:
         """Make every commit so far durable (durability=fsync): the commit flushed its data pages already; this
         flushes the meta page (environment opened with metasync off), outside the write lock, so concurrent
-        publishers share flushes. Raises lmdb.Error."""
+        publishers share flushes; in a cursor's environment that checkpoints instead (ignis.storage.lmdb.checkpoints),
+        writes a checkpoint. Raises lmdb.Error (StoreError: a checkpoint's file)."""
         if self.sync:
             self.env.env.sync(True)
+        elif self.env.checkpoints is not None:
+            try:
+                self.env.checkpoints.take(at_once=True)
+            except OSError as exc:
+                raise StoreError(f"lmdb store at {self.env.path}: cannot write its checkpoint: {exc}") from None
 
     def read(self, operation: str, fn: Callable[[Any], T]) -> T:
         try:

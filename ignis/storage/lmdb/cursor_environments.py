@@ -6,11 +6,13 @@ write lock with every publisher and every other subscription: LMDB has one write
 durability=fsync a commit holds that lock while it flushes its pages. Three subscriptions' consumers and a publisher
 then queue for one lock, one flush at a time, although the disk runs flushes of separate files in parallel well.
 
-So each cursor lives in `<store>/cursors/<cursor>/`, an environment of its own with the same durability, whose
-commits lock and flush apart from the store's. The messages stay in the topic, in the store's environment: a claim
-reads them in a read transaction there (no lock) and writes its claim records here. What spans the two is said
-where it happens: a claim (ignis.storage.lmdb.topics), the sweeper's move out of a cursor
-(ignis.storage.lmdb.moves).
+So each cursor lives in `<store>/cursors/<cursor>/`, an environment of its own, whose commits lock apart from the
+store's. With the store's `durability=fsync` they do not flush either (`cursor_durability=checkpoint`, the default): a
+cursor's state is made durable by checkpoints (ignis.storage.lmdb.checkpoints), since losing it only delivers messages
+again; `cursor_durability=fsync` flushes every commit as the store does. With `durability=fast`, neither. The
+messages stay in the topic, in the store's environment: a claim reads them in a read transaction there (no lock) and
+writes its claim records here. What spans the two is said where it happens: a claim (ignis.storage.lmdb.topics), the
+sweeper's move out of a cursor (ignis.storage.lmdb.moves).
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ import threading
 import lmdb
 
 from ignis import names
+from ignis.storage.lmdb import checkpoints
 from ignis.storage.lmdb.context import StoreContext
-from ignis.storage.lmdb.environment import _Environment
+from ignis.storage.lmdb.environment import CHECKPOINT, _Environment
 
 log = logging.getLogger(__name__)
 
 CURSORS_DIR = "cursors"
+CURSOR_DURABILITY_MODES = (CURSOR_CHECKPOINT := "checkpoint", "fsync")  # the store's `cursor_durability`
 CURSOR_MAX_DBS = 32  # a data and a meta set per client whose subscription has this name (16 clients)
 
 
@@ -35,10 +39,12 @@ class CursorEnvironments:
     """One store handle's cursor contexts (StoreContext on each cursor's own environment), opened on first use."""
 
     def __init__(self, main: StoreContext, *, farm_id: str, durability: str, map_size: int,
-                 purge_interval: float) -> None:
+                 purge_interval: float, cursor_durability: str = CURSOR_CHECKPOINT) -> None:
         self._main = main
         self._farm_id = farm_id
-        self._durability = durability
+        # (checkpoints need to tell a machine restart: without a boot id, a cursor flushes as the store does)
+        checkpointed = durability == "fsync" and cursor_durability == CURSOR_CHECKPOINT and checkpoints.available()
+        self._durability = CHECKPOINT if checkpointed else durability
         self._map_size = map_size
         self._purge_interval = purge_interval
         self._contexts: dict[str, StoreContext] = {}

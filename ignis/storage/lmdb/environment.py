@@ -20,11 +20,14 @@ import lmdb
 
 from ignis.envelope import now_ms
 from ignis.errors import InvalidInputError, StoreUnavailable
+from ignis.storage.lmdb import checkpoints
 from ignis.storage.lmdb.doorbell import EnvironmentBell
 from ignis.storage.lmdb.group_commit import GroupCommit
 from ignis.storage.lmdb.records import _expired
 
 log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint"  # the durability of a cursor's environment that checkpoints instead of flushing
 
 
 class _Environment:
@@ -39,6 +42,8 @@ class _Environment:
         self.path = path
         self.durability = durability
         self.pid = os.getpid()
+        if durability == CHECKPOINT:  # a cursor's: no flush a commit, a checkpoint a second (see checkpoints)
+            checkpoints.prepare(path)
         self.env = lmdb.open(
             path,
             map_size=map_size,
@@ -59,9 +64,15 @@ class _Environment:
             # 1.2 ms, bench_delayed.py); written pages go out with pwrite and one fdatasync instead. Every
             # process of a store must use the same durability: LMDB's docs warn that "processes with and
             # without MDB_WRITEMAP on the same environment do not cooperate well" (mdb_env_open).
-            writemap=durability != "fsync",
+            writemap=durability == "fast",
             lock=True,
         )
+        # durability=checkpoint (a cursor's environment under a store's fsync): neither sync nor writemap, LMDB's
+        # MDB_NOSYNC alone; made durable by its checkpoints, and restored from them after a machine crash.
+        self.checkpoints: checkpoints.Checkpoints | None = None
+        if durability == CHECKPOINT:
+            self.checkpoints = checkpoints.Checkpoints(self.env, path)
+            checkpoints.CHECKPOINTER.register(self.checkpoints)
         self.dbs: dict[str, Any] = {}
         self.lock = threading.Lock()
         self.users = 0
@@ -129,6 +140,9 @@ class _Environment:
             self.group.close()
             if self._purger is not None:
                 self._purger.join(timeout=5)
+            if self.checkpoints is not None:
+                checkpoints.CHECKPOINTER.unregister(self.checkpoints)
+                self.checkpoints.close()
             if self._bell is not None:
                 self._bell.close()
             self.env.close()

@@ -34,7 +34,7 @@ from ignis.storage.base import (
 from ignis.storage.lmdb.allocation import Allocation
 from ignis.storage.lmdb.claims import Claims
 from ignis.storage.lmdb.context import StoreContext
-from ignis.storage.lmdb.cursor_environments import CursorEnvironments
+from ignis.storage.lmdb.cursor_environments import CURSOR_CHECKPOINT, CURSOR_DURABILITY_MODES, CursorEnvironments
 from ignis.storage.lmdb.delayed import DelayedMessages
 from ignis.storage.lmdb.doorbell import LmdbDoorbell
 from ignis.storage.lmdb.environment import _Environment
@@ -60,6 +60,7 @@ class LmdbStore:
         farm_id: str = "local",
         client_id: str = "default",
         durability: str = "fsync",
+        cursor_durability: str = CURSOR_CHECKPOINT,
         map_size: int = 8 << 30,
         max_dbs: int = 256,
         purge_interval: float = 60.0,
@@ -67,10 +68,14 @@ class LmdbStore:
     ) -> None:
         if durability not in DURABILITY_MODES:
             raise InvalidInputError(f"durability={durability!r}: must be one of {', '.join(DURABILITY_MODES)}")
+        if cursor_durability not in CURSOR_DURABILITY_MODES:
+            raise InvalidInputError(f"cursor_durability={cursor_durability!r}: must be one of "
+                                    f"{', '.join(CURSOR_DURABILITY_MODES)}")
         self.farm_id = names.check_id("farmId", farm_id)
         self.client_id = names.check_id("clientId", client_id)
         self._path = path
         self._durability = durability
+        self._cursor_durability = cursor_durability
         self._map_size = map_size
         self._max_dbs = max_dbs
         self._purge_interval = purge_interval
@@ -79,7 +84,7 @@ class LmdbStore:
         self._ctx = StoreContext(env, farm_id=farm_id, client_id=self.client_id, durability=durability,
                                  map_size=map_size, max_dbs=max_dbs)
         self._cursors = CursorEnvironments(self._ctx, farm_id=self.farm_id, durability=durability, map_size=map_size,
-                                           purge_interval=purge_interval)
+                                           purge_interval=purge_interval, cursor_durability=cursor_durability)
         self._registry = QueueRegistry(self._ctx)
         self._leases = Leases(self._ctx)
         self._allocation = Allocation(self._ctx)
@@ -99,7 +104,9 @@ class LmdbStore:
     # ---- plumbing ------------------------------------------------------------------------------
     @property
     def url(self) -> str:
-        return f"lmdb://{self._ctx.env.path}?durability={self._durability}"
+        url = f"lmdb://{self._ctx.env.path}?durability={self._durability}"
+        return url if self._cursor_durability == CURSOR_CHECKPOINT else \
+            f"{url}&cursor_durability={self._cursor_durability}"
 
     @property
     def path(self) -> str:
@@ -111,6 +118,7 @@ class LmdbStore:
 
     def with_client(self, client_id: str) -> LmdbStore:
         return LmdbStore(self._path, farm_id=self.farm_id, client_id=client_id, durability=self._durability,
+                         cursor_durability=self._cursor_durability,
                          map_size=self._map_size, max_dbs=self._max_dbs, purge_interval=self._purge_interval,
                          _env=self._ctx.env)
 
