@@ -98,6 +98,9 @@ def lmdb_or_real_server_url(param: str, tmp_path: Any) -> Iterator[str]:
     if param == "lmdb":
         yield f"lmdb://{tmp_path}/store?durability=fast"
         return
+    if param == "lmdb-defaults":  # durability=fsync, cursors checkpointed (ignis.storage.lmdb.checkpoints)
+        yield f"lmdb://{tmp_path}/store"
+        return
     target = os.environ.get(AEROSPIKE_ENV)
     if not target:
         pytest.skip(AEROSPIKE_SKIP)

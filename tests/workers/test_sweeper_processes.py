@@ -575,6 +575,7 @@ def misdelivered(consumers: dict[str, list[Lines]], published: dict[str, str]) -
 
 
 @pytest.mark.timeout(CRASH_SWEEP_S + 180)
+@pytest.mark.parametrize("url", ["lmdb", "lmdb-defaults", "aerospike"], indirect=True)
 def test_topic_producers_consumers_of_two_subscriptions_and_the_leader_killed_together(sweepers: Sweepers, url: str):
     """Issue 47: a topic of 4 shards, two subscriptions with different filters, 4,000 publishes over 7 subjects;
     a producer, a consumer of each subscription and the sweeper leader SIGKILLed mid-run, two sweepers. Every
