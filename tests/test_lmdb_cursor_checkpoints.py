@@ -8,6 +8,7 @@ another boot id."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,20 @@ def _copy_as_the_disk_holds_it(src: Path, dst: Path) -> None:
     shutil.copytree(src / "store", dst / "store", ignore=shutil.ignore_patterns("lock.mdb", "*.tmp"))
 
 
+@contextlib.contextmanager
+def _after_a_machine_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torn: bool = False) -> Iterator[Ignis]:
+    """The store as the disk holds it now (`torn`: the cursor's data file overwritten), opened on another boot."""
+    copy = tmp_path / "copy"
+    _copy_as_the_disk_holds_it(tmp_path, copy)
+    if torn:
+        data = _cursor_dir(copy) / checkpoints.DATA_FILE
+        data.write_bytes(b"\xde\xad" * (data.stat().st_size // 2))  # the restore must not read it
+    monkeypatch.setattr(checkpoints, "boot_id", lambda: "another-boot")
+    with Ignis(f"lmdb://{copy}/store") as again:
+        yield again
+    assert (_cursor_dir(copy) / checkpoints.BOOT_FILE).read_text() == "another-boot"
+
+
 def test_a_cursor_commits_without_a_flush_and_has_a_checkpoint_from_its_start(ignis: Ignis, tmp_path: Path) -> None:
     own = _store(ignis)._cursors.of(CURSOR)
     assert own.env.durability == "checkpoint"
@@ -110,18 +125,12 @@ def test_a_machine_restart_restores_the_checkpoint_and_delivers_again_what_came_
     checkpoints.CHECKPOINTER.unregister(own.env.checkpoints)  # and no later one before the "crash"
     after = _consume(ignis, 3)
     assert _position(ignis) == 7
-    copy = tmp_path / "copy"
-    _copy_as_the_disk_holds_it(tmp_path, copy)
-    data = _cursor_dir(copy) / checkpoints.DATA_FILE
-    data.write_bytes(b"\xde\xad" * (data.stat().st_size // 2))  # torn: the restore must not read it
-    monkeypatch.setattr(checkpoints, "boot_id", lambda: "another-boot")
-    with Ignis(f"lmdb://{copy}/store") as again:
+    with _after_a_machine_crash(tmp_path, monkeypatch, torn=True) as again:
         assert _position(again) == 4
         redelivered = _drain(again)
     # The 3 acked after the checkpoint come again, with the 3 never consumed; the 4 before it do not: nothing lost.
     assert redelivered == after + ids[7:]
     assert set(before) | set(redelivered) == set(ids)
-    assert (_cursor_dir(copy) / checkpoints.BOOT_FILE).read_text() == "another-boot"
 
 
 def test_the_checkpoint_follows_the_commits_within_about_a_second(
@@ -131,10 +140,7 @@ def test_the_checkpoint_follows_the_commits_within_about_a_second(
     checkpoint = _cursor_dir(tmp_path) / checkpoints.CHECKPOINT_FILE
     written = checkpoint.stat().st_mtime_ns
     wait_for(lambda: checkpoint.stat().st_mtime_ns != written, timeout=10, what="a checkpoint after the acks")
-    copy = tmp_path / "copy"
-    _copy_as_the_disk_holds_it(tmp_path, copy)
-    monkeypatch.setattr(checkpoints, "boot_id", lambda: "another-boot")
-    with Ignis(f"lmdb://{copy}/store") as again:
+    with _after_a_machine_crash(tmp_path, monkeypatch) as again:
         assert _position(again) == 5
         assert _drain(again) == []
 
@@ -147,10 +153,7 @@ def test_a_seek_is_checkpointed_before_it_returns(ignis: Ignis, tmp_path: Path, 
     ignis.seek(SUB, "2000-01-01T00:00:00Z")  # back to the start...
     _consume(ignis, 6)
     ignis.seek(SUB, 4102444800000)  # ... and past the end (2100): nothing left
-    copy = tmp_path / "copy"
-    _copy_as_the_disk_holds_it(tmp_path, copy)
-    monkeypatch.setattr(checkpoints, "boot_id", lambda: "another-boot")
-    with Ignis(f"lmdb://{copy}/store") as again:
+    with _after_a_machine_crash(tmp_path, monkeypatch) as again:
         assert _position(again) == 6
         assert _drain(again) == []
 
