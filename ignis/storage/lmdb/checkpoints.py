@@ -155,11 +155,16 @@ class Checkpoints:
                 aside = f"{target}.{os.getpid()}.tmp"
                 fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 try:
-                    self._env.copyfd(fd, compact=True)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(aside, target)
+                    try:
+                        self._env.copyfd(fd, compact=True)
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    os.replace(aside, target)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.remove(aside)  # (a full disk: no half copy left behind; the last checkpoint stands)
+                    raise
                 _sync_dir(self._path)
             self._taken = last
             return True
