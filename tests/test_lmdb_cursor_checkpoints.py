@@ -9,6 +9,7 @@ another boot id."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,7 +118,7 @@ def test_a_process_restart_keeps_every_ack_even_those_after_the_last_checkpoint(
 
 
 def test_a_machine_restart_restores_the_checkpoint_and_delivers_again_what_came_after_it(
-        ignis: Ignis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        ignis: Ignis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     ids = _publish(ignis, 10)
     own = _store(ignis)._cursors.of(CURSOR)
     before = _consume(ignis, 4)
@@ -125,9 +126,12 @@ def test_a_machine_restart_restores_the_checkpoint_and_delivers_again_what_came_
     checkpoints.CHECKPOINTER.unregister(own.env.checkpoints)  # and no later one before the "crash"
     after = _consume(ignis, 3)
     assert _position(ignis) == 7
-    with _after_a_machine_crash(tmp_path, monkeypatch, torn=True) as again:
+    with caplog.at_level(logging.WARNING, logger="ignis.storage.lmdb.checkpoints"), \
+            _after_a_machine_crash(tmp_path, monkeypatch, torn=True) as again:
         assert _position(again) == 4
         redelivered = _drain(again)
+    said = [r.getMessage() for r in caplog.records if r.name == "ignis.storage.lmdb.checkpoints"]
+    assert len(said) == 1 and CURSOR in said[0] and "restored its checkpoint" in said[0], said  # said once, by name
     # The 3 acked after the checkpoint come again, with the 3 never consumed; the 4 before it do not: nothing lost.
     assert redelivered == after + ids[7:]
     assert set(before) | set(redelivered) == set(ids)
