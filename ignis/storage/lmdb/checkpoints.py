@@ -31,7 +31,7 @@ import shutil
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -65,15 +65,30 @@ def _locked(path: str) -> Iterator[None]:
         yield  # (closing the file releases the lock)
 
 
-def _write_durably(path: str, text: str) -> None:
-    """Replace the file at `path` with `text`, on disk when this returns (written aside, flushed, renamed)."""
+def _write_durably(path: str, write: Callable[[int], object]) -> None:
+    """Replace the file at `path` with what write(fd) writes, on disk when this returns: written aside, flushed, renamed
+    over it, the directory flushed. A write that fails (a full disk) leaves no half file; the old one stands."""
     aside = f"{path}.{os.getpid()}.tmp"
-    with open(aside, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(aside, path)
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        try:
+            write(fd)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(aside, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(aside)
+        raise
     _sync_dir(os.path.dirname(path))
+
+
+def _copy_into(source: str) -> Callable[[int], object]:
+    def write(fd: int) -> None:
+        with open(source, "rb") as src, open(fd, "wb", closefd=False) as out:
+            shutil.copyfileobj(src, out)
+    return write
 
 
 def _sync_dir(path: str) -> None:
@@ -110,11 +125,7 @@ def prepare(path: str) -> None:
         if last is not None and os.path.exists(data):
             # Opened during another boot: that boot may have ended in a crash, which can tear a no-sync environment.
             if os.path.exists(checkpoint):
-                aside = f"{data}.restoring"
-                shutil.copyfile(checkpoint, aside)
-                with open(aside, "rb+") as f:
-                    os.fsync(f.fileno())
-                os.replace(aside, data)
+                _write_durably(data, _copy_into(checkpoint))
                 log.warning("the machine restarted since the cursor %s was last open: restored its checkpoint of "
                             "%s (claims and acks after it are undone: those messages are delivered again)",
                             os.path.basename(path), time.strftime("%Y-%m-%dT%H:%M:%S",
@@ -125,7 +136,7 @@ def prepare(path: str) -> None:
                             "starts again from its topic's first retained message", os.path.basename(path))
             _sync_dir(path)
         if current is not None:
-            _write_durably(marker, current)
+            _write_durably(marker, lambda fd: os.write(fd, current.encode()))
 
 
 class Checkpoints:
@@ -135,6 +146,7 @@ class Checkpoints:
     def __init__(self, env: Any, path: str) -> None:
         self._env = env
         self._path = path
+        self.name = os.path.basename(path)  # the cursor's, for what is logged
         self._lock = threading.Lock()
         self._taken: int | None = None  # the transaction id of the last checkpoint this process wrote
         self.failing = False  # the last background attempt failed (logged once until one succeeds)
@@ -152,20 +164,7 @@ class Checkpoints:
             if last == self._taken or (not at_once and _age(target) < CHECKPOINT_SECONDS / 2):
                 return False  # (nothing new, or another process of the subscription wrote one just now: next time)
             with _locked(self._path):  # (one at a time across processes, so a later copy is never renamed first)
-                aside = f"{target}.{os.getpid()}.tmp"
-                fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                try:
-                    try:
-                        self._env.copyfd(fd, compact=True)
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                    os.replace(aside, target)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.remove(aside)  # (a full disk: no half copy left behind; the last checkpoint stands)
-                    raise
-                _sync_dir(self._path)
+                _write_durably(target, lambda fd: self._env.copyfd(fd, compact=True))
             self._taken = last
             return True
 
@@ -175,7 +174,7 @@ class Checkpoints:
         try:
             self.take(at_once=True)
         except Exception as exc:  # (closing goes on: the earlier checkpoint stands)
-            log.warning("cannot write the last checkpoint of the cursor %s: %s", os.path.basename(self._path), exc)
+            log.warning("cannot write the last checkpoint of the cursor %s: %s", self.name, exc)
         with self._lock:
             self._closed = True
 
@@ -211,12 +210,11 @@ class _Checkpointer:
                     if not checkpoints.failing:
                         checkpoints.failing = True
                         log.warning("cannot write the checkpoint of the cursor %s: %s (tried again every %.0f s)",
-                                    os.path.basename(checkpoints._path), exc, CHECKPOINT_SECONDS)
+                                    checkpoints.name, exc, CHECKPOINT_SECONDS)
                 else:
                     if checkpoints.failing:
                         checkpoints.failing = False
-                        log.info("the checkpoint of the cursor %s is written again",
-                                 os.path.basename(checkpoints._path))
+                        log.info("the checkpoint of the cursor %s is written again", checkpoints.name)
 
 
 CHECKPOINTER = _Checkpointer()
