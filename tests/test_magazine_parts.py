@@ -4,6 +4,7 @@ prefetch. (The contract suite covers them through queues, on every backend.)"""
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -437,14 +438,16 @@ def test_a_pointer_read_keeps_the_shards_a_load_marked_while_it_was_under_way() 
 def test_threads_that_start_firing_while_another_prunes_the_consumers_break_no_fire() -> None:
     # Prefetch.begin prunes the threads that fired long ago under its lock, while a thread that fires notes itself
     # without it (a fire's hot path): the prune must not iterate the dict it could grow meanwhile ("dictionary
-    # changed size during iteration", seen once in CI from a consumer thread's fire).
+    # changed size during iteration", seen twice in CI from a consumer thread's fire). Other threads run inside a
+    # C-level walk only when it runs Python code, as a garbage collection does (finalizers, gc.callbacks): here
+    # every allocation collects and every collection yields the GIL, so a walk that allocates loses the race.
     prefetch = Prefetch(enabled=True)
     errors: list[BaseException] = []
     stop = threading.Event()
 
     def prune() -> None:
         while not stop.is_set():
-            for i in range(2000):  # long-idle consumers, for the prune to walk through
+            for i in range(5000):  # long-idle consumers (more than the 2,000 tuples Python keeps for reuse)
                 prefetch.consumers[-1 - i] = 0.0
             try:
                 prefetch.begin()
@@ -460,15 +463,26 @@ def test_threads_that_start_firing_while_another_prunes_the_consumers_break_no_f
         except BaseException as exc:
             errors.append(exc)
 
-    pruner = threading.Thread(target=prune)
-    pruner.start()
-    deadline = time.monotonic() + 3
-    while not errors and time.monotonic() < deadline:
-        threads = [threading.Thread(target=newcomer) for _ in range(20)]  # new thread ids: new keys
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    stop.set()
-    pruner.join()
+    def yield_the_gil(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            time.sleep(0)
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    gc.callbacks.append(yield_the_gil)
+    try:
+        pruner = threading.Thread(target=prune)
+        pruner.start()
+        deadline = time.monotonic() + 3
+        while not errors and time.monotonic() < deadline:
+            threads = [threading.Thread(target=newcomer) for _ in range(20)]  # new thread ids: new keys
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        stop.set()
+        pruner.join()
+    finally:
+        gc.callbacks.remove(yield_the_gil)
+        gc.set_threshold(*threshold)
     assert not errors, errors[0]

@@ -65,9 +65,12 @@ class Prefetch:
         with self._firing_lock:
             if len(consumers) > 1:
                 recent = now - CONSUMER_RECENT_SECONDS
-                # (over a copy made in one C call: a thread that starts firing adds itself without the lock, and a
-                # dict that grows while Python code walks it raises "dictionary changed size during iteration")
-                for thread, at in tuple(consumers.items()):
+                # Over a copy, for a thread that starts firing adds itself without the lock, and a dict that grows
+                # while it is walked raises "dictionary changed size during iteration". dict.copy() walks it
+                # without running Python code, so no other thread can run meanwhile; tuple(consumers.items()) did
+                # not do: each item's new tuple may start a garbage collection, whose finalizers run bytecode, at
+                # which the interpreter switches threads (seen in CI, made to happen with gc.set_threshold(1)).
+                for thread, at in consumers.copy().items():
                     if at < recent:
                         del consumers[thread]
             others = max(self._firing, len(consumers) - 1)
