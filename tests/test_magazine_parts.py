@@ -1,17 +1,22 @@
 """Unit tests of the parts a Magazine composes (ignis.magazine.*), each on its own with a fake store and, where
 time matters, a fake clock: the awaited slots' re-read schedule, the active shards, the reservations and the
-prefetch. (The contract suite covers them through queues, on every backend.)"""
+prefetch. (The contract suite covers them through queues, on every backend.) A race of threads over an ordered
+queue's held shards runs on a real (lmdb) queue."""
 
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from ignis import Ignis, QueueSpec
 from ignis.activity import activity_for
 from ignis.envelope import Envelope
 from ignis.errors import StoreUnavailable
@@ -19,6 +24,7 @@ from ignis.magazine import awaited as awaited_module
 from ignis.magazine import prefetch as prefetch_module
 from ignis.magazine import reservations as reservations_module
 from ignis.magazine.awaited import AwaitedSlots
+from ignis.magazine.ordered import OrderedMagazine
 from ignis.magazine.prefetch import Prefetch
 from ignis.magazine.reservations import RESERVE_MAX, Reservations
 from ignis.magazine.shards import ActiveShards
@@ -435,31 +441,25 @@ def test_a_pointer_read_keeps_the_shards_a_load_marked_while_it_was_under_way() 
     assert activity.active == ()
 
 
-def test_threads_that_start_firing_while_another_prunes_the_consumers_break_no_fire() -> None:
-    # Prefetch.begin prunes the threads that fired long ago under its lock, while a thread that fires notes itself
-    # without it (a fire's hot path): the prune must not iterate the dict it could grow meanwhile ("dictionary
-    # changed size during iteration", seen twice in CI from a consumer thread's fire). Other threads run inside a
-    # C-level walk only when it runs Python code, as a garbage collection does (finalizers, gc.callbacks): here
-    # every allocation collects and every collection yields the GIL, so a walk that allocates loses the race.
-    prefetch = Prefetch(enabled=True)
+def _race_walks_against_new_keys(walk: Callable[[], None], add_key: Callable[[], None]) -> list[BaseException]:
+    """Run `walk` in a loop in one thread while new threads each call `add_key` (a new key without a lock, as a
+    thread that starts firing adds itself): the errors either raised. Other threads run inside a C-level walk
+    of a dict only when it runs Python code, as a garbage collection does (finalizers, gc.callbacks): here every
+    allocation collects and every collection yields the GIL, so a walk that allocates loses the race at once."""
     errors: list[BaseException] = []
     stop = threading.Event()
 
-    def prune() -> None:
+    def walker() -> None:
         while not stop.is_set():
-            for i in range(5000):  # long-idle consumers (more than the 2,000 tuples Python keeps for reuse)
-                prefetch.consumers[-1 - i] = 0.0
             try:
-                prefetch.begin()
-                prefetch.end()
+                walk()
             except BaseException as exc:
                 errors.append(exc)
                 return
 
     def newcomer() -> None:
         try:
-            prefetch.begin()
-            prefetch.end()
+            add_key()
         except BaseException as exc:
             errors.append(exc)
 
@@ -471,18 +471,59 @@ def test_threads_that_start_firing_while_another_prunes_the_consumers_break_no_f
     gc.set_threshold(1)
     gc.callbacks.append(yield_the_gil)
     try:
-        pruner = threading.Thread(target=prune)
-        pruner.start()
+        walking = threading.Thread(target=walker)
+        walking.start()
         deadline = time.monotonic() + 3
         while not errors and time.monotonic() < deadline:
-            threads = [threading.Thread(target=newcomer) for _ in range(20)]  # new thread ids: new keys
+            threads = [threading.Thread(target=newcomer) for _ in range(20)]
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
         stop.set()
-        pruner.join()
+        walking.join()
     finally:
         gc.callbacks.remove(yield_the_gil)
         gc.set_threshold(*threshold)
+    return errors
+
+
+def test_threads_that_start_firing_while_another_prunes_the_consumers_break_no_fire() -> None:
+    # Prefetch.begin prunes the threads that fired long ago under its lock, while a thread that fires notes itself
+    # without it (a fire's hot path): the prune must not iterate the dict it could grow meanwhile ("dictionary
+    # changed size during iteration", seen twice in CI from a consumer thread's fire).
+    prefetch = Prefetch(enabled=True)
+
+    def prune() -> None:
+        for i in range(5000):  # long-idle consumers (more than the 2,000 tuples Python keeps for reuse)
+            prefetch.consumers[-1 - i] = 0.0
+        prefetch.begin()
+        prefetch.end()
+
+    def newcomer() -> None:  # a new thread id: a new key
+        prefetch.begin()
+        prefetch.end()
+
+    errors = _race_walks_against_new_keys(prune, newcomer)
+    assert not errors, errors[0]
+
+
+def test_an_ordered_queues_next_check_survives_consumers_holding_new_shards_meanwhile(tmp_path: Path) -> None:
+    # OrderedMagazine.next_check_in walks the shards known to be held, which claiming threads add to (and drop
+    # from) without a lock.
+    with Ignis(f"lmdb://{tmp_path}") as ignis:
+        ignis.apply(QueueSpec.build(name="seq", handlerType="seq", shards=4, ordered=True))
+        magazine = ignis.queue("seq").main
+        assert isinstance(magazine, OrderedMagazine)
+        added = itertools.count(10_000)
+
+        def next_check() -> None:
+            for shard in range(5000):
+                magazine._blocked[shard] = time.monotonic() + 60
+            magazine.next_check_in()
+
+        def hold_a_new_shard() -> None:
+            magazine._blocked[next(added)] = time.monotonic() + 60
+
+        errors = _race_walks_against_new_keys(next_check, hold_a_new_shard)
     assert not errors, errors[0]

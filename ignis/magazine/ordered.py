@@ -97,7 +97,8 @@ class OrderedMagazine(Magazine):
         if self._blocked:
             active = self._active_shards.activity.active
             now = time.monotonic()
-            later = [until - now for shard, until in list(self._blocked.items()) if shard in active and until > now]
+            # (over dict.copy(): claiming threads add shards without a lock; see Prefetch.begin for why not items())
+            later = [until - now for shard, until in self._blocked.copy().items() if shard in active and until > now]
             if later:
                 due = min(later) if due is None else min(due, min(later))
         return due
