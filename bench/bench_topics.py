@@ -28,8 +28,9 @@
   the publishes) with the same method, in alternating tenths. RabbitMQ: a stream of --amqp-replay messages read
   from its first offset.
 
-Each phase prints its table; the targets of issue 47 are checked at the end (a table; `--check` exits 1 when one
-is missed); `--json` writes every figure.
+On Aerospike each phase truncates what it wrote when it ends (`phase_store`). Each phase prints its table; the
+targets of issue 47 are checked at the end (a table; `--check` exits 1 when one is missed); `--json` writes every
+figure.
 """
 
 from __future__ import annotations
