@@ -7,6 +7,7 @@ Bin names are the ones every backend stores (Aerospike bins, lmdb msgpack map ke
 from __future__ import annotations
 
 import json
+import math
 import random
 import struct
 import time
@@ -45,6 +46,13 @@ HISTORY_LIMIT = 20  # a dead letter keeps its last 20 failures; enough to diagno
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def due_after(seconds: float, at_ms: int) -> int:
+    """The due time (epoch ms) of a message to deliver `seconds` after the moment now_ms() gave as `at_ms`: counted
+    from the end of that millisecond (now_ms floors), so it is never due before the whole wait has passed, and
+    always after `at_ms`. (From `at_ms` itself a retry 0.2 s after a failure came 199.92 ms after it, seen.)"""
+    return at_ms + 1 + math.ceil(seconds * 1000)
 
 
 def new_message_id(at_ms: int | None = None) -> str:

@@ -18,6 +18,7 @@ from ignis.envelope import (
     CODECS,
     Envelope,
     NewMessages,
+    due_after,
     encode_payload,
     new_message_id,
     new_message_ids,
@@ -96,7 +97,7 @@ class QueuePublishing:
         if delay is None:
             return None
         seconds = self.delay_seconds(delay)
-        return None if seconds == 0 else (now_ms() if at is None else at) + math.ceil(seconds * 1000)
+        return None if seconds == 0 else due_after(seconds, now_ms() if at is None else at)
 
     def _publish_delayed(self, envelopes: list[Envelope], due: int | None = None) -> list[MessageRef]:
         """Store messages for later (ignis.delay), each due at `due` or its own due_at; their refs name the

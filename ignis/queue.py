@@ -8,7 +8,6 @@ re-homes it later), so a failure duplicates but never loses.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,6 +26,7 @@ from ignis.envelope import (
     PROBLEM_HEADER,
     Envelope,
     EnvelopeFields,
+    due_after,
     now_ms,
 )
 from ignis.errors import AlreadySettled, IgnisError
@@ -400,7 +400,7 @@ class Queue(QueuePublishing, SubscriptionSide):
             copy = m.envelope.for_transfer(reason, at)
             copy.reason = None  # still a main message: the reason is in its history
             seconds = self.retry_wait(m) if wait is None else wait
-            copy.due_at = at + max(math.ceil(seconds * 1000), 1)
+            copy.due_at = due_after(seconds, at)
             copies.append(copy)
         try:
             self.store.load_delayed(self.name, copies, self.spec.message_expiry_seconds)
@@ -491,7 +491,7 @@ class Queue(QueuePublishing, SubscriptionSide):
         message whose hold had already ended and gone to another claim is left to that claim."""
         at = now_ms()
         for m, seconds in zip(messages, waits, strict=True):
-            until = at + max(math.ceil(seconds * 1000), 0)  # (at: claimable at once)
+            until = due_after(seconds, at) if seconds > 0 else at  # (at: claimable at once)
             try:
                 self.store.release_hold(self.name, m.ref.shard, m.ref.slot, until)
             except IgnisError as exc:

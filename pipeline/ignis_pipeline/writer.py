@@ -37,7 +37,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType, TimestampNTZType, TimestampType
 
 from ignis.client import Ignis
-from ignis.envelope import CODEC_BYTES, CODEC_STR, now_ms
+from ignis.envelope import CODEC_BYTES, CODEC_STR, due_after, now_ms
 from ignis.errors import InvalidInputError
 from ignis.subjects import check_subject
 from ignis_pipeline import schema
@@ -171,7 +171,7 @@ class IgnisWriter(DataSourceArrowWriter):
             given = [None if v is None else int(v // per_ms) for v in pc.cast(column, pa.int64()).to_pylist()]
         if self.options.delay_seconds is None:
             return given
-        later = now_ms() + round(self.options.delay_seconds * 1000)
+        later = due_after(self.options.delay_seconds, now_ms())  # (never due before the whole delay)
         return [later if d is None else max(d, later) for d in given]
 
     def _ids(self, partition: int, row: int, count: int) -> list[str]:

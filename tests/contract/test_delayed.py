@@ -26,6 +26,8 @@ from prometheus_client import REGISTRY
 from support.polling import figure_lag, settles_to
 
 from ignis import Consumer, Ignis, QueueSpec
+from ignis import publishing as publishing_module
+from ignis import queue as queue_module
 from ignis.delay import move_due
 from ignis.envelope import now_ms
 from ignis.errors import InvalidInputError, InvalidSpecError
@@ -63,7 +65,8 @@ def test_a_delayed_message_is_not_fired_before_its_time_and_is_fired_within_a_se
     q = make_queue("later")
     before = now_ms()
     ref = q.publish(b"hello", delay=1.5)
-    assert ref.magazine == "later_DELAYED" and before + 1500 <= ref.slot <= now_ms() + 1500  # slot: the due time
+    # (slot: the due time, counted from the end of the millisecond the publish read: ignis.envelope.due_after)
+    assert ref.magazine == "later_DELAYED" and before + 1 + 1500 <= ref.slot <= now_ms() + 1 + 1500
     assert q.fire() is None  # not due
     assert q.stats().delayed == 1 and q.stats().depth == 0
     fired_at_or_after = []
@@ -498,6 +501,24 @@ def test_nack_with_a_delay_redelivers_after_it_with_the_failure_recorded(make_qu
     assert again.envelope.history[-1][1:] == ["busy", 1] and again.envelope.reason is None
     assert again.envelope.due_at - again.envelope.history[-1][0] >= 500  # never earlier than asked
     again.ack()
+
+
+def test_a_wait_counts_from_the_end_of_the_millisecond_the_clock_read(make_queue, monkeypatch) -> None:
+    # now_ms() floors: a failure 0.999 ms into millisecond T reads T, and its 200 ms wait ends 200.999 ms after T.
+    # Counted from T itself, a push consumer's retry came 199.92 ms after the failure (seen on a real server).
+    q = make_queue("edge")
+    q.publish(b"x")
+    m = q.fire()
+    t = now_ms()
+    monkeypatch.setattr(queue_module, "now_ms", lambda: t)  # the failure's clock read, late in millisecond t
+    m.nack("busy", delay=0.2)
+    monkeypatch.setattr(publishing_module, "_time_ns", lambda: t * 1_000_000 + 999_999)  # a publish's, the same
+    ref = q.publish(b"y", delay=0.2)
+    monkeypatch.undo()
+    assert ref.slot >= t + 201  # (a delayed message's ref: slot = its due time)
+    got = [fire_when_due(q)[0] for _ in range(2)]  # (both due in the same millisecond: either first)
+    assert sorted(g.payload for g in got) == [b"x", b"y"] and all(g.envelope.due_at >= t + 201 for g in got)
+    q.ack(got)
 
 
 def test_retry_backoff_follows_the_policy_and_ends_in_the_dead_letters(ignis, make_queue) -> None:

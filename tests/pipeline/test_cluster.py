@@ -213,8 +213,9 @@ def test_delayed_writes_and_due_at_reads_on_the_cluster(cluster_spark: Any, stor
         batch = q.fire_many(100, timeout=0.5)
         got += [(m, now_ms()) for m in batch]
     assert sorted(m.payload for m, _ in got) == sorted(f"soon-{i}" for i in range(20))
-    # Due 2 s after its task began writing (the `delay` option), stored a moment later: later than its publish.
-    assert all(0 < m.envelope.due_at - m.envelope.loaded_at <= 2000 for m, _ in got)
+    # Due 2 s after its task began writing (the `delay` option, counted from the end of the millisecond its clock
+    # read: ignis.envelope.due_after), stored a moment later: later than its publish.
+    assert all(0 < m.envelope.due_at - m.envelope.loaded_at <= 2001 for m, _ in got)
     assert all(fired >= m.envelope.due_at for m, fired in got)  # and none fired before it
     df = cluster_spark.read.format("ignis").option("store", store_url).option("queue", "later").load()
     dues = {r.payload: r.due_at for r in df.select("payload", "due_at").collect()}  # claimed, not acked: stored
