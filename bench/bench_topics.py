@@ -209,7 +209,6 @@ def namespace_stats(ignis: Any) -> dict[str, int]:
 
 
 def ignis_publish_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
-
     out: dict[str, Any] = {"system": system_name(url)}
     rates: dict[int, list[float]] = {1: [], 10: []}
     with phase_store(url) as ignis:
@@ -322,7 +321,6 @@ def ignis_drain_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def ignis_latency_phase(url: str, args: argparse.Namespace, filtered: bool) -> list[Trial]:
     """Three subscriptions consumed in their own processes (or, `filtered`, one whose filter matches 10 %)."""
-
     name = unique("lat")
     subs = [(f"{name}m", FILTER_MATCH)] if filtered else [(f"{name}s{i}", "#") for i in range(3)]
     with phase_store(url) as ignis:

@@ -51,7 +51,8 @@ def now_ms() -> int:
 def due_after(seconds: float, at_ms: int) -> int:
     """The due time (epoch ms) of a message to deliver `seconds` after the moment now_ms() gave as `at_ms`: counted
     from the end of that millisecond (now_ms floors), so it is never due before the whole wait has passed, and
-    always after `at_ms`. (From `at_ms` itself a retry 0.2 s after a failure came 199.92 ms after it, seen.)"""
+    always after `at_ms`. (Counted from `at_ms` itself, a retry due 0.2 s after a failure came 199.92 ms after the
+    start of the attempt that failed: seen.)"""
     return at_ms + 1 + math.ceil(seconds * 1000)
 
 
