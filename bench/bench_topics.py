@@ -185,27 +185,26 @@ def phase_store(url: str) -> Iterator[Any]:
             objects, deadline = -1, time.monotonic() + 60
             while time.monotonic() < deadline:  # (the server deletes in the background: until its count holds)
                 time.sleep(1)
-                answers = store.client.info_all(f"namespace/{ctx.ns}")  # type: ignore[attr-defined]
-                now = sum(int(dict(item.split("=", 1) for item in answer.strip().split(";") if "=" in item)
-                              .get("objects", 0)) for _, answer in answers.values())
+                now = namespace_stats(ignis)["objects"]
                 if now == objects:
                     break
                 objects = now
 
 
 def namespace_stats(ignis: Any) -> dict[str, int]:
-    """Aerospike: the namespace's write counters (single and batch writes and deletes) and data_used_bytes, summed
-    over the nodes."""
+    """Aerospike: the namespace's write counters (single and batch writes and deletes), data_used_bytes and its
+    records (objects), summed over the nodes."""
     store = ignis.store
     answers = store.client.info_all(f"namespace/{store._ns}")
-    writes = used = 0
+    writes = used = objects = 0
     for _, answer in answers.values():
         stats = dict(item.split("=", 1) for item in answer.strip().split(";") if "=" in item)
         writes += sum(int(stats.get(k, 0)) for k in ("client_write_success", "client_delete_success",
                                                      "batch_sub_write_success", "batch_sub_delete_success",
                                                      "client_udf_complete", "client_lang_write_success"))
         used += int(stats.get("data_used_bytes", 0))
-    return {"writes": writes, "data_used_bytes": used}
+        objects += int(stats.get("objects", 0))
+    return {"writes": writes, "data_used_bytes": used, "objects": objects}
 
 
 def ignis_publish_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
