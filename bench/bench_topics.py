@@ -7,16 +7,17 @@
 
 1 KiB messages; every IgnisMQ store with its default settings (lmdb: durability fsync). Phases (`--phases`):
 
-- publish: publishes per second to a topic with 1 and with 10 subscriptions (no consumers), --publishers
-  threads back to back, in alternating rounds (a fresh topic each). On Aerospike also the server's own write
-  counters (namespace statistics: single and batch writes and deletes) per publish with 1, 10 and 100
-  subscriptions, and the bytes the namespace stores (`data_used_bytes`) for a backlog with 1 and with 10
-  subscriptions: after the publish, and after every subscription consumed it. RabbitMQ: a topic exchange bound to
-  1 and to 10 quorum queues (each bound queue stores its own copy), and a stream (one copy), publisher confirms.
-- drain: a backlog published to a topic with 3 subscriptions and the same backlog to a plain queue of as many
-  shards on the same store; each subscription, then the queue, drained alone (fire_many + ack from
-  --drain-threads threads), the order reversed every other round. RabbitMQ: each of 3 quorum queues bound to one
-  exchange against a lone quorum queue; a stream read from its first offset by each of 3 consumers.
+- publish: publishes per second to a topic with 1 and with 10 subscriptions (no consumers), --publishers threads
+  back to back, in alternating slices of --seconds (`alternate`: 1, 10, 10, 1, 1, ...; --rounds each). On Aerospike
+  also the server's own write counters (namespace statistics: single and batch writes and deletes) per publish with
+  1, 10 and 100 subscriptions, and the bytes the namespace stores (`data_used_bytes`) for a backlog with 1 and with
+  10 subscriptions: after the publish, and after every subscription consumed it. RabbitMQ: a topic exchange bound to
+  1 and to 10 quorum queues (each bound queue stores its own copy), and a stream (one copy), publisher confirms, in
+  the same alternating slices.
+- drain: a backlog published to a topic with 3 subscriptions and the same backlog to a plain queue of as many shards
+  on the same store; the subscriptions and the queue drained (fire_many + ack from --drain-threads threads) one at a
+  time in alternating tenths of the backlog, the order reversed every turn. RabbitMQ: each of 3 quorum queues bound
+  to one exchange against a lone quorum queue; a stream read from its first offset by each of 3 consumers.
 - latency: 1,000 msg/s to a topic with 3 subscriptions, each consumed by a push Consumer in its own process:
   end-to-end latency per subscription (the method of bench_latency.py: an intended schedule, HDR histograms,
   every message checked delivered exactly once). RabbitMQ: an exchange with 3 bound quorum queues, and a stream
@@ -106,8 +107,8 @@ def drop_topic(ignis: Any, name: str, subscriptions: list[str]) -> None:
     ignis.delete_topic(name, force=True)
 
 
-def publish_for(publish: Callable[[int, int], None], threads: int, seconds: float) -> float:
-    """Messages per second from `threads` threads calling publish(thread, i) back to back for `seconds`."""
+def publish_for(publish: Callable[[int, int], None], threads: int, seconds: float) -> tuple[int, float]:
+    """(messages, seconds) of `threads` threads calling publish(thread, i) back to back for about `seconds`."""
     stop = threading.Event()
     counts = [0] * threads
 
@@ -126,7 +127,28 @@ def publish_for(publish: Callable[[int, int], None], threads: int, seconds: floa
     stop.set()
     for w in workers:
         w.join()
-    return sum(counts) / (time.perf_counter() - started)
+    return sum(counts), time.perf_counter() - started
+
+
+def alternate(steps: dict[str, Callable[[], tuple[int, float]]], turns: int | None = None,
+              wanted: int | None = None) -> dict[str, tuple[int, float]]:
+    """Each step run in turn, the order reversed every turn (a b c, c b a, ...), for `turns` turns, or until each
+    step's messages reach `wanted` (a step that moves none raises): per step (messages, seconds), summed. What two
+    figures compare is measured in slices a second or so apart, so the machine's slow spells (this one's rates move
+    by 20 % over seconds) fall on both: a whole run of each, one after the other, put a spell on one side only."""
+    totals = {name: (0, 0.0) for name in steps}
+    order, turn = list(steps), 0
+    while (turns is None or turn < turns) and (wanted is None or any(n < wanted for n, _ in totals.values())):
+        for name in order if turn % 2 == 0 else order[::-1]:
+            count, seconds = totals[name]
+            if wanted is not None and count >= wanted:
+                continue
+            got, took = steps[name]()
+            if got == 0 and wanted is not None:
+                raise SystemExit(f"{name}: no message after {count:,} of {wanted:,}")
+            totals[name] = (count + got, seconds + took)
+        turn += 1
+    return totals
 
 
 def fill(publish_many: Callable[[list[bytes]], Any], count: int, what: str, chunk: int = 1000) -> float:
@@ -141,9 +163,9 @@ def fill(publish_many: Callable[[list[bytes]], Any], count: int, what: str, chun
     return count / (time.perf_counter() - started)
 
 
-def drain(queue: Any, threads: int, batch: int = 100, limit: int | None = None) -> tuple[float, int]:
-    """(messages per second, messages) of draining `queue` with fire_many(batch) + ack from `threads` threads (until
-    it is empty, or about `limit` messages were drained)."""
+def drain(queue: Any, threads: int, batch: int = 100, limit: int | None = None) -> tuple[int, float]:
+    """(messages, seconds) of draining `queue` with fire_many(batch) + ack from `threads` threads (until it is
+    empty, or about `limit` messages were drained)."""
     counts = [0] * threads
     ends = [0.0] * threads
 
@@ -162,8 +184,7 @@ def drain(queue: Any, threads: int, batch: int = 100, limit: int | None = None) 
         w.start()
     for w in workers:
         w.join()
-    total = sum(counts)
-    return total / max(max(ends) - started, 1e-9), total
+    return sum(counts), max(max(ends) - started, 1e-9)
 
 
 @contextmanager
@@ -209,19 +230,23 @@ def namespace_stats(ignis: Any) -> dict[str, int]:
 
 def ignis_publish_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"system": system_name(url)}
-    rates: dict[int, list[float]] = {1: [], 10: []}
     with phase_store(url) as ignis:
-        for rnd in range(args.rounds):
-            for n in ((1, 10) if rnd % 2 == 0 else (10, 1)):
-                name = unique("pub")
-                subs = [(f"{name}s{i}", "#") for i in range(n)]
-                topic = make_topic(ignis, name, args.shards, subs)
-                rates[n].append(publish_for(lambda _k, i, t=topic: t.publish(BODY, subject=SUBJECTS[i % 4]),
-                                            args.publishers, args.seconds))
-                drop_topic(ignis, name, [s for s, _ in subs])
-        out["rate_1"], out["rate_10"] = statistics.median(rates[1]), statistics.median(rates[10])
+        topics = {}
+        for n in (1, 10):
+            name = unique("pub")
+            topics[n] = (name, [(f"{name}s{i}", "#") for i in range(n)])
+            make_topic(ignis, name, args.shards, topics[n][1])
+
+        def step(n: int) -> Callable[[], tuple[int, float]]:
+            topic = ignis.topic(topics[n][0])
+            return lambda: publish_for(lambda _k, i: topic.publish(BODY, subject=SUBJECTS[i % 4]), args.publishers,
+                                       args.seconds)
+
+        got = alternate({"1": step(1), "10": step(10)}, turns=args.rounds)
+        for name, subs in topics.values():
+            drop_topic(ignis, name, [s for s, _ in subs])
+        out["rate_1"], out["rate_10"] = (got[k][0] / got[k][1] for k in ("1", "10"))
         out["ratio_10_vs_1"] = out["rate_10"] / out["rate_1"]
-        out["rounds"] = {str(k): [round(r) for r in v] for k, v in rates.items()}
         if url.startswith("aerospike"):
             out["writes_per_publish"] = {str(n): server_writes_per_publish(ignis, n, args) for n in (1, 10, 100)}
             dropped: list[tuple[str, list[str]]] = []  # after both: a drop's deletes would count in the next
@@ -246,7 +271,7 @@ def server_writes_per_publish(ignis: Any, subscriptions: int, args: argparse.Nam
         with lock:
             count[0] += 1
 
-    publish_for(publish, args.publishers, min(args.seconds, 3.0))
+    publish_for(publish, args.publishers, 3.0)
     time.sleep(0.5)  # the reservations' timer seals what the publishers reserved and did not use: counted too
     writes = namespace_stats(ignis)["writes"] - before
     drop_topic(ignis, name, [s for s, _ in subs])
@@ -266,7 +291,7 @@ def stored_bytes(ignis: Any, subscriptions: int, args: argparse.Namespace,
          f"{args.stored:,} messages, {subscriptions} subscription(s)")
     published = namespace_stats(ignis)["data_used_bytes"] - before
     for sub, _ in subs:
-        drain(ignis.queue(sub), args.drain_threads)
+        drain(ignis.queue(sub), args.drain_threads)  # (to empty)
     sweep_once(ignis, [s for s, _ in subs])  # (the acks' tombstones go once a sweep passed them)
     consumed = namespace_stats(ignis)["data_used_bytes"] - before
     dropped.append((name, [s for s, _ in subs]))
@@ -291,7 +316,7 @@ def ignis_drain_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
     ratios: list[list[float]] = []
     rates: dict[str, list[float]] = {"queue": [], "sub0": [], "sub1": [], "sub2": []}
     with phase_store(url) as ignis:
-        for rnd in range(args.drain_rounds):
+        for _ in range(args.drain_rounds):
             name = unique("drn")
             subs = [(f"{name}s{i}", "#") for i in range(3)]
             topic = make_topic(ignis, name, args.shards, subs)
@@ -300,16 +325,19 @@ def ignis_drain_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
             fill(lambda batch, t=topic: t.publish_many(batch, subject=SUBJECTS[0]), backlog,
                  f"{backlog:,} messages to the topic")
             fill(queue.publish_many, backlog, f"{backlog:,} messages to the queue")
-            order = ["queue", "sub0", "sub1", "sub2"]
-            got: dict[str, float] = {}
-            for who in order if rnd % 2 == 0 else order[::-1]:
-                handle = queue if who == "queue" else ignis.queue(subs[int(who[-1])][0])
-                rate, count = drain(handle, args.drain_threads)
+            handles = {"queue": queue, **{f"sub{i}": ignis.queue(sub) for i, (sub, _) in enumerate(subs)}}
+            chunk = max(backlog // 10, 1000)
+            got = alternate({who: (lambda h=handle, c=chunk: drain(h, args.drain_threads, limit=c))
+                             for who, handle in handles.items()}, wanted=backlog)
+            for who, (count, _) in got.items():
                 if count != backlog:
                     raise SystemExit(f"{who} drained {count} of {backlog} messages")
-                got[who] = rate
-                rates[who].append(rate)
-            ratios.append([got[f"sub{i}"] / got["queue"] for i in range(3)])
+                if handles[who].fire_many(1):
+                    raise SystemExit(f"{who} still has messages after its {backlog:,}")
+            rate = {who: count / seconds for who, (count, seconds) in got.items()}
+            for who in rate:
+                rates[who].append(rate[who])
+            ratios.append([rate[f"sub{i}"] / rate["queue"] for i in range(3)])
             drop_topic(ignis, name, [s for s, _ in subs])
             ignis.delete_queue(f"{name}q")
     per_sub = [statistics.median(r[i] for r in ratios) for i in range(3)]
@@ -395,22 +423,13 @@ def ignis_replay_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
         # The same method, the same log: only when the subscription began differs. Drained in alternating tenths
         # (live first, then the replay first, ...): whichever goes second drains a store the first has just written
         # a million claims and acks into (the replay always did, and came out 7 % slower on lmdb).
-        seconds, counts = {"live": 0.0, "rep": 0.0}, {"live": 0, "rep": 0}
-        chunk, turn = max(args.replay // 10, 1000), 0
-        while any(counts[who] < args.replay for who in counts):
-            for who in ("live", "rep") if turn % 2 == 0 else ("rep", "live"):
-                if counts[who] < args.replay:
-                    rate_, count = drain(ignis.queue(f"{name}{who}"), args.drain_threads,
-                                         limit=min(chunk, args.replay - counts[who]))
-                    if count == 0:
-                        raise SystemExit(f"{who} drained {counts[who]} of {args.replay} messages")
-                    seconds[who] += count / rate_
-                    counts[who] += count
-            turn += 1
-        for who, count in counts.items():
+        chunk = max(args.replay // 10, 1000)
+        got = alternate({who: (lambda who=who: drain(ignis.queue(f"{name}{who}"), args.drain_threads, limit=chunk))
+                         for who in ("live", "rep")}, wanted=args.replay)
+        for who, (count, _) in got.items():
             if count != args.replay:
                 raise SystemExit(f"{who} drained {count} of {args.replay} messages")
-        rates = {who: counts[who] / seconds[who] for who in counts}
+        rates = {who: count / seconds for who, (count, seconds) in got.items()}
         drop_topic(ignis, name, [f"{name}live", f"{name}rep", f"{name}mid"])
     return {"system": system_name(url), "retained": args.replay, "publish_many_rate": round(rate),
             "earliest_s": round(earliest_s, 4), "at_time_s": round(at_time_s, 4),
@@ -518,27 +537,33 @@ def amqp_drain(url: str, queue: str, expected: int, stream: bool = False, prefet
 
 
 def amqp_publish_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    rates: dict[str, list[float]] = {"1": [], "10": [], "stream": []}
-    for rnd in range(args.rounds):
-        for n in ((1, 10) if rnd % 2 == 0 else (10, 1)):
-            exchange = unique("bx")
-            queues = [(f"{exchange}q{i}", "sensors.#") for i in range(n)]
-            amqp_declare(url, exchange, queues)
-            send, close = amqp_publisher(url, args.publishers, exchange)
-            rates[str(n)].append(publish_for(lambda k, i, send=send: send(k, routing_key(SUBJECTS[i % 4]), BODY),
-                                             args.publishers, args.seconds))
-            close()
-            amqp_delete(url, exchange, [q for q, _ in queues])
-        stream = unique("bs")
+    """As ignis_publish_phase: an exchange bound to 1 and one bound to 10 quorum queues, and a stream, published to
+    in alternating slices."""
+    exchanges = {n: unique("bx") for n in (1, 10)}
+    bound = {n: [(f"{exchanges[n]}q{i}", "sensors.#") for i in range(n)] for n in (1, 10)}
+    stream = unique("bs")
+    closers = []
+    try:
+        for n in (1, 10):
+            amqp_declare(url, exchanges[n], bound[n])
         amqp_declare(url, "", [(stream, "")], kind="stream")
-        send, close = amqp_publisher(url, args.publishers, "")
-        rates["stream"].append(publish_for(lambda k, _i, send=send, s=stream: send(k, s, BODY), args.publishers,
-                                           args.seconds))
-        close()
+
+        def step(exchange: str, key: Callable[[int], str]) -> Callable[[], tuple[int, float]]:
+            send, close = amqp_publisher(url, args.publishers, exchange)
+            closers.append(close)
+            return lambda: publish_for(lambda k, i: send(k, key(i), BODY), args.publishers, args.seconds)
+
+        got = alternate({"1": step(exchanges[1], lambda i: routing_key(SUBJECTS[i % 4])),
+                         "10": step(exchanges[10], lambda i: routing_key(SUBJECTS[i % 4])),
+                         "stream": step("", lambda _i: stream)}, turns=args.rounds)
+    finally:
+        for close in closers:
+            close()
+        for n in (1, 10):
+            amqp_delete(url, exchanges[n], [q for q, _ in bound[n]])
         amqp_delete(url, "", [stream])
-    out = {f"rate_{k}": statistics.median(v) for k, v in rates.items()}
-    return {"system": "rabbitmq", **out, "ratio_10_vs_1": out["rate_10"] / out["rate_1"],
-            "rounds": {k: [round(r) for r in v] for k, v in rates.items()}}
+    out = {f"rate_{k}": count / seconds for k, (count, seconds) in got.items()}
+    return {"system": "rabbitmq", **out, "ratio_10_vs_1": out["rate_10"] / out["rate_1"]}
 
 
 def amqp_drain_phase(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -713,8 +738,8 @@ def main() -> None:
                         help="RabbitMQ URL, measured when a broker answers there")
     parser.add_argument("--shards", type=int, default=8, help="shards of the topics and queues")
     parser.add_argument("--publishers", type=int, default=4, help="publisher threads of the publish phase")
-    parser.add_argument("--seconds", type=float, default=3.0, help="seconds of each publish round")
-    parser.add_argument("--rounds", type=int, default=4, help="publish rounds per subscription count")
+    parser.add_argument("--seconds", type=float, default=1.0, help="seconds of each publish slice")
+    parser.add_argument("--rounds", type=int, default=12, help="publish slices per subscription count")
     parser.add_argument("--stored", type=int, default=20_000, help="backlog of the stored-bytes figure (Aerospike)")
     parser.add_argument("--backlog", type=int, default=50_000, help="drain backlog (lmdb)")
     parser.add_argument("--backlog-aerospike", type=int, default=20_000, help="drain backlog (Aerospike)")
@@ -752,7 +777,7 @@ def main() -> None:
         if broker is None:
             with console.status("rabbitmq: publish to 1 and 10 bound queues, and to a stream"):
                 results["publish"].append(amqp_publish_phase(args.amqp, args))
-        show_rows("publish, msg/s (medians of the rounds)", results["publish"])
+        show_rows("publish, msg/s (the slices summed)", results["publish"])
     if "drain" in phases:
         for url in urls:
             with console.status(f"{system_name(url)}: 3 subscriptions and a queue drained"):
