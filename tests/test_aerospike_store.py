@@ -21,6 +21,7 @@ from ignis.errors import InvalidInputError, StoreError, StoreFull, StoreUnavaila
 from ignis.storage import SlotRef, open_store
 from ignis.storage.aerospike import AerospikeStore, context
 from ignis.storage.aerospike.errors import map_error
+from ignis.subjects import SubjectFilter
 
 URL = "aerospike://emulator:3000/test?farm=f1&client=c1"
 SECRET = "s3cr3t-Pa55"
@@ -528,6 +529,47 @@ def test_a_subscriptions_claim_record_holds_its_fire_time_and_attempts_only(serv
         message.ack()
         _, _, bins = store.client.get(store._ctx.data_key(message.ref))
         assert context.TOMBSTONE in bins and "fireTS" not in bins
+
+
+def test_a_lone_topic_slot_is_claimed_with_a_read_and_a_write_of_one_record_not_batches_of_one(
+        server: EmulatedServer, make) -> None:
+    """A subscription that keeps up claims a message at a time (1,000 msg/s): its topic record is read, and its claim
+    record written, by single-record calls (a batch of one costs the client more: topics.Topics._read_one). A claim
+    of several slots, or one with a filter (whose expression the server applies to the batch), reads in a batch."""
+    store = make()
+
+    def calls_since(before: dict[str, int]) -> dict[str, int]:
+        return {method: n - before.get(method, 0) for method, n in server.calls.items() if n != before.get(method, 0)}
+
+    with Ignis(store) as ignis:
+        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
+        for name, subject_filter in (("all", "#"), ("some", "s/+")):
+            ignis.apply(QueueSpec.build(name=name, handlerType=name, shards=1,
+                                        subscribe={"topic": "feed", "filter": subject_filter, "start": "earliest"}))
+        ignis.topic("feed").publish(b"one", subject="s/a")
+        cursor = names.cursor_of("all", "feed")
+        before = dict(server.calls)
+        [claimed] = store.claim_cursor(cursor, 0, 10, now_ms(), None).claimed
+        assert claimed.envelope is not None and claimed.envelope.payload == b"one"
+        assert calls_since(before) == {"operate": 2, "get": 1}  # (the cursor's move, the claim record; the message)
+        _, meta, bins = store.client.get(store._ctx.data_key(claimed.ref))
+        assert set(bins) == {"fireTS", "attempts"} and bins["attempts"] == 1 and meta["ttl"] > 3000
+
+        ignis.topic("feed").publish_many([b"two", b"three"], subject="s/b")
+        for _ in range(20):  # (past the slots the first publish reserved and left: awaited, nothing to claim)
+            before = dict(server.calls)
+            claimed = [c for c in store.claim_cursor(cursor, 0, 10, now_ms(), None).claimed if c.envelope is not None]
+            if claimed:
+                break
+        assert [c.envelope.payload for c in claimed] == [b"two", b"three"]  # type: ignore[union-attr]
+        used = calls_since(before)
+        assert used.get("batch_read") == 1 and "get" not in used and used.get("operate") == 1  # (the move alone)
+
+        before = dict(server.calls)
+        [claimed] = store.claim_cursor(names.cursor_of("some", "feed"), 0, 1, now_ms(), SubjectFilter("s/+")).claimed
+        assert claimed.envelope is not None and claimed.envelope.payload == b"one"
+        used = calls_since(before)
+        assert used.get("batch_read") == 1 and "get" not in used
 
 
 def test_a_topic_slot_never_written_after_a_live_one_is_a_hole_not_a_loss_to_retention(

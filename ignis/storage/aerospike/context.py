@@ -199,13 +199,15 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
         self.replace = {**self.keep, "exists": aerospike.POLICY_EXISTS_REPLACE}
         self.replace_same = {**self.replace, "gen": aerospike.POLICY_GEN_EQ}
         self.replace_live = {**self.replace, "expressions": NOT_TOMBSTONED}
-        self.batch = settings.client_config()["policies"]["batch"]  # (a policy given to a call replaces it)
+        policies = settings.client_config()["policies"]
+        self.batch = policies["batch"]  # (a policy given to a call replaces it)
         # A read that decides a topic slot is gone (a claim passes over it, a start or a seek lands past it) consults
         # every copy of the record: while a partition migrates (a node back in the cluster) its new master may not
         # hold it yet, and a read of one node says "not found" for a message that is there. "How duplicates should
         # be consulted in a read operation. Only makes a difference during migrations and only applicable in AP
         # mode" (the clients' ReadModeAP). Found losing a subscription's message in the 3-node fault run.
         self.batch_all = {**self.batch, "read_mode_ap": aerospike.POLICY_READ_MODE_AP_ALL}
+        self.read_all = {**policies["read"], "read_mode_ap": aerospike.POLICY_READ_MODE_AP_ALL}  # (one record's)
         self.durable_remove = {**wp, "durable_delete": True}
         self.small_batch = {**self.batch, "allow_inline": True, "allow_inline_ssd": True}
         self.small_batch_all = {**self.batch_all, "allow_inline": True, "allow_inline_ssd": True}
