@@ -513,10 +513,13 @@ def test_a_settles_filter_built_from_its_template_is_the_compiled_expression() -
         assert Reads._this_message(msg_id) == exp.Eq(exp.StrBin(MSG_ID), msg_id).compile()
 
 
-def test_a_subscriptions_claim_record_holds_its_fire_time_and_attempts_only(server: EmulatedServer, make) -> None:
+@pytest.mark.parametrize("delay_ms", [0, 30])
+def test_a_subscriptions_claim_record_holds_its_fire_time_and_attempts_only(server: EmulatedServer, make,
+                                                                            delay_ms: int) -> None:
     """DESIGN §8b: a claim writes a small per-(subscription, slot) record, fire time and attempts, whatever the
-    payload (the cursor's slot n claims the topic's slot n: the slot says which message); an ack settles it."""
-    store = make()
+    payload (the cursor's slot n claims the topic's slot n: the slot says which message); an ack settles it. Late
+    (claim_write_delay_ms), it is the same record once written."""
+    store = make(f"{URL}&claim_write_delay_ms={delay_ms}")
     with Ignis(store) as ignis:
         ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
         ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
@@ -524,19 +527,173 @@ def test_a_subscriptions_claim_record_holds_its_fire_time_and_attempts_only(serv
         ignis.topic("feed").publish(b"p" * 4000, subject="s")
         message = ignis.queue("all").fire()
         assert message is not None and message.payload == b"p" * 4000
+        deadline = time.monotonic() + 10
+        while delay_ms and store._shared.deferred.pending and time.monotonic() < deadline:
+            time.sleep(0.01)  # (written by the connection's thread once due)
         _, meta, bins = store.client.get(store._ctx.data_key(message.ref))
         assert set(bins) == {"fireTS", "attempts"} and bins["attempts"] == 1 and meta["ttl"] > 3000
+        assert bins["fireTS"] == message.envelope.fire_ts
         message.ack()
         _, _, bins = store.client.get(store._ctx.data_key(message.ref))
         assert context.TOMBSTONE in bins and "fireTS" not in bins
+
+
+def _owed(store: AerospikeStore) -> dict:
+    deferred = store._shared.deferred
+    assert deferred is not None
+    return deferred.pending
+
+
+def test_subscription_claims_acked_within_the_delay_write_only_their_tombstones(server: EmulatedServer, make) -> None:
+    """A claim of a subscription is the cursor's move and the topic's read; its claim records are owed
+    (claim_write_delay_ms), and an ack within the delay writes the slots' tombstones in their place: one write per
+    message, as a queue's claim and ack, not two. The tombstones expire with the messages, as the claim records
+    would have."""
+    store = make(f"{URL}&claim_write_delay_ms=3000")
+    with Ignis(store) as ignis:
+        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
+        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
+                                    subscribe={"topic": "feed", "start": "earliest"}))
+        ignis.topic("feed").publish_many([b"a", b"b", b"c"], subject="s")
+        ignis.topic("feed").publish(b"d", subject="s")
+        queue = ignis.queue("all")
+
+        def writes_since(before: dict[str, int]) -> dict[str, int]:
+            return {method: n - before.get(method, 0) for method, n in server.calls.items()
+                    if n != before.get(method, 0) and method in ("put", "operate", "batch_operate", "batch_write")}
+
+        before = dict(server.calls)
+        messages = queue.fire_many(3)
+        assert [m.payload for m in messages] == [b"a", b"b", b"c"]
+        assert writes_since(before) == {"operate": 1}  # (the cursor's move: no claim record written)
+        assert sorted(_owed(store)) == sorted(store._ctx.data_key(m.ref) for m in messages)
+        for key in _owed(store):
+            with pytest.raises(ex.RecordNotFound):
+                store.client.get(key)
+        before = dict(server.calls)
+        queue.ack(messages)
+        assert sum(writes_since(before).values()) == 1  # (one batch of tombstones)
+        lone = queue.fire()
+        assert lone is not None and lone.payload == b"d"
+        before = dict(server.calls)
+        lone.ack()
+        assert writes_since(before) == {"operate": 1}
+        assert not _owed(store)
+        for m in [*messages, lone]:
+            _, meta, bins = store.client.get(store._ctx.data_key(m.ref))
+            assert set(bins) == {context.TOMBSTONE} and meta["ttl"] > 3000
+        assert store.settled([m.ref for m in [*messages, lone]]) == [True] * 4
+        assert queue.fire() is None
+
+
+def test_an_owed_claim_record_is_written_before_whatever_reads_or_moves_it_and_at_close(server: EmulatedServer,
+                                                                                      make) -> None:
+    """A nack moves the claimed message (a fenced move that checks the claim record's fireTS), a read joins the
+    claim record: each has the owed record written first. A store's close writes what it still owes: a consumer
+    that holds a message when its process stops cleanly is not left to the sweeper's write deadline."""
+    store = make(f"{URL}&claim_write_delay_ms=3000")
+    with Ignis(store) as ignis:
+        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
+        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
+                                    subscribe={"topic": "feed", "start": "earliest"}))
+        ignis.topic("feed").publish_many([b"a", b"b", b"c"], subject="s")
+        queue = ignis.queue("all")
+        first, second, third = queue.fire_many(3)
+        [joined] = store.read([second.ref])
+        assert joined is not None and joined.attempts == 1 and joined.fire_ts == second.envelope.fire_ts
+        first.nack(delay=0)
+        deadline, again = time.monotonic() + 10, None
+        while again is None and time.monotonic() < deadline:  # (moved back by the queue's delay mover)
+            again = queue.fire()
+            time.sleep(0.02)
+        assert again is not None and again.payload == b"a" and again.attempts == 2
+        again.ack()
+        second.ack()
+        assert list(_owed(store)) == [store._ctx.data_key(third.ref)]
+    store.close()
+    other = make()
+    _, _, bins = other.client.get(other._ctx.data_key(third.ref))
+    assert set(bins) == {"fireTS", "attempts"} and bins["attempts"] == 1
+
+
+def test_claims_of_slots_a_seek_went_back_over_write_their_records_at_once(server: EmulatedServer, make) -> None:
+    """After a seek back, the slots up to where the cursor was hold the acks' tombstones of the first pass: a claim
+    of them writes its records at once (replacing the tombstones), since a slot with a tombstone reads as acked to
+    the sweeper, and a consumer that died with such a claim owed would lose the message. Past that mark, owed."""
+    store = make(f"{URL}&claim_write_delay_ms=3000")
+    with Ignis(store) as ignis:
+        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
+        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
+                                    subscribe={"topic": "feed", "start": "earliest"}))
+        start = now_ms() - 1000
+        ignis.topic("feed").publish_many([b"a", b"b"], subject="s")
+        queue = ignis.queue("all")
+        queue.ack(queue.fire_many(2))
+        ignis.topic("feed").publish(b"c", subject="s")
+        ignis.seek("all", start)
+        replayed = queue.fire_many(2)
+        assert [m.payload for m in replayed] == [b"a", b"b"] and not _owed(store)
+        for m in replayed:
+            _, _, bins = store.client.get(store._ctx.data_key(m.ref))
+            assert set(bins) == {"fireTS", "attempts"}
+        new = queue.fire()
+        assert new is not None and new.payload == b"c"
+        assert list(_owed(store)) == [store._ctx.data_key(new.ref)]
+
+
+def test_an_owed_claim_whose_ack_fails_is_still_owed(server: EmulatedServer, make) -> None:
+    """The ack's tombstone write fails (the store is down): the ack raises and the claim stays owed, written once
+    the store is back, so the message is swept and delivered again, never left with no record past the deadline
+    (and lost if the process then died: no, the sweeper claims it then; but a live process keeps its promise)."""
+    store = make(f"{URL}&claim_write_delay_ms=3000&retries=0")
+    with Ignis(store) as ignis:
+        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
+        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
+                                    subscribe={"topic": "feed", "start": "earliest"}))
+        ignis.topic("feed").publish(b"a", subject="s")
+        message = ignis.queue("all").fire()
+        assert message is not None
+        server.fail_next("operate", ex.TimeoutError)
+        with pytest.raises(StoreError):
+            message.ack()
+        assert list(_owed(store)) == [store._ctx.data_key(message.ref)]
+
+
+def test_owed_claim_records_wait_out_an_outage_and_are_written_when_the_store_is_back(
+        server: EmulatedServer, make, caplog: pytest.LogCaptureFixture) -> None:
+    """The connection's writer thread backs off while the store is down (one WARNING for the outage, not a line per
+    try), keeps what it owes, and writes it once the store answers again."""
+    store = make(f"{URL}&claim_write_delay_ms=20&retries=0")
+    with Ignis(store) as ignis:
+        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
+        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
+                                    subscribe={"topic": "feed", "start": "earliest"}))
+        ignis.topic("feed").publish(b"a", subject="s")
+        message = ignis.queue("all").fire()
+        assert message is not None
+        key = store._ctx.data_key(message.ref)
+        with caplog.at_level(logging.WARNING, logger="ignis.store"):
+            server.go_down()
+            time.sleep(0.5)  # (due after 20 ms: tried, and tried again, while the store is down)
+            assert list(_owed(store)) == [key]
+            server.come_back()
+            deadline = time.monotonic() + 10
+            while _owed(store) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert not _owed(store)
+        _, _, bins = store.client.get(key)
+        assert set(bins) == {"fireTS", "attempts"}
+        outage_lines = [r for r in caplog.records if "subscription claim records" in r.getMessage()]
+        assert len(outage_lines) == 1, [r.getMessage() for r in outage_lines]
 
 
 def test_a_lone_topic_slot_is_claimed_with_a_read_and_a_write_of_one_record_not_batches_of_one(
         server: EmulatedServer, make) -> None:
     """A subscription that keeps up claims a message at a time (1,000 msg/s): its topic record is read, and its claim
     record written, by single-record calls (a batch of one costs the client more: topics.Topics._read_one). A claim
-    of several slots, or one with a filter (whose expression the server applies to the batch), reads in a batch."""
-    store = make()
+    of several slots, or one with a filter (whose expression the server applies to the batch), reads in a batch.
+    (Claim records written at once here: claim_write_delay_ms=0.)"""
+    store = make(f"{URL}&claim_write_delay_ms=0")
 
     def calls_since(before: dict[str, int]) -> dict[str, int]:
         return {method: n - before.get(method, 0) for method, n in server.calls.items() if n != before.get(method, 0)}

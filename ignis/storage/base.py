@@ -740,6 +740,12 @@ class Storage(Protocol):
         and landed (a Claimed with `awaiting` None: it landed but the filter passes it over)."""
         ...
 
+    def write_claims(self, refs: Sequence[SlotRef]) -> None:
+        """Write now the claim records of `refs` that this store writes late (Aerospike's subscription claims:
+        ignis.storage.aerospike.deferred), since another process reads them next (a Spark query's executors read
+        the slots its driver claimed). Nothing to do where a claim writes its records itself."""
+        ...
+
     def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool | None]:
         """`seal` for awaited cursor slots: seals the topic's slots (every subscription then passes them). Per slot:
         True, sealed, its message gone (lost to the topic's retention); None, sealed, never written (a publisher that

@@ -182,6 +182,9 @@ class IgnisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         offset: dict[str, Any] = {"fire": fire, "claims": encode_claims(main)}
         if queue.cursor is not None:  # a subscription: what it claimed of the topic, apart
             topic = [ref for ref in claimed if ref.magazine != queue.name]
+            # The executors read these claims' records (the cursor's slots joined to the topic's), and a store may
+            # write them late (Storage.write_claims): written before the offset goes to them.
+            queue.store.write_claims(topic)
             topic_fire = dict(start.get(TOPIC_FIRE) or {})
             for ref in topic:
                 topic_fire[str(ref.shard)] = max(int(topic_fire.get(str(ref.shard), 0)), ref.slot)

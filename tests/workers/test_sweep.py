@@ -537,6 +537,36 @@ def test_a_slot_a_crashed_claimer_passed_is_claimed_by_the_sweep_and_delivered_a
     assert [env.payload for _, env in q.sideline.browse()] == [b"k1"]  # the filter's one; "skip" was never its
 
 
+def test_a_claim_record_its_dead_claimer_still_owed_is_made_by_the_sweep_counted_once_and_swept_on_time(store,
+                                                                                                      clock):
+    """Aerospike writes a subscription's claim records late (claim_write_delay_ms) unless an ack came first: a
+    consumer that dies in between leaves its slots as a claimer stopped after its cursor's move does. Past the
+    write deadline the sweep claims them, stamped the deadline back (the cursor passed them no later), so they
+    are swept one sweepDuration after their claim rather than after the sweep found them, and counted as one
+    delivery (a consumer that died of the message must still reach its maxDeliveries)."""
+    if not store.write_grace_ms:
+        pytest.skip("a claim here is one transaction: a cursor never passes a slot without its claim")
+    topic, q = subscription(store)
+    topic.publish_many([b"a"], subject="x")
+    held = q.fire()
+    assert held is not None
+    deferred = store._shared.deferred
+    assert deferred is not None and list(deferred.pending) == [store._ctx.data_key(held.ref)]
+    deferred.pending.clear()  # the process dies: what it owed is never written
+    grace_s = store.write_grace_ms / 1000
+    s = sweeper(store, clock)
+    clock.advance(grace_s + 1)
+    s.sweep_queue(store.client_id, q.name)  # (the fire pointer as seen now: settled one grace later)
+    clock.advance(grace_s + 1)
+    report = s.sweep_queue(store.client_id, q.name)
+    assert report.cursor.stamped == 1 and report.cursor.moved == 0 and report.ok, report
+    clock.advance(SWEEP_S - grace_s + 1)  # (one sweepDuration after the stamp, less the deadline it went back)
+    report = s.sweep_queue(store.client_id, q.name)
+    assert report.cursor.moved == 1, report
+    [(_, env)] = q.sideline.browse()
+    assert (env.payload, env.msg_id, env.attempts) == (b"a", held.id, 1)
+
+
 def test_acked_subscription_claims_are_passed_never_claimed_again_and_their_tombstones_dropped(store, clock):
     """Acked claims are settled slots to the sweep, not slots a crashed claimer left unclaimed: passed, never
     stamped and delivered again a sweepDuration later. What the acks left (tombstones, on Aerospike Community

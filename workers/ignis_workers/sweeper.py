@@ -395,7 +395,7 @@ class Sweeper:
                             next_pos = unsettled
                 if kind == "cursor" and grace > 0 and next_pos > pos:
                     missing = [s for s in range(pos, min(next_pos, written + 1)) if s not in peeked]
-                    stranded = self._claim_stranded(queue, source, shard, missing, now)
+                    stranded = self._claim_stranded(queue, source, shard, missing, now - grace)
                     if stranded is not None:
                         out.stamped += 1
                         STAMPED.labels(queue.name, kind).inc()
@@ -474,11 +474,14 @@ class Sweeper:
                 _log_failure(f"drop the settled claims of {queue.name} shard {shard} (kept until their TTL)", exc)
 
     @staticmethod
-    def _claim_stranded(queue: Queue, cursor: Magazine, shard: int, slots: list[int], now: int) -> int | None:
+    def _claim_stranded(queue: Queue, cursor: Magazine, shard: int, slots: list[int], passed_by: int) -> int | None:
         """A subscription's slots its cursor passed with no claim record, their write deadline over (Aerospike: a
-        claimer that stopped between moving the cursor and writing the claims): those holding a message its filter
-        selects are claimed here, stamped now and never counted as a delivery, so they are swept one sweepDuration
-        later, as an unstamped record of main is. The first such slot (the pointer stops there), or None."""
+        claimer that stopped between moving the cursor and writing the claims, or before its late claim records
+        were due: ignis.storage.aerospike.deferred): those holding a message its filter selects are claimed here,
+        stamped `passed_by` (now less the write deadline: the cursor passed them no later, so they are swept no
+        sooner than their claim would have been) and counted as delivered once (they may have been: a consumer
+        that dies on a message each time still reaches its maxDeliver). The first such slot (the pointer stops
+        there), or None."""
         if not slots:
             return None
         store = queue.store
@@ -486,7 +489,7 @@ class Sweeper:
         open_refs = [ref for ref, settled in zip(refs, store.settled(refs), strict=True) if not settled]  # (acked)
         if not open_refs:
             return None
-        claimed = store.restamp_cursor(open_refs, now, cursor.only, False)  # type: ignore[attr-defined]
+        claimed = store.restamp_cursor(open_refs, passed_by, cursor.only, True)  # type: ignore[attr-defined]
         stamped = [c.ref.slot for c in claimed if c.envelope is not None]
         return min(stamped) if stamped else None
 

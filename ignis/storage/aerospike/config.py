@@ -11,7 +11,7 @@ import os
 from typing import Any, Literal
 
 import aerospike
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -20,6 +20,7 @@ from pydantic_settings import (
 )
 
 from ignis.errors import InvalidInputError
+from ignis.storage.base import RESERVATION_FRESH_MS
 
 DEFAULT_PORT = 3000
 CONFIG_FILE_ENV = "IGNIS_AEROSPIKE_CONFIG_FILE"
@@ -52,8 +53,31 @@ class AerospikeSettings(BaseSettings):
     ack_check: AckCheck = Field(
         "message", description="message: an ack's tombstone settles only the message its claim stamped; generation: "
         "the record's generation alone, one filter expression less per ack (docs/aerospike/index.md)")
+    claim_write_delay_ms: int = Field(
+        1000, ge=0, description="a subscription's claim record is written this long after its claim unless an ack "
+        "settled the slot first (then only the ack's tombstone is written); 0: at once (docs/aerospike/layout.md)")
     max_record_bytes: int = Field(1 << 20, ge=1024, description="largest record the namespace accepts")
     login_timeout_ms: int = Field(5000, ge=0, description="connect/login timeout")
+
+    @property
+    def write_grace_ms(self) -> int:
+        """The producer's write deadline: every attempt of a load's write and the waits between them, the longest a
+        reserved slot waits for its write (Storage.reserve), and a second for the gap between the increment's
+        answer and the write (a scheduling delay)."""
+        return ((self.retries + 1) * self.total_timeout_ms + self.retries * self.retry_sleep_ms
+                + RESERVATION_FRESH_MS + 1000)
+
+    @model_validator(mode="after")
+    def _claims_written_in_time(self) -> AerospikeSettings:
+        # The sweeper claims a slot a cursor passed with no claim record once the write deadline is over (a claimer
+        # that died): a late claim record must land well before that, or a live consumer's message is delivered
+        # twice.
+        if self.claim_write_delay_ms * 2 > self.write_grace_ms and "claim_write_delay_ms" not in self.model_fields_set:
+            self.claim_write_delay_ms = self.write_grace_ms // 4  # (the default, under a short deadline)
+        elif self.claim_write_delay_ms * 2 > self.write_grace_ms:
+            raise ValueError(f"IGNIS_AEROSPIKE_CLAIM_WRITE_DELAY_MS {self.claim_write_delay_ms} must be at most half "
+                             f"the write deadline ({self.write_grace_ms} ms, from retries and total_timeout_ms)")
+        return self
 
     @field_validator("hosts")
     @classmethod
@@ -164,5 +188,5 @@ def load_settings(overrides: dict[str, Any], config_file: str | None = None) -> 
         problems = []
         for error in exc.errors(include_url=False, include_input=False):
             field = ".".join(map(str, error["loc"]))
-            problems.append(f"IGNIS_AEROSPIKE_{field.upper()}: {error['msg']}")
+            problems.append(f"IGNIS_AEROSPIKE_{field.upper()}: {error['msg']}" if field else error["msg"])
         raise InvalidInputError("invalid aerospike settings: " + "; ".join(problems)) from None

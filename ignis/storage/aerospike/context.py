@@ -44,8 +44,9 @@ from ignis.envelope import (
 from ignis.errors import IgnisError, InvalidInputError, StoreUnavailable
 from ignis.metrics import STORAGE_CALLS, STORAGE_ERRORS, STORAGE_RETRIES
 from ignis.storage.aerospike.config import AerospikeSettings
+from ignis.storage.aerospike.deferred import DeferredClaims
 from ignis.storage.aerospike.errors import is_transient, map_error, record_error
-from ignis.storage.base import RESERVATION_FRESH_MS, SlotRef
+from ignis.storage.base import SlotRef
 from ignis.storage.rollback import HighMarks
 
 T = TypeVar("T")
@@ -137,6 +138,7 @@ class Shared:
         self.queries_done = threading.Condition(self.lock)
         self.claim_prefix = uuid.uuid4().hex[:10]  # claim tokens: this prefix and a counter
         self.claim_seq = itertools.count(1)
+        self.deferred: DeferredClaims | None = None  # subscriptions' late claim records (the owner store sets it)
         self.durable_delete = self._detect_durable_delete()
 
     def _detect_durable_delete(self) -> bool:
@@ -211,11 +213,7 @@ names, policies and the round-trip plumbing. Built by `AerospikeStore`; connects
         self.durable_remove = {**wp, "durable_delete": True}
         self.small_batch = {**self.batch, "allow_inline": True, "allow_inline_ssd": True}
         self.small_batch_all = {**self.batch_all, "allow_inline": True, "allow_inline_ssd": True}
-        # The producer's write deadline: every attempt of a load's write and the waits between them, the
-        # longest a reserved slot waits for its write (Storage.reserve), and a second for the gap between
-        # the increment's answer and the write (a scheduling delay).
-        self.write_grace_ms = ((s.retries + 1) * s.total_timeout_ms + s.retries * s.retry_sleep_ms
-                               + RESERVATION_FRESH_MS + 1000)
+        self.write_grace_ms = s.write_grace_ms  # (the producer's write deadline)
 
     def batch_policy(self, count: int, policy: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """The parent policy of a batch of `count` records: `policy` (None: the client's default), processed inline

@@ -211,6 +211,16 @@ class Reads:
                     raise self._ctx.fail(exc, "delete", self._ctx.data_set) from None
         if not refs:
             return 0
+        deferred = self._ctx.shared.deferred
+        if deferred is not None and deferred.pending:  # acks of claims whose records are still owed (deferred.py)
+            rest = deferred.settle(self._ctx.data_keys(refs))
+            if len(rest) < len(refs):
+                settled = len(refs) - len(rest)
+                if not rest:
+                    return settled
+                return settled + self.delete([refs[i] for i in rest], None if versions is None else
+                                             [versions[i] for i in rest],
+                                             None if ids is None else [ids[i] for i in rest])
         if ids is not None:
             # A subscription's claim record holds no message id (topics.py): the live record in a cursor's slot is the
             # claim of the topic's message in the slot of the same number, whichever delivery of it is acked.

@@ -7,7 +7,7 @@ one place and the concerns know nothing of each other beyond what they are given
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -21,6 +21,7 @@ from ignis.storage.aerospike.allocation import Allocation
 from ignis.storage.aerospike.claims import Claims
 from ignis.storage.aerospike.config import AerospikeSettings, load_settings
 from ignis.storage.aerospike.context import AerospikeContext, Shared
+from ignis.storage.aerospike.deferred import DeferredClaims
 from ignis.storage.aerospike.delayed import Delayed
 from ignis.storage.aerospike.moves import Moves
 from ignis.storage.aerospike.pointers import Pointers
@@ -77,6 +78,10 @@ class AerospikeStore:
         self._delayed = Delayed(ctx, self._registry, self._reads)
         self._purge = Purge(ctx, self._delayed)
         self._topics = Topics(ctx, self._reads, self._seals)
+        if self._owner and settings.claim_write_delay_ms > 0 and not ctx.durable:
+            # (durable deletes leave no tombstone that says a slot was acked: claim records are written at once)
+            self._shared.deferred = DeferredClaims(settings.claim_write_delay_ms, self._topics.write_late,
+                                                   self._topics.settle_late)
         # The hot paths skip this facade's delegating frame (one Python call per publish, claim or ack): the
         # methods below stay for the interface's sake and are shadowed here by the concern's own.
         self.load_reserved = self._allocation.load_reserved  # type: ignore[method-assign]
@@ -138,6 +143,8 @@ class AerospikeStore:
         shared = self._shared
         if not self._owner:
             return  # a view: the owner closes the connection
+        if shared.deferred is not None and not shared.closed:
+            shared.deferred.close(shared.settings.total_timeout_ms / 1000)  # (before the client goes)
         with shared.lock:
             if shared.closed:
                 return
@@ -148,6 +155,13 @@ class AerospikeStore:
 
     def key(self, set_name: str, key: str) -> tuple[str, str, str]:
         return self._ctx.key(set_name, key)
+
+    def _claims_written(self, refs: Iterable[SlotRef]) -> None:
+        """The claim records owed for `refs` written first (deferred.py): the operation that follows reads or
+        changes them (a nack's move, a read of a held message)."""
+        deferred = self._shared.deferred
+        if deferred is not None and deferred.pending:
+            deferred.write_now(self._ctx.data_keys(refs))
 
     @property
     def write_grace_ms(self) -> int:
@@ -275,6 +289,7 @@ class AerospikeStore:
         return self._claims.resolve_claim(ticket, now_ms_)
 
     def restamp(self, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool = True) -> list[Claimed]:
+        self._claims_written(refs)
         return self._claims.restamp(refs, now_ms_, count_attempt)
 
     # ---- seals -------------------------------------------------------------------------------------
@@ -287,11 +302,13 @@ class AerospikeStore:
     # ---- moves -------------------------------------------------------------------------------------
     def move(self, target: str, moves: Sequence[Move], ttl_seconds: int, epoch: int,
              fired_before: int | None = None) -> list[bool]:
+        self._claims_written(move.source for move in moves)
         return self._moves.move(target, moves, ttl_seconds, epoch, fired_before)
 
     # ---- reads -------------------------------------------------------------------------------------
     def read(self, refs: Sequence[SlotRef]) -> list[Envelope | None]:
         if refs and names.cursor_topic(refs[0][0]) is not None:  # a subscription's claims, joined to the messages
+            self._claims_written(refs)
             return self._topics.joined("read", refs)
         return self._reads.read(refs)
 
@@ -302,6 +319,7 @@ class AerospikeStore:
              ) -> list[tuple[SlotRef, Envelope]]:
         if names.cursor_topic(magazine) is not None:
             refs = [SlotRef(magazine, shard, slot) for slot in range(max(first, 1), last + 1)]
+            self._claims_written(refs)
             try:
                 found = self._topics.joined("peek", refs)
             except ex.AerospikeError as exc:
@@ -310,6 +328,7 @@ class AerospikeStore:
         return self._reads.peek(magazine, shard, first, last, self._topics.filter_expression(only))
 
     def settled(self, refs: Sequence[SlotRef]) -> list[bool]:
+        self._claims_written(refs)
         return self._reads.settled(refs)
 
     def drop_settled(self, magazine: str, shard: int, first: int, last: int) -> int:
@@ -320,6 +339,7 @@ class AerospikeStore:
         return self._reads.delete(refs, versions, ids)
 
     def stamp_unfired(self, ref: SlotRef, now_ms_: int) -> Envelope | None:
+        self._claims_written((ref,))
         return self._reads.stamp_unfired(ref, now_ms_)
 
     # ---- pointers ----------------------------------------------------------------------------------
@@ -377,7 +397,11 @@ class AerospikeStore:
 
     def restamp_cursor(self, refs: Sequence[SlotRef], now_ms_: int, only: SubjectFilter | None,
                        count_attempt: bool = True) -> list[Claimed]:
+        self._claims_written(refs)
         return self._topics.restamp_cursor(refs, now_ms_, only, count_attempt)
+
+    def write_claims(self, refs: Sequence[SlotRef]) -> None:
+        self._claims_written(refs)
 
     def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool | None]:
         return self._topics.seal_cursor(refs, ttl_seconds)
@@ -414,6 +438,8 @@ class AerospikeStore:
 
     # ---- purge -------------------------------------------------------------------------------------
     def purge_magazine(self, magazine: str) -> int:
+        if self._shared.deferred is not None:
+            self._shared.deferred.discard(f"{magazine}_SHARD_")  # (its data keys: names.data_key)
         return self._purge.purge_magazine(magazine)
 
 

@@ -8,15 +8,15 @@ the slots it claimed, claim records: fireTS and attempts only (the message stays
 claims the topic's slot n, so the slot says which message, and an ack settles the live claim record there),
 expiring with the topic's record.
 
-A claim here is three round trips: the cursor's fire pointer moves over the next slots (never past the topic's
-load pointer as last seen by this process: the highest its allocations, pointer reads and watcher saw, the marks of
-ignis.storage.rollback; read again when the cursor catches up, unless the caller's watcher vouches for what was
-seen: `recheck`), the topic's records of
-those slots are read with the subscription's filter applied by the server (a regular expression on `subject`:
-what it does not select comes back filtered out, with no payload), and the claim records of the selected ones are
-written. A process that stops between the first and the last leaves slots its cursor passed without claim records:
-the sweeper finds those (ignis_workers.cursors) and stamps them, so they are delivered again after one
-sweepDuration, never lost.
+A claim here is two round trips and a write: the cursor's fire pointer moves over the next slots (never past the
+topic's load pointer as last seen by this process: the highest its allocations, pointer reads and watcher saw, the
+marks of ignis.storage.rollback; read again when the cursor catches up, unless the caller's watcher vouches for what
+was seen: `recheck`), the topic's records of those slots are read with the subscription's filter applied by the
+server (a regular expression on `subject`: what it does not select comes back filtered out, with no payload), and
+the claim records of the selected ones are written: late, by the connection's DeferredClaims, and never if an ack
+comes first (deferred.py), except over slots a seek went back over (REPLAYED_TO). A process that stops before the
+write leaves slots its cursor passed without claim records: the sweeper finds those (its `_claim_stranded`) and
+stamps them, so they are delivered again, never lost.
 """
 
 from __future__ import annotations
@@ -43,11 +43,13 @@ from ignis.storage.aerospike.context import (
     LOST,
     NOT_FOUND,
     PURGED,
+    RECORD_EXISTS,
     SEALED,
     TOMBSTONE,
     AerospikeContext,
     ExpressionTemplate,
 )
+from ignis.storage.aerospike.deferred import LateClaim
 from ignis.storage.aerospike.errors import error_field, is_transient
 from ignis.storage.aerospike.reads import Reads
 from ignis.storage.aerospike.seals import Seals
@@ -72,6 +74,10 @@ warnings.filterwarnings("ignore", message="CmpRegex expression is deprecated", c
 
 CREATED_AT = "createdAt"
 CLAIM_FROM = "claimFrom"
+# In a cursor's meta record: the furthest position a seek moved it back from. Slots up to it may hold an earlier
+# pass's claim records or acks' tombstones, so their claims write the claim records at once (a late one is written
+# only where no record is: deferred.py).
+REPLAYED_TO = "replayedTo"
 SUBJECT_BIN = "subject"
 LOOK_BACK = 8  # topic slots read before an awaited one given up, for a live record that says it was never written
 SCAN_LIMIT = 1_000  # topic slots one claim looks at, at most (a filter that selects little: the next claim goes on)
@@ -80,7 +86,11 @@ _FIRE = exp.IntBin(FIRE_POINTER)
 _BEHIND = ExpressionTemplate(lambda limit: exp.LT(_FIRE, limit), -7772)
 _ADVANCED = ExpressionTemplate(lambda count, limit: arithmetic.Min(arithmetic.Add(_FIRE, count), limit), -7771, -7772)
 _WRITE_LAST_FROM = expr_ops.expression_write(LAST_FROM, _FIRE.compile())
-_READ_FIRE, _READ_LAST_FROM = ops.read(FIRE_POINTER), ops.read(LAST_FROM)
+_READ_FIRE, _READ_LAST_FROM, _READ_REPLAYED_TO = ops.read(FIRE_POINTER), ops.read(LAST_FROM), ops.read(REPLAYED_TO)
+_FIRE_OR_0 = exp.Cond(exp.BinExists(FIRE_POINTER), _FIRE, 0)
+# A seek's mark: REPLAYED_TO becomes the highest position the cursor ever had (written before the seek's own).
+_MARK_REPLAYED = expr_ops.expression_write(REPLAYED_TO, exp.Cond(
+    exp.BinExists(REPLAYED_TO), arithmetic.Max(exp.IntBin(REPLAYED_TO), _FIRE_OR_0), _FIRE_OR_0).compile())
 
 
 class _Read(NamedTuple):
@@ -148,7 +158,8 @@ class Topics:
         try:
             for shard, position in positions.items():
                 self._ctx.call("set_cursor", self._ctx.client.operate, self._ctx.meta_key(cursor, shard),
-                               [ops.write(FIRE_POINTER, max(int(position), 0))], None, self._ctx.never)
+                               [_MARK_REPLAYED, ops.write(FIRE_POINTER, max(int(position), 0))], None,
+                               self._ctx.never)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "set_cursor", self._ctx.meta_set) from None
 
@@ -186,11 +197,11 @@ class Topics:
                 taken = self._advance(cursor, shard, max_slots, limit if up_to is None else min(limit, up_to))
                 if taken is None:
                     return CursorClaim([], 0, True)
-            first, last = taken
+            first, last, replayed_to = taken
             refs = [SlotRef(cursor, shard, slot) for slot in range(first, last + 1)]
             try:
                 return self._claim_taken(cursor, topic, shard, refs, limit, now, only, count_attempt,
-                                         limit if up_to is None else min(limit, up_to))
+                                         limit if up_to is None else min(limit, up_to), first > replayed_to)
             except (ex.AerospikeError, StoreUnavailable) as exc:
                 # The slots are taken: still this claimer's, awaited, to read and claim again once the store answers
                 # (not left for the sweeper, a sweepDuration away). Found in the 3-node fault run.
@@ -202,12 +213,13 @@ class Topics:
             raise self._ctx.fail(exc, "claim", self._ctx.meta_set) from None
 
     def _claim_taken(self, cursor: str, topic: str, shard: int, refs: list[SlotRef], limit: int, now: int,
-                     only: SubjectFilter | None, count_attempt: bool, bound: int) -> CursorClaim:
+                     only: SubjectFilter | None, count_attempt: bool, bound: int, fresh: bool) -> CursorClaim:
         """The second half of `claim_cursor`, over the slots the cursor's move took: read, claim, count the gone.
         Drained when the move reached `bound` (the topic's load pointer as known, or up_to): its claimer then need
-        not claim again to learn it (an empty claim a message at 1,000 msg/s, each a round trip)."""
+        not claim again to learn it (an empty claim a message at 1,000 msg/s, each a round trip). `fresh`: slots
+        no claim passed before (past any seek's REPLAYED_TO), whose claim records may be written late."""
         expired: list[int] = []
-        claimed = self._claim_slots(refs, now, only, count_attempt, expired=expired)
+        claimed = self._claim_slots(refs, now, only, count_attempt, expired=expired, late=fresh)
         gone = len(expired)
         missing = [c for c in claimed if c.envelope is None and c.awaiting]
         last = refs[-1][2]
@@ -264,14 +276,15 @@ class Topics:
                                    None, self._ctx.update, idempotent=False)
         return max(target - max(int(got[CLAIM_FROM]), last), 0)  # (another claimer may have passed some first)
 
-    def _advance(self, cursor: str, shard: int, count: int, limit: int) -> tuple[int, int] | None:
-        """Move the cursor over up to `count` slots, not past `limit`: the slots taken, None when none is left. An
+    def _advance(self, cursor: str, shard: int, count: int, limit: int) -> tuple[int, int, int] | None:
+        """Move the cursor over up to `count` slots, not past `limit`: the slots taken (first, last) and the cursor's
+        REPLAYED_TO (0: never sought back), None when none is left. An
         answer lost on the way (the server may have applied it) raises ClaimInDoubt: the move leaves its token and
         where it began in the cursor's meta record (as a queue's claim does), so `resolve_claim` finds the slots."""
         token = f"{self._ctx.shared.claim_prefix}{next(self._ctx.shared.claim_seq)}"
         # (where it began: LAST_FROM read back after its write, a plain read; a claim's expressions compiled once)
         operations = [_WRITE_LAST_FROM, expr_ops.expression_write(FIRE_POINTER, _ADVANCED(count, limit)),
-                      _READ_FIRE, _READ_LAST_FROM, ops.write(LAST_CLAIM, token)]
+                      _READ_FIRE, _READ_LAST_FROM, _READ_REPLAYED_TO, ops.write(LAST_CLAIM, token)]
         key = self._ctx.meta_key(cursor, shard)
         try:
             try:
@@ -289,7 +302,7 @@ class Topics:
             return self._advance(cursor, shard, count, limit) if limit > 0 else None
         except ex.FilteredOut:  # FIRE >= limit: caught up
             return None
-        return int(got[LAST_FROM]) + 1, int(got[FIRE_POINTER])
+        return int(got[LAST_FROM]) + 1, int(got[FIRE_POINTER]), int(got.get(REPLAYED_TO) or 0)
 
     def filter_expression(self, only: SubjectFilter | None) -> list[Any] | None:
         """The server-side form of a subject filter, a subscription's or a reader's (None: it selects every
@@ -304,11 +317,12 @@ class Topics:
 
     def _claim_slots(self, refs: list[SlotRef], now: int, only: SubjectFilter | None, count_attempt: bool,
                      attempts: Mapping[SlotRef, int] | None = None, expired: list[int] | None = None,
-                     records: list[Any] | None = None) -> list[Claimed]:
+                     records: list[Any] | None = None, late: bool = False) -> list[Claimed]:
         """Read the topic's records of cursor slots (the filter applied by the server; or take `records`, read
-        so by the caller), write the claim records of those selected, and return them joined: the selected ones,
-        an awaited slot for each record that may still be on its way, and (`attempts` given: a restamp) a
-        passed-over marker for each one the filter refuses."""
+        so by the caller), write the claim records of those selected (`late`: owe them, deferred.py, where the
+        connection defers them), and return them joined: the selected ones, an awaited slot for each record that
+        may still be on its way, and (`attempts` given: a restamp) a passed-over marker for each one the filter
+        refuses."""
         if records is None:
             topic = names.cursor_topic(refs[0][0])
             assert topic is not None
@@ -373,7 +387,11 @@ class Topics:
             writes.append((ref, envelope))
             out.append(new(Claimed, (ref, envelope, False)))
         if writes:
-            self._write_claims(writes, ttl)
+            deferred = self._ctx.shared.deferred
+            if late and deferred is not None:  # (a claim's records share its fireTS and attempts)
+                deferred.note(self._ctx.data_keys([ref for ref, _ in writes]), now, counted, ttl)
+            else:
+                self._write_claims(writes, ttl)
         return out
 
     def _read_one(self, key: tuple[str, str, str]) -> _Read:
@@ -426,6 +444,52 @@ class Topics:
             failed = [r for r in self._ctx.answers("claim", done, len(keys), self._ctx.data_set) if r.result != 0]
             if failed:
                 raise self._ctx.record_failure("claim", failed[0], self._ctx.data_set)
+
+    def write_late(self, claims: list[LateClaim]) -> None:
+        """DeferredClaims' writes: claim records owed, created only where no record is (a record there is the
+        sweeper's claim of a slot it found unclaimed, or an ack's tombstone: either stays). One batch per fireTS,
+        attempts and TTL (claims of one call share them)."""
+        groups: dict[tuple[int, int, int], list[tuple[str, str, str]]] = {}
+        for claim in claims:
+            groups.setdefault((claim.fire_ts, claim.attempts, claim.ttl), []).append(claim.key)
+        for (fire_ts, attempts, ttl), keys in groups.items():
+            operations = [ops.write(FIRE_TS, fire_ts), ops.write(ATTEMPTS, attempts)]
+            policy = {**self._ctx.wp, "ttl": ttl, "exists": aerospike.POLICY_EXISTS_CREATE}
+            try:
+                for start in range(0, len(keys), BATCH_CHUNK):
+                    chunk = keys[start:start + BATCH_CHUNK]
+                    done = self._ctx.call("claim", self._ctx.client.batch_operate, chunk, operations,
+                                          self._ctx.batch_policy(len(chunk)), policy)
+                    failed = [r for r in self._ctx.answers("claim", done, len(chunk), self._ctx.data_set)
+                              if r.result not in (0, RECORD_EXISTS)]
+                    if failed:
+                        raise self._ctx.record_failure("claim", failed[0], self._ctx.data_set)
+            except ex.AerospikeError as exc:
+                raise self._ctx.fail(exc, "claim", self._ctx.data_set) from None
+
+    def settle_late(self, claims: list[LateClaim]) -> None:
+        """DeferredClaims' acks: the tombstones of slots whose claim records were never written, created with the
+        TTL the claim record would have had (replacing whatever is there: the sweeper's claim of the slot)."""
+        groups: dict[int, list[tuple[str, str, str]]] = {}
+        for claim in claims:
+            groups.setdefault(claim.ttl, []).append(claim.key)
+        operations = [ops.write(TOMBSTONE, now_ms())]
+        for ttl, keys in groups.items():
+            policy = {**self._ctx.wp, "ttl": ttl, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE}
+            try:
+                if len(keys) == 1:
+                    self._ctx.call("delete", self._ctx.client.operate, keys[0], operations, None, policy)
+                    continue
+                for start in range(0, len(keys), BATCH_CHUNK):
+                    chunk = keys[start:start + BATCH_CHUNK]
+                    done = self._ctx.call("delete", self._ctx.client.batch_operate, chunk, operations,
+                                          self._ctx.batch_policy(len(chunk)), policy)
+                    failed = [r for r in self._ctx.answers("delete", done, len(chunk), self._ctx.data_set)
+                              if r.result != 0]
+                    if failed:
+                        raise self._ctx.record_failure("delete", failed[0], self._ctx.data_set)
+            except ex.AerospikeError as exc:
+                raise self._ctx.fail(exc, "delete", self._ctx.data_set) from None
 
     def restamp_cursor(self, refs: Sequence[SlotRef], now: int, only: SubjectFilter | None,
                        count_attempt: bool = True) -> list[Claimed]:

@@ -367,6 +367,9 @@ class LmdbStore:
                        count_attempt: bool = True) -> list[Claimed]:
         return self._topics.restamp_cursor(refs, now_ms_, only, count_attempt)
 
+    def write_claims(self, refs: Sequence[SlotRef]) -> None:
+        pass  # (a claim commits its claim records)
+
     def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
         return self._topics.seal_cursor(refs, ttl_seconds)
 
