@@ -681,6 +681,7 @@ with Ignis(sys.argv[1]) as ignis:
         for m in msgs:
             print("holding", m.id, flush=True)
         held += len(msgs)
+    time.sleep(2.5)  # past Aerospike's claim_write_delay_ms (1 s): its claim records written, as this test holds
     print("held", held, flush=True)
     time.sleep(3600)  # killed here, holding every claim: nothing it took is settled
 """
