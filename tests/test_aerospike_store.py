@@ -7,6 +7,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import aerospike
@@ -538,6 +539,16 @@ def test_a_subscriptions_claim_record_holds_its_fire_time_and_attempts_only(serv
         assert context.TOMBSTONE in bins and "fireTS" not in bins
 
 
+@contextmanager
+def _feed_and_subscription(store: AerospikeStore) -> Iterator[Ignis]:
+    """An Ignis on `store` with topic `feed` and its subscription `all` (from the earliest message)."""
+    with Ignis(store) as ignis:
+        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
+        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
+                                    subscribe={"topic": "feed", "start": "earliest"}))
+        yield ignis
+
+
 def _owed(store: AerospikeStore) -> dict:
     deferred = store._shared.deferred
     assert deferred is not None
@@ -550,10 +561,7 @@ def test_subscription_claims_acked_within_the_delay_write_only_their_tombstones(
     message, as a queue's claim and ack, not two. The tombstones expire with the messages, as the claim records
     would have."""
     store = make(f"{URL}&claim_write_delay_ms=3000")
-    with Ignis(store) as ignis:
-        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
-        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
-                                    subscribe={"topic": "feed", "start": "earliest"}))
+    with _feed_and_subscription(store) as ignis:
         ignis.topic("feed").publish_many([b"a", b"b", b"c"], subject="s")
         ignis.topic("feed").publish(b"d", subject="s")
         queue = ignis.queue("all")
@@ -592,10 +600,7 @@ def test_an_owed_claim_record_is_written_before_whatever_reads_or_moves_it_and_a
     claim record: each has the owed record written first. A store's close writes what it still owes: a consumer
     that holds a message when its process stops cleanly is not left to the sweeper's write deadline."""
     store = make(f"{URL}&claim_write_delay_ms=3000")
-    with Ignis(store) as ignis:
-        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
-        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
-                                    subscribe={"topic": "feed", "start": "earliest"}))
+    with _feed_and_subscription(store) as ignis:
         ignis.topic("feed").publish_many([b"a", b"b", b"c"], subject="s")
         queue = ignis.queue("all")
         first, second, third = queue.fire_many(3)
@@ -621,10 +626,7 @@ def test_claims_of_slots_a_seek_went_back_over_write_their_records_at_once(serve
     of them writes its records at once (replacing the tombstones), since a slot with a tombstone reads as acked to
     the sweeper, and a consumer that died with such a claim owed would lose the message. Past that mark, owed."""
     store = make(f"{URL}&claim_write_delay_ms=3000")
-    with Ignis(store) as ignis:
-        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
-        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
-                                    subscribe={"topic": "feed", "start": "earliest"}))
+    with _feed_and_subscription(store) as ignis:
         start = now_ms() - 1000
         ignis.topic("feed").publish_many([b"a", b"b"], subject="s")
         queue = ignis.queue("all")
@@ -642,14 +644,10 @@ def test_claims_of_slots_a_seek_went_back_over_write_their_records_at_once(serve
 
 
 def test_an_owed_claim_whose_ack_fails_is_still_owed(server: EmulatedServer, make) -> None:
-    """The ack's tombstone write fails (the store is down): the ack raises and the claim stays owed, written once
-    the store is back, so the message is swept and delivered again, never left with no record past the deadline
-    (and lost if the process then died: no, the sweeper claims it then; but a live process keeps its promise)."""
+    """The ack's tombstone write fails (the store is down): the ack raises, and the claim stays owed, to be written
+    once the store is back (then swept and delivered again, as an unacked claim is), not forgotten."""
     store = make(f"{URL}&claim_write_delay_ms=3000&retries=0")
-    with Ignis(store) as ignis:
-        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
-        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
-                                    subscribe={"topic": "feed", "start": "earliest"}))
+    with _feed_and_subscription(store) as ignis:
         ignis.topic("feed").publish(b"a", subject="s")
         message = ignis.queue("all").fire()
         assert message is not None
@@ -664,10 +662,7 @@ def test_owed_claim_records_wait_out_an_outage_and_are_written_when_the_store_is
     """The connection's writer thread backs off while the store is down (one WARNING for the outage, not a line per
     try), keeps what it owes, and writes it once the store answers again."""
     store = make(f"{URL}&claim_write_delay_ms=20&retries=0")
-    with Ignis(store) as ignis:
-        ignis.apply(TopicSpec.build(name="feed", shards=1, retentionSeconds=3600))
-        ignis.apply(QueueSpec.build(name="all", handlerType="all", shards=1,
-                                    subscribe={"topic": "feed", "start": "earliest"}))
+    with _feed_and_subscription(store) as ignis:
         ignis.topic("feed").publish(b"a", subject="s")
         message = ignis.queue("all").fire()
         assert message is not None
