@@ -72,11 +72,12 @@ class AerospikeSettings(BaseSettings):
         # The sweeper claims a slot a cursor passed with no claim record once the write deadline is over (a claimer
         # that died): a late claim record must land well before that, or a live consumer's message is delivered
         # twice.
-        if self.claim_write_delay_ms * 2 > self.write_grace_ms and "claim_write_delay_ms" not in self.model_fields_set:
+        if self.claim_write_delay_ms * 2 > self.write_grace_ms:
+            if "claim_write_delay_ms" in self.model_fields_set:
+                raise ValueError(f"IGNIS_AEROSPIKE_CLAIM_WRITE_DELAY_MS {self.claim_write_delay_ms} must be at most "
+                                 f"half the write deadline ({self.write_grace_ms} ms, from retries and "
+                                 "total_timeout_ms)")
             self.claim_write_delay_ms = self.write_grace_ms // 4  # (the default, under a short deadline)
-        elif self.claim_write_delay_ms * 2 > self.write_grace_ms:
-            raise ValueError(f"IGNIS_AEROSPIKE_CLAIM_WRITE_DELAY_MS {self.claim_write_delay_ms} must be at most half "
-                             f"the write deadline ({self.write_grace_ms} ms, from retries and total_timeout_ms)")
         return self
 
     @field_validator("hosts")

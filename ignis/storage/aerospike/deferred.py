@@ -74,6 +74,24 @@ class DeferredClaims:
         """Acks of `keys`: the tombstones of those whose claim record is still owed are written in its place (one
         write per message, not two). The indexes of the others, to settle as usual (a claim being written is waited
         for first). On failure the claims are owed again (the ack raises; the message is delivered again)."""
+        taken, rest = self._take(keys, writing=False)
+        if taken:
+            try:
+                self._settle(taken)
+            except BaseException:
+                self._owe(taken)
+                raise
+        return rest
+
+    def write_now(self, keys: Sequence[Key]) -> None:
+        """Write the owed claim records among `keys` now: an operation that reads or changes them comes next."""
+        batch, _ = self._take(keys, writing=True)
+        if batch:
+            self._flush(batch)
+
+    def _take(self, keys: Sequence[Key], writing: bool) -> tuple[list[LateClaim], list[int]]:
+        """The owed claims among `keys`, owed no more (`writing`: marked as being written), and the indexes of the
+        keys that owe nothing; a claim the thread is writing is waited for first."""
         with self._cond:
             while self._writing and any(key in self._writing for key in keys):
                 self._cond.wait()
@@ -85,23 +103,9 @@ class DeferredClaims:
                     rest.append(i)
                 else:
                     taken.append(claim)
-        if taken:
-            try:
-                self._settle(taken)
-            except BaseException:
-                self._owe(taken)
-                raise
-        return rest
-
-    def write_now(self, keys: Sequence[Key]) -> None:
-        """Write the owed claim records among `keys` now: an operation that reads or changes them comes next."""
-        with self._cond:
-            while self._writing and any(key in self._writing for key in keys):
-                self._cond.wait()
-            batch = [claim for key in keys if (claim := self.pending.pop(key, None)) is not None]
-            self._writing.update(claim.key for claim in batch)
-        if batch:
-            self._flush(batch)
+            if writing:
+                self._writing.update(claim.key for claim in taken)
+        return taken, rest
 
     def discard(self, key_prefix: str) -> int:
         """Forget the owed claims of a magazine being purged (keys starting with `key_prefix`)."""

@@ -289,7 +289,6 @@ class AerospikeStore:
         return self._claims.resolve_claim(ticket, now_ms_)
 
     def restamp(self, refs: Sequence[SlotRef], now_ms_: int, count_attempt: bool = True) -> list[Claimed]:
-        self._claims_written(refs)
         return self._claims.restamp(refs, now_ms_, count_attempt)
 
     # ---- seals -------------------------------------------------------------------------------------
@@ -339,7 +338,6 @@ class AerospikeStore:
         return self._reads.delete(refs, versions, ids)
 
     def stamp_unfired(self, ref: SlotRef, now_ms_: int) -> Envelope | None:
-        self._claims_written((ref,))
         return self._reads.stamp_unfired(ref, now_ms_)
 
     # ---- pointers ----------------------------------------------------------------------------------

@@ -434,16 +434,30 @@ class Topics:
             for ref, env in writes:
                 groups.setdefault((env.fire_ts, env.attempts), []).append(self._ctx.data_key(ref))
         for (fire_ts, attempts), keys in groups.items():
-            operations = [ops.write(FIRE_TS, fire_ts), ops.write(ATTEMPTS, attempts), ops.write(TOMBSTONE, None),
-                          ops.write(PURGED, None)]
-            if len(keys) == 1:
-                self._ctx.call("claim", self._ctx.client.operate, keys[0], operations, None, policy)
-                continue
-            done = self._ctx.call("claim", self._ctx.client.batch_operate, keys, operations,
-                                  self._ctx.batch_policy(len(keys)), policy)
-            failed = [r for r in self._ctx.answers("claim", done, len(keys), self._ctx.data_set) if r.result != 0]
+            self._operate_each("claim", keys, [ops.write(FIRE_TS, fire_ts), ops.write(ATTEMPTS, attempts),
+                                               ops.write(TOMBSTONE, None), ops.write(PURGED, None)], policy)
+
+    def _operate_each(self, operation: str, keys: list[tuple[str, str, str]], operations: list[Any],
+                      policy: dict[str, Any], exists_ok: bool = False) -> None:
+        """One operation list on every key, with one policy (which the client converts once): an `operate` for a
+        lone key (a batch of one costs the client more: `_read_one`), else batches. A record that fails raises its
+        error (one that exists already passes, `exists_ok`: a create-only write); Aerospike errors propagate raw."""
+        if len(keys) == 1:
+            try:
+                self._ctx.call(operation, self._ctx.client.operate, keys[0], operations, None, policy)
+            except ex.RecordExistsError:
+                if not exists_ok:
+                    raise
+            return
+        passing = (0, RECORD_EXISTS) if exists_ok else (0,)
+        for start in range(0, len(keys), BATCH_CHUNK):
+            chunk = keys[start:start + BATCH_CHUNK]
+            done = self._ctx.call(operation, self._ctx.client.batch_operate, chunk, operations,
+                                  self._ctx.batch_policy(len(chunk)), policy)
+            failed = [r for r in self._ctx.answers(operation, done, len(chunk), self._ctx.data_set)
+                      if r.result not in passing]
             if failed:
-                raise self._ctx.record_failure("claim", failed[0], self._ctx.data_set)
+                raise self._ctx.record_failure(operation, failed[0], self._ctx.data_set)
 
     def write_late(self, claims: list[LateClaim]) -> None:
         """DeferredClaims' writes: claim records owed, created only where no record is (a record there is the
@@ -452,20 +466,12 @@ class Topics:
         groups: dict[tuple[int, int, int], list[tuple[str, str, str]]] = {}
         for claim in claims:
             groups.setdefault((claim.fire_ts, claim.attempts, claim.ttl), []).append(claim.key)
-        for (fire_ts, attempts, ttl), keys in groups.items():
-            operations = [ops.write(FIRE_TS, fire_ts), ops.write(ATTEMPTS, attempts)]
-            policy = {**self._ctx.wp, "ttl": ttl, "exists": aerospike.POLICY_EXISTS_CREATE}
-            try:
-                for start in range(0, len(keys), BATCH_CHUNK):
-                    chunk = keys[start:start + BATCH_CHUNK]
-                    done = self._ctx.call("claim", self._ctx.client.batch_operate, chunk, operations,
-                                          self._ctx.batch_policy(len(chunk)), policy)
-                    failed = [r for r in self._ctx.answers("claim", done, len(chunk), self._ctx.data_set)
-                              if r.result not in (0, RECORD_EXISTS)]
-                    if failed:
-                        raise self._ctx.record_failure("claim", failed[0], self._ctx.data_set)
-            except ex.AerospikeError as exc:
-                raise self._ctx.fail(exc, "claim", self._ctx.data_set) from None
+        try:
+            for (fire_ts, attempts, ttl), keys in groups.items():
+                self._operate_each("claim", keys, [ops.write(FIRE_TS, fire_ts), ops.write(ATTEMPTS, attempts)],
+                                   {**self._ctx.wp, "ttl": ttl, "exists": aerospike.POLICY_EXISTS_CREATE}, True)
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "claim", self._ctx.data_set) from None
 
     def settle_late(self, claims: list[LateClaim]) -> None:
         """DeferredClaims' acks: the tombstones of slots whose claim records were never written, created with the
@@ -474,22 +480,12 @@ class Topics:
         for claim in claims:
             groups.setdefault(claim.ttl, []).append(claim.key)
         operations = [ops.write(TOMBSTONE, now_ms())]
-        for ttl, keys in groups.items():
-            policy = {**self._ctx.wp, "ttl": ttl, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE}
-            try:
-                if len(keys) == 1:
-                    self._ctx.call("delete", self._ctx.client.operate, keys[0], operations, None, policy)
-                    continue
-                for start in range(0, len(keys), BATCH_CHUNK):
-                    chunk = keys[start:start + BATCH_CHUNK]
-                    done = self._ctx.call("delete", self._ctx.client.batch_operate, chunk, operations,
-                                          self._ctx.batch_policy(len(chunk)), policy)
-                    failed = [r for r in self._ctx.answers("delete", done, len(chunk), self._ctx.data_set)
-                              if r.result != 0]
-                    if failed:
-                        raise self._ctx.record_failure("delete", failed[0], self._ctx.data_set)
-            except ex.AerospikeError as exc:
-                raise self._ctx.fail(exc, "delete", self._ctx.data_set) from None
+        try:
+            for ttl, keys in groups.items():
+                self._operate_each("delete", keys, operations,
+                                   {**self._ctx.wp, "ttl": ttl, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE})
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "delete", self._ctx.data_set) from None
 
     def restamp_cursor(self, refs: Sequence[SlotRef], now: int, only: SubjectFilter | None,
                        count_attempt: bool = True) -> list[Claimed]:
