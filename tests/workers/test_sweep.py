@@ -537,14 +537,17 @@ def test_a_slot_a_crashed_claimer_passed_is_claimed_by_the_sweep_and_delivered_a
     assert [env.payload for _, env in q.sideline.browse()] == [b"k1"]  # the filter's one; "skip" was never its
 
 
-def test_a_claim_record_its_dead_claimer_still_owed_is_made_by_the_sweep_counted_once_and_swept_on_time(store,
-                                                                                                      clock):
+def test_a_claim_record_its_dead_claimer_still_owed_is_made_by_the_sweep_counted_once_and_swept_on_time(
+        backend, clock, monkeypatch):
     """Aerospike writes a subscription's claim records late (claim_write_delay_ms) unless an ack came first: a
     consumer that dies in between leaves its slots as a claimer stopped after its cursor's move does. Past the
     write deadline the sweep claims them, stamped the deadline back (the cursor passed them no later), so they
     are swept one sweepDuration after their claim rather than after the sweep found them, and counted as one
     delivery (a consumer that died of the message must still reach its maxDeliveries)."""
+    monkeypatch.setenv("IGNIS_AEROSPIKE_CLAIM_WRITE_DELAY_MS", "1000")
+    store = backend.open()
     if not store.write_grace_ms:
+        store.close()
         pytest.skip("a claim here is one transaction: a cursor never passes a slot without its claim")
     topic, q = subscription(store)
     topic.publish_many([b"a"], subject="x")
@@ -565,6 +568,7 @@ def test_a_claim_record_its_dead_claimer_still_owed_is_made_by_the_sweep_counted
     assert report.cursor.moved == 1, report
     [(_, env)] = q.sideline.browse()
     assert (env.payload, env.msg_id, env.attempts) == (b"a", held.id, 1)
+    store.close()
 
 
 def test_acked_subscription_claims_are_passed_never_claimed_again_and_their_tombstones_dropped(store, clock):
