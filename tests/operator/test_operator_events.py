@@ -8,6 +8,7 @@ import logging
 import pytest
 from kopf_harness import Harness
 from prometheus_client import REGISTRY
+from test_operator_scale import passes
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
 
@@ -48,9 +49,8 @@ async def test_drift_repairs_are_counted(harness: Harness) -> None:
     await harness.create("orders", shards=2)
     await harness.until(lambda: normal(harness, "Created", "orders"), what="created")
     # Creation handlers are at-least-once (kopf may run one again for a repeated watch event): delete the
-    # record only once a resync has found it in sync, so the repair below is the resync's, not a late create.
-    await harness.until(lambda: harness.condition("orders").get("message") == "queue record in sync",
-                        what="a resync of the created record")
+    # record only once a drift pass has run since, so the repair below is the pass's, not a late create.
+    await passes(harness, drift=1, figures=0)
     before = drift_repairs()
     harness.store.with_client("ns1").delete_queue("orders")
     await harness.until(lambda: harness.events("DriftRepaired"), what="a DriftRepaired warning")

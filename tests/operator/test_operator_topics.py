@@ -195,8 +195,8 @@ async def test_retain_keeps_the_topic_and_its_messages_and_releases_the_claim(ha
 async def test_drift_repair_recreates_a_topic_record_deleted_behind_its_back(harness: Harness) -> None:
     await harness.create_topic("events", shards=2, retentionSeconds=600)
     await harness.until(lambda: topic_ready(harness, "events"), what="Ready")
-    # creation fully handled (kmock never bumps resourceVersion, so kopf may hand the creation over twice, and that
-    # second sync would revert an edit with no DriftRepaired): from now on only the drift pass writes the record
+    # creation fully handled (kopf's handlers are at-least-once: a second sync of the creation would revert an edit
+    # with no DriftRepaired): from now on only the drift pass writes the record
     await passes(harness, drift=1, figures=0)
     view = harness.store.with_client("ns1")
     view.apply_topic("events", {"retention": 5})
