@@ -746,6 +746,12 @@ class Storage(Protocol):
         the slots its driver claimed). Nothing to do where a claim writes its records itself."""
         ...
 
+    def cursor_moved_at(self, cursor: str, shard: int) -> int | None:
+        """When the cursor's shard last moved (epoch ms, the store's clock; a seek counts), None when it never did or
+        the store does not keep it. No claim of a slot it passed was made later: the sweeper stamps a slot a dead
+        claimer left without its claim record no later than this (workers: `_claim_stranded`)."""
+        ...
+
     def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool | None]:
         """`seal` for awaited cursor slots: seals the topic's slots (every subscription then passes them). Per slot:
         True, sealed, its message gone (lost to the topic's retention); None, sealed, never written (a publisher that

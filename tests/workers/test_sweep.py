@@ -541,9 +541,10 @@ def test_a_claim_record_its_dead_claimer_still_owed_is_made_by_the_sweep_counted
         backend, clock, monkeypatch):
     """Aerospike writes a subscription's claim records late (claim_write_delay_ms) unless an ack came first: a
     consumer that dies in between leaves its slots as a claimer stopped after its cursor's move does. Past the
-    write deadline the sweep claims them, stamped the deadline back (the cursor passed them no later), so they
+    write deadline the sweep claims them, stamped with the cursor's last move (it passed them no later), so they
     are swept one sweepDuration after their claim rather than after the sweep found them, and counted as one
-    delivery (a consumer that died of the message must still reach its maxDeliveries)."""
+    delivery (a consumer that died of the message must still reach its maxDeliveries). The sweep here finds them
+    long after the deadline (its clock runs ahead), as a sweeper that was down would."""
     monkeypatch.setenv("IGNIS_AEROSPIKE_CLAIM_WRITE_DELAY_MS", "1000")
     store = backend.open()
     if not store.write_grace_ms:
@@ -551,19 +552,21 @@ def test_a_claim_record_its_dead_claimer_still_owed_is_made_by_the_sweep_counted
         pytest.skip("a claim here is one transaction: a cursor never passes a slot without its claim")
     topic, q = subscription(store)
     topic.publish_many([b"a"], subject="x")
+    claimed_at = now_ms()
     held = q.fire()
     assert held is not None
     deferred = store._shared.deferred
     assert deferred is not None and list(deferred.pending) == [store._ctx.data_key(held.ref)]
     deferred.pending.clear()  # the process dies: what it owed is never written
-    grace_s = store.write_grace_ms / 1000
     s = sweeper(store, clock)
-    clock.advance(grace_s + 1)
-    s.sweep_queue(store.client_id, q.name)  # (the fire pointer as seen now: settled one grace later)
-    clock.advance(grace_s + 1)
+    clock.advance(100)
+    s.sweep_queue(store.client_id, q.name)  # (the fire pointer as seen now: settled one write deadline later)
+    clock.advance(100)
     report = s.sweep_queue(store.client_id, q.name)
     assert report.cursor.stamped == 1 and report.cursor.moved == 0 and report.ok, report
-    clock.advance(SWEEP_S - grace_s + 1)  # (one sweepDuration after the stamp, less the deadline it went back)
+    clock.now = claimed_at + SWEEP_S * 1000 - 2000  # (not yet one sweepDuration after the claim)
+    assert s.sweep_queue(store.client_id, q.name).cursor.moved == 0
+    clock.now = claimed_at + SWEEP_S * 1000 + 2000  # (one after the claim; one after the stamp's sweep is 200 s on)
     report = s.sweep_queue(store.client_id, q.name)
     assert report.cursor.moved == 1, report
     [(_, env)] = q.sideline.browse()

@@ -477,10 +477,12 @@ class Sweeper:
     def _claim_stranded(queue: Queue, cursor: Magazine, shard: int, slots: list[int], passed_by: int) -> int | None:
         """A subscription's slots its cursor passed with no claim record, their write deadline over (Aerospike: a
         claimer that stopped between moving the cursor and writing the claims, or before its late claim records
-        were due: ignis.storage.aerospike.deferred): those holding a message its filter selects are claimed here,
-        stamped `passed_by` (now less the write deadline: the cursor passed them no later, so they are swept no
-        sooner than their claim would have been) and counted as delivered once (they may have been: a consumer
-        that dies on a message each time still reaches its maxDeliver). The first such slot (the pointer stops
+        were due: ignis.storage.aerospike.deferred): those holding a message its filter selects are claimed here
+        and counted as delivered once (they may have been: a consumer that dies on a message each time still
+        reaches its maxDeliver). Stamped `passed_by` (now less the write deadline) or the cursor's last move if
+        earlier: the cursor passed them no later than either, so they are swept one sweepDuration after their
+        claim at the soonest, as a written claim is, and not one after this sweep found them (nor at the mercy of
+        this sweeper's clock, should it run ahead of the claimer's). The first such slot (the pointer stops
         there), or None."""
         if not slots:
             return None
@@ -489,7 +491,9 @@ class Sweeper:
         open_refs = [ref for ref, settled in zip(refs, store.settled(refs), strict=True) if not settled]  # (acked)
         if not open_refs:
             return None
-        claimed = store.restamp_cursor(open_refs, passed_by, cursor.only, True)  # type: ignore[attr-defined]
+        moved_at = store.cursor_moved_at(cursor.name, shard)
+        stamp = passed_by if moved_at is None else min(passed_by, moved_at)
+        claimed = store.restamp_cursor(open_refs, stamp, cursor.only, True)  # type: ignore[attr-defined]
         stamped = [c.ref.slot for c in claimed if c.envelope is not None]
         return min(stamped) if stamped else None
 

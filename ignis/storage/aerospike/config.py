@@ -54,7 +54,7 @@ class AerospikeSettings(BaseSettings):
         "message", description="message: an ack's tombstone settles only the message its claim stamped; generation: "
         "the record's generation alone, one filter expression less per ack (docs/aerospike/index.md)")
     claim_write_delay_ms: int = Field(
-        0, ge=0, description="a subscription's claim record is written this long after its claim unless an ack "
+        1000, ge=0, description="a subscription's claim record is written this long after its claim unless an ack "
         "settled the slot first (then only the ack's tombstone is written); 0: at once (docs/aerospike/layout.md)")
     max_record_bytes: int = Field(1 << 20, ge=1024, description="largest record the namespace accepts")
     login_timeout_ms: int = Field(5000, ge=0, description="connect/login timeout")

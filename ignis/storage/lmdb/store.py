@@ -370,6 +370,9 @@ class LmdbStore:
     def write_claims(self, refs: Sequence[SlotRef]) -> None:
         pass  # (a claim commits its claim records)
 
+    def cursor_moved_at(self, cursor: str, shard: int) -> int | None:
+        return None  # (not kept: a cursor here never passes a slot without its claim record)
+
     def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool]:
         return self._topics.seal_cursor(refs, ttl_seconds)
 
