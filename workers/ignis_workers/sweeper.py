@@ -351,8 +351,12 @@ class Sweeper:
             try:
                 for ref, env in store.peek(source.name, shard, pos, last):
                     peeked.add(ref.slot)
+                    # Slots skipped before a record claimed over a write deadline ago were allocated before it,
+                    # so their writes landed or never will: passed. Not a cursor's: a slot its cursor passed
+                    # with no record may be a claim its dead claimer still owed (`_claim_stranded`), however old
+                    # the claims after it (a claim moves the cursor first and writes its records last).
                     if stamped_at is None and ref.slot > max(seen, written + 1) and \
-                            not (env.fire_ts and env.fire_ts <= now - grace):
+                            (kind == "cursor" or not (env.fire_ts and env.fire_ts <= now - grace)):
                         unsettled = self._first_unsettled(store, source.name, shard, max(seen, written + 1),
                                                           ref.slot - 1)
                         if unsettled is not None:  # a slot whose write may still land: a boundary
