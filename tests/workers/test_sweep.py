@@ -537,6 +537,17 @@ def test_a_slot_a_crashed_claimer_passed_is_claimed_by_the_sweep_and_delivered_a
     assert [env.payload for _, env in q.sideline.browse()] == [b"k1"]  # the filter's one; "skip" was never its
 
 
+def late_claims_store(backend, monkeypatch):
+    """A store whose subscription claims write their records a second late (Aerospike); skips where a claim is one
+    transaction (lmdb: a cursor never passes a slot without its claim record)."""
+    monkeypatch.setenv("IGNIS_AEROSPIKE_CLAIM_WRITE_DELAY_MS", "1000")
+    store = backend.open()
+    if not store.write_grace_ms:
+        store.close()
+        pytest.skip("a claim here is one transaction: a cursor never passes a slot without its claim")
+    return store
+
+
 def test_a_claim_record_its_dead_claimer_still_owed_is_made_by_the_sweep_counted_once_and_swept_on_time(
         backend, clock, monkeypatch):
     """Aerospike writes a subscription's claim records late (claim_write_delay_ms) unless an ack came first: a
@@ -545,11 +556,7 @@ def test_a_claim_record_its_dead_claimer_still_owed_is_made_by_the_sweep_counted
     are swept one sweepDuration after their claim rather than after the sweep found them, and counted as one
     delivery (a consumer that died of the message must still reach its maxDeliveries). The sweep here finds them
     long after the deadline (its clock runs ahead), as a sweeper that was down would."""
-    monkeypatch.setenv("IGNIS_AEROSPIKE_CLAIM_WRITE_DELAY_MS", "1000")
-    store = backend.open()
-    if not store.write_grace_ms:
-        store.close()
-        pytest.skip("a claim here is one transaction: a cursor never passes a slot without its claim")
+    store = late_claims_store(backend, monkeypatch)
     topic, q = subscription(store)
     topic.publish_many([b"a"], subject="x")
     claimed_at = now_ms()
@@ -580,11 +587,7 @@ def test_a_slot_a_dead_claimer_owed_is_not_passed_for_an_older_claim_after_it(ba
     claim. A sweeper that just took over (no fire pointer of its own seen a write deadline ago) passed such a slot
     when the claim after it was old enough, and the message its dead claimer held was never delivered again
     (the process kill test, 2 runs in 60)."""
-    monkeypatch.setenv("IGNIS_AEROSPIKE_CLAIM_WRITE_DELAY_MS", "1000")
-    store = backend.open()
-    if not store.write_grace_ms:
-        store.close()
-        pytest.skip("a claim here is one transaction: a cursor never passes a slot without its claim")
+    store = late_claims_store(backend, monkeypatch)
     topic, q = subscription(store)
     topic.publish_many([b"a", b"b"], subject="x")
     dead = q.fire()
