@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from aerospike import exception as ex
+from aerospike_helpers import expressions as exp
+from aerospike_helpers.operations import expression_operations as expr_ops
 from aerospike_helpers.operations import operations as ops
 
 from ignis import names
@@ -21,6 +23,10 @@ from ignis.storage.aerospike.reads import Reads
 from ignis.storage.base import BEACON_SECONDS, FIRE_POINTER, HOLES, HOLES_CLAIMED, LOAD_POINTER, ShardPointers
 
 BEACON_BIN = "BEACON"  # the counter of a magazine's beacon record (Storage.beacon)
+# When a shard's meta record was last written (a cursor's: a claim's move, a seek): the server's last-update time, in
+# ns (Aerospike docs, "Expressions": record metadata, last_update_time). No bin of its own: a claim writes nothing more.
+MOVED_AT = "movedAt"
+_READ_MOVED_AT = expr_ops.expression_read(MOVED_AT, exp.LastUpdateTime().compile())
 
 
 class Pointers:
@@ -55,6 +61,18 @@ class Pointers:
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "pointers", self._ctx.meta_set) from None
         return out
+
+    def moved_at(self, magazine: str, shard: int) -> int | None:
+        """Storage.cursor_moved_at: the shard's meta record's last write (epoch ms, the server's clock)."""
+        try:
+            _, _, got = self._ctx.call("moved_at", self._ctx.client.operate, self._ctx.meta_key(magazine, shard),
+                                       [_READ_MOVED_AT], None, None)
+        except ex.RecordNotFound:
+            return None
+        except ex.AerospikeError as exc:
+            raise self._ctx.fail(exc, "moved_at", self._ctx.meta_set) from None
+        moved = (got or {}).get(MOVED_AT)
+        return int(moved) // 1_000_000 if moved else None
 
     def loaded_bytes(self, magazine: str, shards: int) -> list[int]:
         if shards <= 0:

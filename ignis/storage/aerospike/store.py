@@ -402,7 +402,7 @@ class AerospikeStore:
         self._claims_written(refs)
 
     def cursor_moved_at(self, cursor: str, shard: int) -> int | None:
-        return self._topics.cursor_moved_at(cursor, shard)
+        return self._pointers.moved_at(cursor, shard)
 
     def seal_cursor(self, refs: Sequence[SlotRef], ttl_seconds: int) -> list[bool | None]:
         return self._topics.seal_cursor(refs, ttl_seconds)

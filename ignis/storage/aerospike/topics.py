@@ -88,10 +88,6 @@ _ADVANCED = ExpressionTemplate(lambda count, limit: arithmetic.Min(arithmetic.Ad
 _WRITE_LAST_FROM = expr_ops.expression_write(LAST_FROM, _FIRE.compile())
 _READ_FIRE, _READ_LAST_FROM, _READ_REPLAYED_TO = ops.read(FIRE_POINTER), ops.read(LAST_FROM), ops.read(REPLAYED_TO)
 _FIRE_OR_0 = exp.Cond(exp.BinExists(FIRE_POINTER), _FIRE, 0)
-# When a cursor's meta record was last written (a claim's move, a seek): the server's last-update time, in ns
-# (Aerospike docs, "Expressions": record metadata, last_update_time). No bin of its own: a claim writes nothing more.
-MOVED_AT = "movedAt"
-_READ_MOVED_AT = expr_ops.expression_read(MOVED_AT, exp.LastUpdateTime().compile())
 # A seek's mark: REPLAYED_TO becomes the highest position the cursor ever had (written before the seek's own).
 _MARK_REPLAYED = expr_ops.expression_write(REPLAYED_TO, exp.Cond(
     exp.BinExists(REPLAYED_TO), arithmetic.Max(exp.IntBin(REPLAYED_TO), _FIRE_OR_0), _FIRE_OR_0).compile())
@@ -166,17 +162,6 @@ class Topics:
                                self._ctx.never)
         except ex.AerospikeError as exc:
             raise self._ctx.fail(exc, "set_cursor", self._ctx.meta_set) from None
-
-    def cursor_moved_at(self, cursor: str, shard: int) -> int | None:
-        try:
-            _, _, got = self._ctx.call("cursor_moved_at", self._ctx.client.operate, self._ctx.meta_key(cursor, shard),
-                                       [_READ_MOVED_AT], None, None)
-        except ex.RecordNotFound:
-            return None
-        except ex.AerospikeError as exc:
-            raise self._ctx.fail(exc, "cursor_moved_at", self._ctx.meta_set) from None
-        moved = (got or {}).get(MOVED_AT)
-        return int(moved) // 1_000_000 if moved else None
 
     def _load_mark(self, topic: str, shard: int) -> tuple[str, str, str]:
         """The key of a topic shard's load pointer among the process's high marks (allocations note theirs there)."""
