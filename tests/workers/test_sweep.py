@@ -607,6 +607,31 @@ def test_a_slot_a_dead_claimer_owed_is_not_passed_for_an_older_claim_after_it(ba
     store.close()
 
 
+def test_passes_a_fraction_of_a_second_apart_still_claim_a_slot_a_dead_claimer_owed(backend, clock, monkeypatch):
+    """The fire pointers a sweeper remembers span the write deadline however often its passes come. It kept the last
+    64 passes: 0.25 s apart they reached back 16 s, less than Aerospike's deadline (21 s), so no slot ever counted
+    as settled, a slot a dead claimer owed stopped the cursor's sweep pointer for good, and neither its message nor
+    the claims after it were ever swept (the process kill test, whose sweepers pass every 0.2 s, 2026-12-01)."""
+    store = late_claims_store(backend, monkeypatch)
+    topic, q = subscription(store)
+    topic.publish_many([b"a", b"b"], subject="x")
+    dead = q.fire()
+    assert dead is not None and dead.payload == b"a"
+    store._shared.deferred.pending.clear()  # its claimer dies owing the record
+    alive = q.fire()
+    assert alive is not None and alive.payload == b"b"
+    store.write_claims([alive.ref])
+    s = sweeper(store, clock)
+    for _ in range(2 * store.write_grace_ms // 250):  # two write deadlines of passes, 0.25 s apart
+        s.sweep_queue(store.client_id, q.name)
+        clock.advance(0.25)
+    assert q.sideline.browse() == []  # (not a sweepDuration yet)
+    clock.advance(SWEEP_S)
+    s.sweep_queue(store.client_id, q.name)
+    assert sorted(env.payload for _, env in q.sideline.browse()) == [b"a", b"b"]
+    store.close()
+
+
 def test_acked_subscription_claims_are_passed_never_claimed_again_and_their_tombstones_dropped(store, clock):
     """Acked claims are settled slots to the sweep, not slots a crashed claimer left unclaimed: passed, never
     stamped and delivered again a sweepDuration later. What the acks left (tombstones, on Aerospike Community

@@ -561,6 +561,23 @@ def locate_subscribed(store: Any, sub: str, topic: str, ids: set[str]) -> dict[s
     return where
 
 
+def cursor_diagnosis(store: Any, sub: str, topic: str, ids: set[str]) -> str:
+    """For a loss's message: where each of `ids` sits in the topic (shard/slot), and per shard the subscription's
+    cursor pointers and sweep pointer, so a failure says whether the sweep passed the slot or stopped before it."""
+    from ignis import names
+
+    slots: dict[str, str] = {}
+    for shard, p in store.pointers(topic, TOPIC_SHARDS).items():
+        for ref, env in store.peek(topic, shard, 1, p.load):
+            if env.msg_id in ids:
+                slots[env.msg_id] = f"{shard}/{ref.slot}"
+    record = store.get_queue(sub)
+    swept = record.sweep_pointers("cursor") if record is not None else "no queue record"
+    cursor = names.cursor_of(sub, topic)
+    pointers = {shard: (p.load, p.fire) for shard, p in store.pointers(cursor, TOPIC_SHARDS).items()}
+    return f"topic slots {slots}; cursor (load, fire) {pointers}; sweep pointers {swept}"
+
+
 def misdelivered(consumers: dict[str, list[Lines]], published: dict[str, str]) -> list[tuple[str, str, str]]:
     """(subscription, id, subject) of every delivery a subscription's filter does not select, or whose subject is
     not the one it was published with."""
@@ -633,7 +650,8 @@ def test_topic_producers_consumers_of_two_subscriptions_and_the_leader_killed_to
             for sub, found in where_unacked().items():
                 lost = {i: w for i, w in found.items() if i not in in_doubt[sub] or w != NOWHERE}
                 assert not lost, (f"{len(lost)} of {len(expected[sub])} messages of {FILTERS[sub]!r} never acked by "
-                                  f"subscription {sub}: {lost}")
+                                  f"subscription {sub}: {lost}; "
+                                  f"{cursor_diagnosis(sweepers.store, sub, 'feed', set(lost))}")
             wrong = misdelivered(consumers, published)
             assert not wrong, f"{len(wrong)} deliveries a subscription's filter does not select: {wrong[:10]}"
             # What a killed consumer got and did not ack came back, through the sweep: a later attempt acked.

@@ -556,23 +556,30 @@ class _FireHistory:
     allocated before t, so once `t + write_grace_ms` has passed its write has landed or failed for good:
     a missing record there is a hole, never a write still to come."""
 
-    MAX_SNAPSHOTS = 64  # per magazine; passes come every few seconds, the grace is a few seconds
+    # Per magazine, snapshots kept at least grace / (MAX_SNAPSHOTS / 2) apart: the history spans the grace however
+    # often passes come. (It once kept the last 64 passes: with passes every 0.3 s and Aerospike's 21 s grace they
+    # never reached back a grace, so no slot was ever settled, and a dead claimer's owed cursor slot stopped the
+    # sweep pointer for good: the process kill test, found 2026-12-01.)
+    MAX_SNAPSHOTS = 64
 
     def __init__(self) -> None:
         self._seen: dict[tuple[str, str, str], list[tuple[int, dict[int, int]]]] = {}
         self._lock = threading.Lock()
 
     def settled(self, key: tuple[str, str, str], now: int, grace_ms: int, fire: dict[int, int]) -> dict[int, int]:
-        """Record `fire` as seen at `now`; per shard, the newest fire pointer seen at least `grace_ms` ago
+        """Record `fire` as seen at `now` (unless a snapshot was kept less than a spacing ago: the answer is then an
+        older, lower pointer, never a wrong one); per shard, the newest fire pointer kept at least `grace_ms` ago
         (the current one when there is no grace; shards never seen that long ago are absent)."""
         if grace_ms <= 0:
             return dict(fire)
+        spacing = grace_ms // (self.MAX_SNAPSHOTS // 2)
         with self._lock:
             snapshots = self._seen.setdefault(key, [])
-            snapshots.append((now, dict(fire)))
+            if not snapshots or now - snapshots[-1][0] >= spacing:
+                snapshots.append((now, dict(fire)))
             old = [i for i, (at, _) in enumerate(snapshots) if at <= now - grace_ms]
             if old:
                 del snapshots[:old[-1]]  # keep the newest old enough and everything after it
-            del snapshots[:-self.MAX_SNAPSHOTS]
+            del snapshots[:-self.MAX_SNAPSHOTS]  # (a guard: spaced as above, about half of them span the grace)
             at, pointers = snapshots[0]
             return dict(pointers) if at <= now - grace_ms else {}
