@@ -50,6 +50,12 @@ def test_alternate_runs_each_step_until_it_has_what_is_wanted_then_leaves_it_out
     left.update(fast=25, slow=10)
     with pytest.raises(SystemExit, match="slow: no message after 10 of 25"):
         alternate({"fast": take("fast", 25), "slow": take("slow", 10)}, wanted=25)
+    # One figure per step (what each still had to drain after its warm-up).
+    left.update(fast=20, slow=30)
+    calls.clear()
+    got = alternate({"fast": take("fast", 25), "slow": take("slow", 10)}, wanted={"fast": 20, "slow": 30})
+    assert calls == ["fast", "slow", "slow", "slow"]
+    assert got == {"fast": (20, 0.1), "slow": (30, pytest.approx(0.3))}
 
 
 def test_a_short_run_of_the_publish_drain_and_replay_phases_on_lmdb(tmp_path: Path) -> None:
