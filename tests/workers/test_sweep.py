@@ -581,12 +581,9 @@ def test_a_claim_record_its_dead_claimer_still_owed_is_made_by_the_sweep_counted
     store.close()
 
 
-def test_a_slot_a_dead_claimer_owed_is_not_passed_for_an_older_claim_after_it(backend, clock, monkeypatch):
-    """A claim moves the cursor first and writes its records last (on Aerospike up to claim_write_delay_ms later):
-    a slot with no record before another consumer's claim record is no sign of a settled slot, however old that
-    claim. A sweeper that just took over (no fire pointer of its own seen a write deadline ago) passed such a slot
-    when the claim after it was old enough, and the message its dead claimer held was never delivered again
-    (the process kill test, 2 runs in 60)."""
+def a_dead_claimers_slot_before_a_written_claim(backend, monkeypatch):
+    """A subscription (of a store whose claim records are written late) holding two claims: "a", whose claimer died
+    owing its record, and after it "b", another consumer's, its record written. (store, the subscription)"""
     store = late_claims_store(backend, monkeypatch)
     topic, q = subscription(store)
     topic.publish_many([b"a", b"b"], subject="x")
@@ -595,7 +592,17 @@ def test_a_slot_a_dead_claimer_owed_is_not_passed_for_an_older_claim_after_it(ba
     store._shared.deferred.pending.clear()  # its claimer dies owing the record
     alive = q.fire()
     assert alive is not None and alive.payload == b"b"
-    store.write_claims([alive.ref])  # another consumer's claim, its record written
+    store.write_claims([alive.ref])
+    return store, q
+
+
+def test_a_slot_a_dead_claimer_owed_is_not_passed_for_an_older_claim_after_it(backend, clock, monkeypatch):
+    """A claim moves the cursor first and writes its records last (on Aerospike up to claim_write_delay_ms later):
+    a slot with no record before another consumer's claim record is no sign of a settled slot, however old that
+    claim. A sweeper that just took over (no fire pointer of its own seen a write deadline ago) passed such a slot
+    when the claim after it was old enough, and the message its dead claimer held was never delivered again
+    (the process kill test, 2 runs in 60)."""
+    store, q = a_dead_claimers_slot_before_a_written_claim(backend, monkeypatch)
     s = sweeper(store, clock)
     clock.advance(100)  # the new leader: both claims older than a write deadline, nothing of its own seen yet
     for _ in range(3):
@@ -612,15 +619,7 @@ def test_passes_a_fraction_of_a_second_apart_still_claim_a_slot_a_dead_claimer_o
     64 passes: 0.25 s apart they reached back 16 s, less than Aerospike's deadline (21 s), so no slot ever counted
     as settled, a slot a dead claimer owed stopped the cursor's sweep pointer for good, and neither its message nor
     the claims after it were ever swept (the process kill test, whose sweepers pass every 0.2 s, 2026-12-01)."""
-    store = late_claims_store(backend, monkeypatch)
-    topic, q = subscription(store)
-    topic.publish_many([b"a", b"b"], subject="x")
-    dead = q.fire()
-    assert dead is not None and dead.payload == b"a"
-    store._shared.deferred.pending.clear()  # its claimer dies owing the record
-    alive = q.fire()
-    assert alive is not None and alive.payload == b"b"
-    store.write_claims([alive.ref])
+    store, q = a_dead_claimers_slot_before_a_written_claim(backend, monkeypatch)
     s = sweeper(store, clock)
     for _ in range(2 * store.write_grace_ms // 250):  # two write deadlines of passes, 0.25 s apart
         s.sweep_queue(store.client_id, q.name)
