@@ -135,9 +135,9 @@ def alternate(steps: dict[str, Callable[[], tuple[int, float]]], turns: int | No
               wanted: int | dict[str, int] | None = None) -> dict[str, tuple[int, float]]:
     """Each step run in turn, the order reversed every turn (a b c, c b a, ...), for `turns` turns, or until each
     step's messages reach `wanted` (one figure, or one per step; a step that moves none raises): per step (messages,
-    seconds), summed. What two
-    figures compare is measured in slices a second or so apart, so the machine's slow spells (this one's rates move
-    by 20 % over seconds) fall on both: a whole run of each, one after the other, put a spell on one side only."""
+    seconds), summed. What two figures compare is measured in slices a second or so apart, so the machine's slow
+    spells (this one's rates move by 20 % over seconds) fall on both: a whole run of each, one after the other, put
+    a spell on one side only."""
     totals = {name: (0, 0.0) for name in steps}
     goal = None if wanted is None else wanted if isinstance(wanted, dict) else dict.fromkeys(steps, wanted)
     order, turn = list(steps), 0

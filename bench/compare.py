@@ -179,8 +179,8 @@ def aerospike_parts(args: argparse.Namespace) -> list[Part]:
         return [part(f"consumers {args.aerospike_consumers} and batches",
                      ["--consumers", args.aerospike_consumers], args.aerospike_messages)]
     counts = [c.strip() for c in args.aerospike_consumers.split(",") if c.strip()]
-    # The batched rows run ten times faster than the one-consumer rows: as many messages as those would time a
-    # third of a second of them, mostly the threads' start and the last stragglers.
+    # The batched rows run about ten times faster than the one-consumer rows: the same count of messages would time
+    # a third of a second of them, much of it the threads' start and the last stragglers.
     batch_messages = args.aerospike_batch_messages or 5 * args.aerospike_messages
     return [*(part(f"{c} consumers", ["--consumers", c, "--batched", "without"], args.aerospike_messages)
               for c in counts),
