@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY, generate_latest
 from support.aerospike_emulator import EmulatedServer
 
 from ignis import Ignis, QueueSpec, TopicSpec, names
-from ignis.envelope import Envelope, NewMessages, now_ms
+from ignis.envelope import CODEC_BYTES, CODEC_UNREADABLE, PROBLEM_HEADER, Envelope, NewMessages, now_ms
 from ignis.errors import InvalidInputError, StoreError, StoreFull, StoreUnavailable
 from ignis.storage import SlotRef, open_store
 from ignis.storage.aerospike import AerospikeStore, context
@@ -792,3 +792,22 @@ def test_data_keys_in_one_step_are_the_data_keys_one_by_one(make) -> None:
     assert ctx.data_keys(refs) == [ctx.data_key(ref) for ref in refs]
     assert ctx.data_keys(refs, "topic") == [ctx.data_key(SlotRef("topic", ref.shard, ref.slot)) for ref in refs]
     assert names.parse_data_key(ctx.data_keys(refs[:1])[0][2]) == ("orders", 3, 17)
+
+
+def test_an_envelope_reads_alike_from_a_batch_answer_a_record_answer_and_an_odd_one() -> None:
+    """AerospikeContext.envelope reads a batch's answer (every bin asked, a missing one as None) in one step, a
+    record's answer (missing bins left out) bin by bin, and an answer with as many bins but not these (another
+    tool's record) bin by bin too: the same envelope from the first two, an unreadable one from a stranger."""
+    sent = Envelope(b"body", "id-1", 1_700_000_000_000, headers={"h": "v"}, fire_ts=1_700_000_000_500, attempts=2,
+                    subject="a/b")
+    record = sent.to_bins()
+    batch = dict.fromkeys(context.ENVELOPE_ORDER) | record | {context.PURGED: None}
+    assert len(batch) > len(record)
+    from_batch, from_record = context.AerospikeContext.envelope(batch), context.AerospikeContext.envelope(record)
+    for got in (from_batch, from_record):
+        assert (got.payload, got.msg_id, got.loaded_at, got.headers, got.subject, got.fire_ts, got.attempts) == \
+            (b"body", "id-1", 1_700_000_000_000, {"h": "v"}, "a/b", sent.fire_ts, 2)
+        assert got.codec == CODEC_BYTES
+    stranger = {f"bin{i}": i for i in range(len(context.ENVELOPE_ORDER) + 1)}
+    odd = context.AerospikeContext.envelope(stranger, where="k")
+    assert odd.codec == CODEC_UNREADABLE and "payload" in odd.headers[PROBLEM_HEADER], odd.headers
