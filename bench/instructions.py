@@ -48,11 +48,14 @@ PAYLOAD = b"x" * 1024
 CONSUMER_THREADS = 8
 BATCH = 100
 WORK = "_work"  # the subcommand each callgrind run executes (this file, against one revision's library)
+CLEANUP = "_cleanup"  # ... and the one that deletes the queue it left, uncounted
 
 
 # ---- one run (under callgrind, with a revision's library first on PYTHONPATH) ---------------------------------
 def work(url: str, row: str, messages: int, phase: str) -> None:
-    """Set up `row` (a queue, and what it drains) and, if `phase` is "full", do its work."""
+    """Set up `row` (a queue, and what it drains) and, if `phase` is "full", do its work; print the queue's name.
+    The queue is deleted by another process (`cleanup`): a deletion purges what the queue holds, which differs
+    between the two phases (a publish row's setup holds nothing) and is not the row's work."""
     from ignis import Ignis, QueueSpec
 
     with Ignis(url) as ignis:
@@ -66,6 +69,14 @@ def work(url: str, row: str, messages: int, phase: str) -> None:
             got = ROW_WORK[row](queue, messages)
             if got != messages:
                 raise SystemExit(f"{row}: {got} of {messages} messages")
+    print(name)
+
+
+def cleanup(url: str, name: str) -> None:
+    """Delete a queue a counted run left (not counted)."""
+    from ignis import Ignis
+
+    with Ignis(url) as ignis:
         ignis.delete_queue(name)
 
 
@@ -131,6 +142,9 @@ def count(revision: Any, side: str, url: str, row: str, messages: int, phase: st
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir(), timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"{row} ({phase}) on {revision.label} exited {done.returncode}: {done.stderr[-2000:]}")
+    queue = done.stdout.split()[-1]
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), CLEANUP, url, queue], capture_output=True,
+                   env=env, cwd=tempfile.gettempdir(), timeout=600, check=True)
     return total_instructions(out_file)
 
 
@@ -217,5 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == WORK:
         work(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    elif len(sys.argv) == 4 and sys.argv[1] == CLEANUP:
+        cleanup(sys.argv[2], sys.argv[3])
     else:
         sys.exit(main())

@@ -353,8 +353,9 @@ class Queue(QueuePublishing, SubscriptionSide):
         _check_unsettled(messages)
         if self.ordered:  # and their shards' holds released
             self._settle_held(messages)
-        else:
-            self.store.delete([m.ref for m in messages], ids=_ids(messages, self.store))
+        else:  # (versions: these are acks of messages as claimed, see Storage.delete)
+            self.store.delete([m.ref for m in messages], [m.envelope.version for m in messages],
+                              _ids(messages, self.store))
         for m in messages:
             m._settled = True
         self._acked.inc(len(messages))

@@ -52,7 +52,8 @@ class AerospikeSettings(BaseSettings):
     ack_mode: AckMode = Field("auto", description="auto: durable delete on Enterprise, tombstones on Community")
     ack_check: AckCheck = Field(
         "message", description="message: an ack's tombstone settles only the message its claim stamped; generation: "
-        "the record's generation alone, one filter expression less per ack (docs/aerospike/index.md)")
+        "the record's generation alone, one filter expression less per ack, and a batch's settles the live records "
+        "without the filter of its ids (docs/aerospike/durability.md)")
     claim_write_delay_ms: int = Field(
         1000, ge=0, description="a subscription's claim record is written this long after its claim unless an ack "
         "settled the slot first (then only the ack's tombstone is written); 0: at once (docs/aerospike/layout.md)")
