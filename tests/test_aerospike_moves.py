@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -283,6 +284,35 @@ def deletes() -> float:
     return REGISTRY.get_sample_value("ignis_storage_calls_total", {"operation": "delete"}) or 0.0
 
 
+def a_newer_message_took_the_slot(store: AerospikeStore, ref: SlotRef) -> None:
+    """A rollback lost the claimed record in `ref` and a newer message took its slot (rollback.py), claimed in turn:
+    the same generation as the old claim saw, a later fire time."""
+    key = store._ctx.data_key(ref)
+    meta, bins = store.client.get(key)[1:]
+    store.client.remove(key)  # lost ...
+    time.sleep(0.002)
+    store.client.put(key, {**bins, MSG_ID: "newer"})  # ... its slot a newer message's ...
+    store.client.operate(key, [ops.write(FIRE_TS, now_ms())])  # ... which is claimed too
+    assert store.client.get(key)[1]["gen"] == meta["gen"]  # the generation the old claim saw
+
+
+@contextmanager
+def orders_checked_by(backend, ack_check: str) -> Iterator[tuple[AerospikeStore, Queue]]:
+    """A store whose acks check `ack_check` (Aerospike, tombstones), and a queue "orders" of one shard in it."""
+    if backend.name == "lmdb":
+        pytest.skip("Aerospike only")
+    store = open_store(f"{backend.url}&ack_check={ack_check}")
+    try:
+        assert isinstance(store, AerospikeStore)
+        if store._ctx.durable:
+            pytest.skip("durable deletes on Enterprise: no tombstones")
+        ignis = Ignis(store)
+        ignis.apply(QueueSpec.build(name="orders", handlerType="x", shards=1))
+        yield store, ignis.queue("orders")
+    finally:
+        store.close()
+
+
 def test_an_ack_tombstones_the_record_as_claimed_in_one_call_and_one_written_since_checked_by_its_id(
         aero: AerospikeStore, queue: Queue) -> None:
     if aero._ctx.durable:
@@ -314,13 +344,8 @@ def test_an_ack_as_stamped_leaves_a_newer_message_that_reached_the_same_generati
     queue.publish(b"old")
     held = queue.fire()
     assert held is not None
-    key = aero._ctx.data_key(held.ref)
-    bins = aero.client.get(key)[2]
-    aero.client.remove(key)  # lost ...
-    time.sleep(0.002)
-    aero.client.put(key, {**bins, MSG_ID: "newer"})  # ... its slot a newer message's ...
-    aero.client.operate(key, [ops.write(FIRE_TS, now_ms())])  # ... which is claimed too
-    assert aero.client.get(key)[1]["gen"] == held.envelope.version[0]
+    a_newer_message_took_the_slot(aero, held.ref)
+    assert aero.client.get(aero._ctx.data_key(held.ref))[1]["gen"] == held.envelope.version[0]
     held.ack()
     after = raw(aero, held.ref) or {}
     assert after.get(MSG_ID) == "newer" and TOMBSTONE not in after
@@ -331,26 +356,11 @@ def test_ack_check_generation_settles_by_the_generation_alone(backend) -> None:
     ack: the tombstone then checks the record's generation alone. The trade, both ways: a newer message that reached
     the same generation in a reused slot is settled too (what the default check refuses, above), and a record written
     since the claim is still settled by its id, in a second call."""
-    if backend.name == "lmdb":
-        pytest.skip("Aerospike only")
-    store = open_store(backend.url + "&ack_check=generation")
-    try:
-        assert isinstance(store, AerospikeStore)
-        if store._ctx.durable:
-            pytest.skip("durable deletes on Enterprise: no tombstones")
-        ignis = Ignis(store)
-        ignis.apply(QueueSpec.build(name="orders", handlerType="x", shards=1))
-        queue = ignis.queue("orders")
+    with orders_checked_by(backend, "generation") as (store, queue):
         queue.publish_many([b"old", b"moved"])
         held, moved_meanwhile = queue.fire(), queue.fire()
         assert held is not None and moved_meanwhile is not None
-        key = store._ctx.data_key(held.ref)
-        bins = store.client.get(key)[2]
-        store.client.remove(key)
-        time.sleep(0.002)
-        store.client.put(key, {**bins, MSG_ID: "newer"})
-        store.client.operate(key, [ops.write(FIRE_TS, now_ms())])
-        assert store.client.get(key)[1]["gen"] == held.envelope.version[0]
+        a_newer_message_took_the_slot(store, held.ref)
         before = deletes()
         held.ack()
         assert deletes() - before == 1 and set(raw(store, held.ref) or {}) == {TOMBSTONE}
@@ -358,8 +368,6 @@ def test_ack_check_generation_settles_by_the_generation_alone(backend) -> None:
         before = deletes()
         moved_meanwhile.ack()
         assert deletes() - before == 2 and set(raw(store, moved_meanwhile.ref) or {}) == {TOMBSTONE}
-    finally:
-        store.close()
 
 
 @pytest.mark.parametrize("ack_check", ["message", "generation"])
@@ -370,25 +378,11 @@ def test_a_batch_of_acks_leaves_a_newer_message_in_a_reused_slot_unless_the_chec
     settles the live records, as earlier releases did, the newer one included: the trade that setting makes for one
     message's ack, in one filter expression less (docs/aerospike/durability.md). The other messages are settled
     either way, in one call."""
-    if backend.name == "lmdb":
-        pytest.skip("Aerospike only")
-    store = open_store(f"{backend.url}&ack_check={ack_check}")
-    try:
-        assert isinstance(store, AerospikeStore)
-        if store._ctx.durable:
-            pytest.skip("durable deletes on Enterprise: no tombstones")
-        ignis = Ignis(store)
-        ignis.apply(QueueSpec.build(name="orders", handlerType="x", shards=1))
-        queue = ignis.queue("orders")
+    with orders_checked_by(backend, ack_check) as (store, queue):
         queue.publish_many([b"old", b"b", b"c"])
         batch = queue.fire_many(3)
         assert [m.payload for m in batch] == [b"old", b"b", b"c"]
-        key = store._ctx.data_key(batch[0].ref)
-        bins = store.client.get(key)[2]
-        store.client.remove(key)  # lost ...
-        time.sleep(0.002)
-        store.client.put(key, {**bins, MSG_ID: "newer"})  # ... its slot a newer message's, claimed too
-        store.client.operate(key, [ops.write(FIRE_TS, now_ms())])
+        a_newer_message_took_the_slot(store, batch[0].ref)
         before = deletes()
         queue.ack(batch)
         assert deletes() - before == 1
@@ -399,5 +393,3 @@ def test_a_batch_of_acks_leaves_a_newer_message_in_a_reused_slot_unless_the_chec
             assert set(after) == {TOMBSTONE}, after
         else:
             assert after.get(MSG_ID) == "newer" and TOMBSTONE not in after, after
-    finally:
-        store.close()
