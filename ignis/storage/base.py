@@ -610,7 +610,9 @@ class Storage(Protocol):
                ids: Sequence[str | None] | None = None) -> int:
         """Delete records so they stay deleted (one batch). Returns how many were present (an expired
         record not yet purged may count). `versions` (Envelope.version of each, as claimed) are a hint
-        a backend may use to skip a check; the outcome is the same without them. `ids` (the message ids
+        a backend may use to skip a check; the outcome is the same without them, but for the one trade a backend's
+        setting may choose (Aerospike's ack_check=generation: acks checked by their versions alone, a store that
+        never loses an acknowledged write assumed; docs/aerospike/durability.md). `ids` (the message ids
         as claimed): a slot holding another message is left alone; a store that can roll back (rollback.py)
         can hand a lost message's slot to a newer one while the old claim is still being settled."""
         ...

@@ -225,7 +225,7 @@ class Reads:
             # ack_check=generation, a batch of acks (versions: of messages as claimed): the live records are settled
             # without the filter of the batch's ids, as IgnisMQ's earlier releases did; the trade of one message's
             # ack under that setting (docs/aerospike/durability.md). The ids' list is most of the batch's filter to
-            # convert: 2.5 of the batched drain's 113 thousand instructions a message (bench/instructions.py).
+            # convert: 1,400 of the batched drain's 113,400 instructions a message (counted: bench/instructions.py).
             ids = None
         if ids is not None:
             # A subscription's claim record holds no message id (topics.py): the live record in a cursor's slot is the
