@@ -63,8 +63,7 @@ def work(url: str, row: str, messages: int, phase: str) -> None:
         ignis.apply(QueueSpec.build(name=name, handlerType="instructions", shards=8, concurrency=CONSUMER_THREADS))
         queue = ignis.queue(name)
         if row not in ("publish", "publish_many"):
-            for start in range(0, messages, 1000):
-                queue.publish_many([PAYLOAD] * min(1000, messages - start))
+            _publish_many(queue, messages)  # what the row drains
         if phase == "full":
             got = ROW_WORK[row](queue, messages)
             if got != messages:
@@ -157,8 +156,6 @@ def store_url(args: argparse.Namespace, scratch: Path, run: str) -> str:
     server's namespace (each run declares a queue of its own)."""
     if args.store == "lmdb":
         return f"lmdb://{scratch / run}?durability=fast"
-    if not args.server:
-        raise SystemExit("error: --store aerospike needs --server host:port/namespace")
     return f"aerospike://{args.server}"
 
 
@@ -180,6 +177,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"unknown row(s) {', '.join(unknown)}: the rows are {', '.join(ROWS)}")
     if args.messages < 100:
         parser.error("--messages must be at least 100 (fewer leaves the setup's noise in the count)")
+    if args.store == "aerospike" and not args.server:
+        parser.error("--store aerospike needs --server host:port/namespace")
     return args
 
 
