@@ -13,6 +13,9 @@ swapping which goes first every round) so that a slow spell of a shared machine 
 seconds apart. `--pairing suite` runs a whole suite per revision instead, as the first version of this gate did
 (its pairs are a suite's length apart: on a machine whose speed drifts by half in a minute, noisier).
 
+Each run of a row is the best of a few in one process (`--repeat` of bench_lmdb.py, `--aerospike-repeat` of
+bench_aerospike.py; 3 each by default): another process's burst on a shared machine only ever slows a run.
+
 For every row it prints the median rate of each revision, the ratio new / old (the median of the rounds'
 own ratios: a round's two runs of a row are seconds apart) with its spread (the lowest and highest round ratio), and
 the noise (the larger of the two revisions' own spread across rounds, max - min over median). A row whose
@@ -165,8 +168,9 @@ def aerospike_parts(args: argparse.Namespace) -> list[Part]:
 
     def part(label: str, argv: list[str], messages: int) -> Part:
         def run(revision: Revision) -> dict[str, float]:
-            doc = run_json([str(BENCH / "bench_aerospike.py"), "--json", "--server", args.server, "--rounds", "1",
-                            "--messages", str(messages), "--no-raw", *argv], revision, args.timeout)
+            doc = run_json([str(BENCH / "bench_aerospike.py"), "--json", "--server", args.server, "--rounds",
+                            str(args.aerospike_repeat), "--keep", "best", "--messages", str(messages), "--no-raw",
+                            *argv], revision, args.timeout)
             out = {}
             for row in doc["rows"]:
                 consumers = row["consumers"]
@@ -244,6 +248,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--aerospike-messages", type=int, default=5000, help="messages per aerospike row (5000)")
     parser.add_argument("--aerospike-batch-messages", type=int, default=None,
                         help="messages of the batched aerospike rows (default 5 x --aerospike-messages)")
+    parser.add_argument("--aerospike-repeat", type=int, default=3,
+                        help="runs of each aerospike row per round, the best kept (bench_aerospike.py --rounds N "
+                             "--keep best; default 3)")
     parser.add_argument("--aerospike-consumers", default=AEROSPIKE_CONSUMERS,
                         help=f"bench_aerospike.py --consumers (default {AEROSPIKE_CONSUMERS})")
     parser.add_argument("--pairing", choices=("row", "suite"), default="row",
@@ -252,6 +259,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="where to keep the JSON and pyperf files")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     args = parser.parse_args(argv)
+    if args.repeat < 1 or args.aerospike_repeat < 1:
+        parser.error(f"--repeat {args.repeat}, --aerospike-repeat {args.aerospike_repeat}: each at least 1")
     if args.rounds < 3:
         parser.error(f"--rounds {args.rounds}: at least 3 rounds are needed to tell a change from noise")
     suites = [s.strip() for s in args.suite.split(",") if s.strip()]

@@ -84,9 +84,11 @@ def test_each_row_is_its_own_part_unless_a_suite_is_paired_whole() -> None:
 def test_the_batched_aerospike_rows_drain_five_times_the_messages_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
     """They run ten times faster than the one-consumer rows: the same count would time a third of a second."""
     seen: dict[str, str] = {}
+    repeats: set[tuple[str, str]] = set()
 
     def fake_run_json(argv: list[str], revision: object, timeout: float) -> dict[str, object]:
         seen[argv[-1]] = argv[argv.index("--messages") + 1]
+        repeats.add((argv[argv.index("--rounds") + 1], argv[argv.index("--keep") + 1]))
         return {"rows": []}
 
     monkeypatch.setattr(compare, "run_json", fake_run_json)
@@ -97,6 +99,26 @@ def test_the_batched_aerospike_rows_drain_five_times_the_messages_unless_told(mo
         for _, run in compare.aerospike_parts(args):
             run(None)  # type: ignore[arg-type]
         assert seen == {"without": "20000", "only": batched}
+    assert repeats == {("3", "best")}  # each row the best of three runs a round, as the lmdb rows
+    repeats.clear()
+    args = compare.parse_args(["--suite", "aerospike", "--server", "127.0.0.1:1", "--aerospike-repeat", "1"])
+    for _, run in compare.aerospike_parts(args):
+        run(None)  # type: ignore[arg-type]
+    assert repeats == {("1", "best")}
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--suite", "aerospike", "--server", "127.0.0.1:1", "--aerospike-repeat", "0"])
+
+
+def test_the_aerospike_bench_keeps_the_best_rate_of_its_rounds_when_told_and_the_median_of_the_rest() -> None:
+    import bench_aerospike
+
+    rounds = [{"publish/s": 900.0, "drain/s": 300.0, "publish calls/msg": 1.0},
+              {"publish/s": 1000.0, "drain/s": 200.0, "publish calls/msg": 1.2},
+              {"publish/s": 500.0, "drain/s": 250.0, "publish calls/msg": 1.1}]
+    assert bench_aerospike.summarize(rounds, "best") == {"publish/s": 1000.0, "drain/s": 300.0,
+                                                         "publish calls/msg": pytest.approx(1.1)}
+    assert bench_aerospike.summarize(rounds) == {"publish/s": 900.0, "drain/s": 250.0,
+                                                 "publish calls/msg": pytest.approx(1.1)}
 
 
 def test_the_aerospike_bench_runs_the_batched_row_with_without_or_alone() -> None:
