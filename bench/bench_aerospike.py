@@ -156,10 +156,10 @@ def batched_round(ignis: Ignis, n: int, name: str, consumers: int = 8, batch: in
 def summarize(samples: Sequence[dict[str, float]], keep: str = "median") -> dict[str, float]:
     """One row's figures from its rounds: each figure's median; with `keep="best"` the rates ("/s") are the
     highest round's instead. On a shared machine another process's burst only ever slows a run, so the fastest
-    of a few is the steadiest reading of what the code can do ("the lowest value gives a lower bound for how fast
-    your machine can run the given code snippet; higher values ... are typically ... caused by other processes
-    interfering with your timing accuracy", the timeit docs); bench/compare.py keeps the best as bench_lmdb's
-    --repeat does."""
+    of a few is the steadiest reading of what the code can do, when the noise is bursts ("the lowest value gives
+    a lower bound for how fast your machine can run the given code snippet; higher values ... are typically ...
+    caused by other processes interfering with your timing accuracy", the timeit docs); bench/compare.py keeps
+    the best as bench_lmdb's --repeat does."""
     row = {}
     for key in samples[0]:
         values = [sample[key] for sample in samples]

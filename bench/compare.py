@@ -14,7 +14,9 @@ seconds apart. `--pairing suite` runs a whole suite per revision instead, as the
 (its pairs are a suite's length apart: on a machine whose speed drifts by half in a minute, noisier).
 
 Each run of a row is the best of a few in one process (`--repeat` of bench_lmdb.py, `--aerospike-repeat` of
-bench_aerospike.py; 3 each by default): another process's burst on a shared machine only ever slows a run.
+bench_aerospike.py; 3 each by default): another process's burst on a shared machine only ever slows a run. (It does
+not undo a machine whose speed drifts for minutes, which slows the best of three as much: docs/benchmarks/
+regressions.md, 2026-12-01.)
 
 For every row it prints the median rate of each revision, the ratio new / old (the median of the rounds'
 own ratios: a round's two runs of a row are seconds apart) with its spread (the lowest and highest round ratio), and
